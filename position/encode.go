@@ -1,0 +1,294 @@
+package position
+
+import (
+	"strconv"
+	"time"
+)
+
+// The text form, version 1:
+//
+//	v1;<captured>;<database>=<source>.<system id>.<timeline>.<lsn>[;<database>=...]
+//
+//	captured   Unix milliseconds in base 36 (0: unknown)
+//	database   1 to 63 of [A-Za-z0-9_-]
+//	source     p (primary write), r (replica read), c (CDC), u (unknown)
+//	system id  1 to 16 hexadecimal digits
+//	timeline   1 to 8 hexadecimal digits
+//	lsn        "X/Y", each half 1 to 8 hexadecimal digits
+//
+// for example "v1;mi3v0q2k;main=p.6f1e2d3c4b5a6978.1.0/16B3740". Only
+// printable ASCII without spaces, quotes, commas or backslashes is used, so
+// the text is a valid HTTP header value, asynq header and Kafka header
+// value without escaping. One database takes about 50 bytes.
+const (
+	// Version is the version Encode writes.
+	Version = 1
+	// HeaderName is the header (HTTP, asynq, Kafka) that carries a token.
+	HeaderName = "caughtup-token"
+	// MaxEncodedLen bounds the text Decode accepts.
+	MaxEncodedLen = 1024
+	// MaxDatabases bounds the entries of one token.
+	MaxDatabases = 16
+	// MaxDatabaseNameLen bounds a database name.
+	MaxDatabaseNameLen = 63
+)
+
+// ValidDatabaseName reports whether name can be carried in a token.
+func ValidDatabaseName(name string) bool {
+	if len(name) == 0 || len(name) > MaxDatabaseNameLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if !isNameByte(name[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isNameByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+}
+
+// Encode returns the token's text form. An empty token encodes as "" (send
+// no header at all). Invalid database names, duplicate databases or too
+// many entries return an error rather than a token that would be rejected
+// downstream.
+func (t Token) Encode() (string, error) {
+	b, err := t.AppendText(nil)
+	return string(b), err
+}
+
+// String is Encode for logs; an invalid token prints its error.
+func (t Token) String() string {
+	s, err := t.Encode()
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return s
+}
+
+// AppendText appends the encoded token to b.
+func (t Token) AppendText(b []byte) ([]byte, error) {
+	if len(t.Entries) == 0 {
+		return b, nil
+	}
+	if len(t.Entries) > MaxDatabases {
+		return b, &DecodeError{Err: ErrTooLarge, Detail: "more than " + strconv.Itoa(MaxDatabases) + " databases"}
+	}
+	start := len(b)
+	b = append(b, "v1;"...)
+	ms := int64(0)
+	if !t.CapturedAt.IsZero() && t.CapturedAt.UnixMilli() > 0 {
+		ms = t.CapturedAt.UnixMilli()
+	}
+	b = strconv.AppendInt(b, ms, 36)
+	for i, e := range t.Entries {
+		if !ValidDatabaseName(e.Database) {
+			return b[:start], &DecodeError{Err: ErrMalformed, Detail: "database name " + strconv.Quote(e.Database) + " must be 1-63 of [A-Za-z0-9_-]"}
+		}
+		for _, prev := range t.Entries[:i] {
+			if prev.Database == e.Database {
+				return b[:start], &DecodeError{Err: ErrDuplicateDatabase, Detail: strconv.Quote(e.Database)}
+			}
+		}
+		b = append(b, ';')
+		b = append(b, e.Database...)
+		b = append(b, '=')
+		src := e.Source
+		if int(src) >= len(sourceCodes) {
+			src = SourceUnknown
+		}
+		b = append(b, sourceCodes[src], '.')
+		b = strconv.AppendUint(b, e.Epoch.SystemID, 16)
+		b = append(b, '.')
+		b = strconv.AppendUint(b, uint64(e.Epoch.Timeline), 16)
+		b = append(b, '.')
+		b, _ = e.LSN.AppendText(b)
+	}
+	if len(b)-start > MaxEncodedLen {
+		return b[:start], &DecodeError{Err: ErrTooLarge, Detail: "encoded token longer than " + strconv.Itoa(MaxEncodedLen) + " bytes"}
+	}
+	return b, nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (t Token) MarshalText() ([]byte, error) { return t.AppendText(nil) }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (t *Token) UnmarshalText(b []byte) error {
+	v, err := Decode(string(b))
+	if err != nil {
+		return err
+	}
+	*t = v
+	return nil
+}
+
+// Decode parses a token's text form. It never panics; anything but a
+// well-formed token of a known version returns a *DecodeError wrapping
+// ErrMalformed, ErrUnknownVersion, ErrTooLarge or ErrDuplicateDatabase.
+// Entries are returned sorted by database.
+func Decode(s string) (Token, error) {
+	if len(s) > MaxEncodedLen {
+		return Token{}, &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
+	}
+	if len(s) == 0 {
+		return Token{}, &DecodeError{Err: ErrMalformed, Detail: "empty"}
+	}
+	d := decoder{s: s}
+	if d.next() != 'v' {
+		return Token{}, d.fail(ErrMalformed, `want "v<version>;"`)
+	}
+	ver, ok := d.uint(10, 4, ';')
+	if !ok {
+		return Token{}, d.fail(ErrMalformed, `want "v<version>;"`)
+	}
+	if ver != Version {
+		return Token{}, &DecodeError{Offset: 1, Err: ErrUnknownVersion, Detail: "version " + strconv.FormatUint(ver, 10) + ", this build reads version 1"}
+	}
+	ms, ok := d.uint(36, 12, ';')
+	if !ok || ms > maxUnixMilli {
+		return Token{}, d.fail(ErrMalformed, "want capture time in base-36 milliseconds")
+	}
+	var t Token
+	if ms > 0 {
+		t.CapturedAt = time.UnixMilli(int64(ms))
+	}
+	if d.done() {
+		return Token{}, d.fail(ErrMalformed, "no database entries")
+	}
+	t.Entries = make([]Entry, 0, 1)
+	for !d.done() {
+		if len(t.Entries) == MaxDatabases {
+			return Token{}, d.fail(ErrTooLarge, "more than "+strconv.Itoa(MaxDatabases)+" databases")
+		}
+		e, err := d.entry()
+		if err != nil {
+			return Token{}, err
+		}
+		// Insertion keeps entries sorted and finds duplicates; MaxDatabases
+		// keeps it cheap.
+		pos := len(t.Entries)
+		for pos > 0 && t.Entries[pos-1].Database >= e.Database {
+			if t.Entries[pos-1].Database == e.Database {
+				return Token{}, d.fail(ErrDuplicateDatabase, strconv.Quote(e.Database))
+			}
+			pos--
+		}
+		t.Entries = append(t.Entries, Entry{})
+		copy(t.Entries[pos+1:], t.Entries[pos:])
+		t.Entries[pos] = e
+	}
+	return t, nil
+}
+
+// maxUnixMilli keeps time.UnixMilli far from overflow (year ~ 292 million).
+const maxUnixMilli = 1 << 53
+
+type decoder struct {
+	s   string
+	pos int
+}
+
+func (d *decoder) done() bool { return d.pos >= len(d.s) }
+
+func (d *decoder) next() byte {
+	if d.pos >= len(d.s) {
+		return 0
+	}
+	c := d.s[d.pos]
+	d.pos++
+	return c
+}
+
+func (d *decoder) fail(err error, detail string) *DecodeError {
+	return &DecodeError{Offset: d.pos, Err: err, Detail: detail}
+}
+
+// uint reads 1..maxDigits digits in base up to the terminator (consumed) or
+// the end of input.
+func (d *decoder) uint(base uint64, maxDigits int, term byte) (uint64, bool) {
+	start := d.pos
+	var v uint64
+	for d.pos < len(d.s) && d.s[d.pos] != term {
+		dv, ok := digit(d.s[d.pos])
+		if !ok || dv >= base || d.pos-start >= maxDigits {
+			return 0, false
+		}
+		v = v*base + dv
+		d.pos++
+	}
+	if d.pos == start {
+		return 0, false
+	}
+	if d.pos < len(d.s) {
+		d.pos++ // terminator
+	}
+	return v, true
+}
+
+func digit(c byte) (uint64, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return uint64(c - '0'), true
+	case 'a' <= c && c <= 'z':
+		return uint64(c-'a') + 10, true
+	case 'A' <= c && c <= 'Z':
+		return uint64(c-'A') + 10, true
+	}
+	return 0, false
+}
+
+func (d *decoder) entry() (Entry, error) {
+	var e Entry
+	start := d.pos
+	for d.pos < len(d.s) && isNameByte(d.s[d.pos]) {
+		d.pos++
+	}
+	if d.pos == start || d.pos-start > MaxDatabaseNameLen || d.next() != '=' {
+		return e, d.fail(ErrMalformed, "want <database>= with 1-63 of [A-Za-z0-9_-]")
+	}
+	e.Database = d.s[start : d.pos-1]
+	switch d.next() {
+	case 'p':
+		e.Source = SourcePrimary
+	case 'r':
+		e.Source = SourceReplica
+	case 'c':
+		e.Source = SourceCDC
+	case 'u':
+		e.Source = SourceUnknown
+	default:
+		return e, d.fail(ErrMalformed, "want source p, r, c or u")
+	}
+	if d.next() != '.' {
+		return e, d.fail(ErrMalformed, `want "." after source`)
+	}
+	sys, ok := d.uint(16, 16, '.')
+	if !ok || d.s[d.pos-1] != '.' {
+		return e, d.fail(ErrMalformed, "want system identifier as 1-16 hex digits")
+	}
+	tli, ok := d.uint(16, 8, '.')
+	if !ok || d.s[d.pos-1] != '.' {
+		return e, d.fail(ErrMalformed, "want timeline as 1-8 hex digits")
+	}
+	e.Epoch = Epoch{SystemID: sys, Timeline: uint32(tli)}
+	lsnStart := d.pos
+	for d.pos < len(d.s) && d.s[d.pos] != ';' {
+		d.pos++
+	}
+	lsn, ok := parseLSN(d.s[lsnStart:d.pos])
+	if !ok {
+		d.pos = lsnStart
+		return e, d.fail(ErrMalformed, `want LSN "X/Y"`)
+	}
+	e.LSN = lsn
+	if d.pos < len(d.s) {
+		d.pos++ // ';'
+		if d.done() {
+			return e, d.fail(ErrMalformed, "trailing ';'")
+		}
+	}
+	return e, nil
+}
