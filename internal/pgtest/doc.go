@@ -1,0 +1,68 @@
+// Package pgtest starts throwaway PostgreSQL clusters (one primary plus
+// streaming replicas) and Redis servers for integration tests, the demo and
+// the chaos suite. Everything runs from the machine's own server binaries on
+// loopback TCP; there is no Docker and no fixed port.
+//
+// Tests that share one cluster per test binary wire it up in TestMain and
+// isolate themselves by database:
+//
+//	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, pgtest.Options{})) }
+//
+//	func TestSomething(t *testing.T) {
+//		c := pgtest.Shared(t)
+//		db := pgtest.NewDatabase(t, c)
+//		pool, err := c.Primary().Pool(ctx, db)
+//		...
+//		require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+//		replica, err := c.Replicas()[0].Pool(ctx, db)
+//	}
+//
+// Tests that break things (Promote, Kill, Stop of the primary) start their own
+// cluster with Start and Close it in t.Cleanup, because the shared cluster
+// must stay healthy for every other test in the binary.
+//
+// With goleak, wrap m instead: goleak.VerifyTestMain(pgtest.Wrap(m, opts)).
+//
+// # Binaries
+//
+// The PostgreSQL server binaries are looked up in $PG_BINDIR, then
+// `pg_config --bindir`, then the newest /usr/lib/postgresql/*/bin. Redis is
+// $REDIS_SERVER, then redis-server on $PATH, then /usr/bin/redis-server.
+// A service that cannot start fails the test with the server's log tail; it
+// never skips, because a skipped integration test reads as a passing one.
+//
+// # Running as root
+//
+// PostgreSQL refuses to run as root, so when the test binary's effective uid
+// is 0 every PostgreSQL program runs as the user "nobody" (override with
+// $PGTEST_USER) and the node directories are chowned to it. That is why the
+// temporary root directory is mode 0711: the service user must be able to
+// traverse it to reach its own 0700 data directories.
+//
+// # Cleanup
+//
+// Processes and temporary directories must not outlive the test binary, even
+// when it is killed. Three layers make sure of that:
+//
+//  1. Cluster.Close and Redis.Close (and Main, for the shared ones).
+//  2. A SIGINT/SIGTERM handler, installed while anything is running, that
+//     closes everything and then re-raises the signal.
+//  3. A watchdog per temporary directory: a detached `sh` (its own session,
+//     so Ctrl-C and process-group kills miss it) that blocks reading a pipe
+//     whose only writer is the test binary. The kernel closes that pipe when
+//     the test binary dies for any reason, including SIGKILL and the panic of
+//     `go test -timeout`; the watchdog then SIGKILLs every process whose
+//     working directory is inside the temporary directory, removes leftover
+//     SysV shared memory and deletes the directory. Matching on the working
+//     directory rather than on a PID list means restarts, postmaster
+//     children, initdb and pg_basebackup are all covered without
+//     bookkeeping, and a recycled PID is never hit.
+//
+// # Replication lag on demand
+//
+// PauseReplay/ResumeReplay stop and restart WAL replay on one replica.
+// HoldQuery opens a snapshot on a replica; a VACUUM on the primary that
+// removes rows the snapshot can still see then stalls that replica's replay
+// until the hold is released or max_standby_streaming_delay (30 s unless
+// Options.Settings says otherwise) runs out. See HoldQuery.
+package pgtest
