@@ -1,0 +1,148 @@
+package enqueue_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+)
+
+var (
+	epoch1 = position.Epoch{SystemID: 0x6f1e2d3c4b5a6978, Timeline: 1}
+	epoch2 = position.Epoch{SystemID: 0x6f1e2d3c4b5a6978, Timeline: 2}
+	t0     = time.Date(2025, 11, 29, 12, 0, 0, 0, time.UTC)
+)
+
+func tok(db string, e position.Epoch, lsn string, src position.Source, at time.Time) position.Token {
+	return position.New(db, e, position.MustParseLSN(lsn), src, at)
+}
+
+func TestTokenFromEmpty(t *testing.T) {
+	t.Parallel()
+	got, ok := enqueue.TokenFrom(context.Background())
+	require.False(t, ok)
+	require.True(t, got.IsZero())
+
+	// An empty token does not create a context value.
+	ctx := context.Background()
+	require.Equal(t, ctx, enqueue.WithToken(ctx, position.Token{}))
+}
+
+func TestWithTokenMerges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ctx = enqueue.WithToken(ctx, tok("main", epoch1, "0/3000", position.SourcePrimary, t0.Add(time.Second)))
+	ctx = enqueue.WithToken(ctx, tok("main", epoch1, "0/2000", position.SourceReplica, t0))
+	ctx = enqueue.WithToken(ctx, tok("ci", epoch2, "1/0", position.SourcePrimary, t0.Add(2*time.Second)))
+
+	got, ok := enqueue.TokenFrom(ctx)
+	require.True(t, ok)
+	require.Equal(t, position.Token{
+		CapturedAt: t0, // the oldest capture
+		Entries: []position.Entry{
+			{Database: "ci", Epoch: epoch2, LSN: position.MustParseLSN("1/0"), Source: position.SourcePrimary},
+			// the furthest position of "main", with its source
+			{Database: "main", Epoch: epoch1, LSN: position.MustParseLSN("0/3000"), Source: position.SourcePrimary},
+		},
+	}, got)
+}
+
+func TestWithTokenDoesNotChangeParent(t *testing.T) {
+	t.Parallel()
+	parent := enqueue.WithToken(context.Background(), tok("main", epoch1, "0/1000", position.SourcePrimary, t0))
+	child := enqueue.WithToken(parent, tok("main", epoch1, "0/9000", position.SourcePrimary, t0))
+
+	p, _ := enqueue.TokenFrom(parent)
+	c, _ := enqueue.TokenFrom(child)
+	require.Equal(t, position.MustParseLSN("0/1000"), p.Entries[0].LSN)
+	require.Equal(t, position.MustParseLSN("0/9000"), c.Entries[0].LSN)
+}
+
+func TestWithTokenAcrossTimelines(t *testing.T) {
+	t.Parallel()
+	// A write before and one after a failover: the later timeline wins
+	// with the larger LSN (position.Token.Merge).
+	ctx := enqueue.WithToken(context.Background(), tok("main", epoch1, "0/5000", position.SourcePrimary, t0))
+	ctx = enqueue.WithToken(ctx, tok("main", epoch2, "0/4000", position.SourcePrimary, t0))
+	got, _ := enqueue.TokenFrom(ctx)
+	require.Equal(t, epoch2, got.Entries[0].Epoch)
+	require.Equal(t, position.MustParseLSN("0/5000"), got.Entries[0].LSN)
+
+	// Another system: the epoch becomes unknown, which never compares as
+	// caught up, so the job reads "main" from the primary.
+	other := position.Epoch{SystemID: 42, Timeline: 1}
+	ctx = enqueue.WithToken(ctx, tok("main", other, "0/1", position.SourcePrimary, t0))
+	got, _ = enqueue.TokenFrom(ctx)
+	require.True(t, got.Entries[0].Epoch.IsZero())
+}
+
+func TestSessionCollectsDroppedContexts(t *testing.T) {
+	t.Parallel()
+	base := enqueue.WithToken(context.Background(), tok("main", epoch1, "0/1000", position.SourcePrimary, t0))
+	ctx := enqueue.WithSession(base)
+	got, ok := enqueue.TokenFrom(ctx)
+	require.True(t, ok, "the session starts with the token ctx carried")
+	require.Equal(t, position.MustParseLSN("0/1000"), got.Entries[0].LSN)
+
+	// A helper that merges and drops the returned context.
+	write := func(ctx context.Context, lsn string) {
+		_ = enqueue.WithToken(ctx, tok("main", epoch1, lsn, position.SourcePrimary, t0.Add(time.Minute)))
+	}
+	derived, cancel := context.WithCancel(ctx)
+	defer cancel()
+	write(derived, "0/8000")
+
+	got, _ = enqueue.TokenFrom(ctx)
+	require.Equal(t, position.MustParseLSN("0/8000"), got.Entries[0].LSN)
+	require.Equal(t, t0, got.CapturedAt)
+
+	// The context the session was made from is unaffected, and a second
+	// WithSession does not start a new session.
+	b, _ := enqueue.TokenFrom(base)
+	require.Equal(t, position.MustParseLSN("0/1000"), b.Entries[0].LSN)
+	require.Equal(t, ctx, enqueue.WithSession(ctx))
+}
+
+func TestSessionConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := enqueue.WithSession(context.Background())
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			enqueue.WithToken(ctx, position.New("main", epoch1, position.LSN(1000+i), position.SourcePrimary, t0.Add(time.Duration(i)*time.Second)))
+			_, _ = enqueue.TokenFrom(ctx)
+		})
+	}
+	wg.Wait()
+	got, _ := enqueue.TokenFrom(ctx)
+	require.Equal(t, position.LSN(1063), got.Entries[0].LSN)
+	require.Equal(t, t0, got.CapturedAt)
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	d := enqueue.Config{}.WithDefaults()
+	require.Equal(t, "main", d.Database)
+	require.Equal(t, enqueue.DefaultSystemIDRefresh, d.SystemIDRefresh)
+	require.NotNil(t, d.Now)
+	require.NoError(t, enqueue.Config{}.Validate())
+	require.Error(t, enqueue.Config{Database: "no spaces"}.Validate())
+	require.Panics(t, func() { enqueue.NewCapturer(enqueue.Config{Database: "a;b"}) })
+	require.Equal(t, "ci", enqueue.NewCapturer(enqueue.Config{Database: "ci"}).Database())
+}
+
+func TestCaptureErrorMessages(t *testing.T) {
+	t.Parallel()
+	err := error(&enqueue.CaptureError{Database: "main", Committed: true, Err: context.Canceled})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Contains(t, err.Error(), "committed")
+	require.Contains(t, err.Error(), "do not retry")
+	err = &enqueue.CaptureError{Database: "main", Err: enqueue.ErrPoolTx}
+	require.ErrorIs(t, err, enqueue.ErrPoolTx)
+	require.Contains(t, err.Error(), "nothing committed")
+}

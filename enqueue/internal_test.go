@@ -1,0 +1,110 @@
+package enqueue
+
+import (
+	"runtime"
+
+	"github.com/caughtup/caughtup/position"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+func TestTimelineFromWALFile(t *testing.T) {
+	t.Parallel()
+	for name, want := range map[string]uint32{
+		"000000010000000000000001": 1,
+		"0000000A00000003000000FF": 10,
+		"FFFFFFFF0000000000000000": 0xFFFFFFFF,
+	} {
+		got, err := timelineFromWALFile(name)
+		require.NoError(t, err, name)
+		require.Equal(t, want, got, name)
+	}
+	for _, bad := range []string{"", "00000001", "000000000000000000000001", "0000000G0000000000000001", "0000000100000000000000011"} {
+		_, err := timelineFromWALFile(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestParseSystemID(t *testing.T) {
+	t.Parallel()
+	got, err := parseSystemID("7577386413392342042")
+	require.NoError(t, err)
+	require.Equal(t, uint64(7577386413392342042), got)
+	// bigint carries the uint64 bit pattern; negative values round-trip.
+	got, err = parseSystemID("-1")
+	require.NoError(t, err)
+	require.Equal(t, ^uint64(0), got)
+	for _, bad := range []string{"", "0", "x", "18446744073709551615"} {
+		_, err := parseSystemID(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func TestSysIDCache(t *testing.T) {
+	t.Parallel()
+	var c sysIDCache
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, b := new(pgconn.PgConn), new(pgconn.PgConn)
+
+	_, ok := c.get(a, now, time.Minute)
+	require.False(t, ok)
+	c.put(a, server{sysID: 7}, now)
+	id, ok := c.get(a, now.Add(59*time.Second), time.Minute)
+	require.True(t, ok)
+	require.Equal(t, uint64(7), id.sysID)
+	_, ok = c.get(a, now.Add(time.Minute), time.Minute)
+	require.False(t, ok, "due for refresh")
+	_, ok = c.get(a, now.Add(-time.Second), time.Minute)
+	require.False(t, ok, "clock stepped back")
+	_, ok = c.get(a, now, -1)
+	require.False(t, ok, "negative refresh: always read")
+	_, ok = c.get(b, now, time.Minute)
+	require.False(t, ok, "another connection")
+
+	c.put(a, server{sysID: 8}, now) // refresh: same entry, no second cleanup
+	require.Equal(t, 1, c.len())
+	runtime.KeepAlive(a)
+	runtime.KeepAlive(b)
+}
+
+func TestSysIDCacheForgetsCollectedConnections(t *testing.T) {
+	t.Parallel()
+	var c sysIDCache
+	now := time.Now()
+	for range 100 {
+		c.put(new(pgconn.PgConn), server{sysID: 1}, now)
+	}
+	require.Equal(t, 100, c.len())
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return c.len() == 0
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestEndPosition(t *testing.T) {
+	t.Parallel()
+	l := walLayout{maxAlign: 8, blockSize: 8192, segmentSize: 16 << 20}
+	for in, want := range map[string]string{
+		"0/6000028":  "0/6000000", // after a WAL switch: long header of a segment's first page
+		"0/6002018":  "0/6002000", // the last record ended at a page boundary
+		"1/FF01E018": "1/FF01E000",
+		"0/6000030":  "0/6000030", // a record ends 8 bytes into the segment's first page
+		"0/6000018":  "0/6000018", // inside the long header: never an insert position, left alone
+		"0/6002020":  "0/6002020",
+		"0/16B3740":  "0/16B3740",
+		"0/0":        "0/0",
+	} {
+		require.Equal(t, position.MustParseLSN(want), endPosition(position.MustParseLSN(in), l), in)
+	}
+	// Other geometries follow pg_control_init().
+	big := walLayout{maxAlign: 8, blockSize: 32768, segmentSize: 64 << 20}
+	require.Equal(t, position.MustParseLSN("0/4008000"), endPosition(position.MustParseLSN("0/4008018"), big))
+	require.Equal(t, position.MustParseLSN("0/4002018"), endPosition(position.MustParseLSN("0/4002018"), big))
+	// Unknown or unusual layouts are left alone: late, never early.
+	for _, odd := range []walLayout{{}, {maxAlign: 4, blockSize: 8192, segmentSize: 16 << 20}, {maxAlign: 8, blockSize: 3000, segmentSize: 16 << 20}} {
+		require.Equal(t, position.MustParseLSN("0/6000028"), endPosition(position.MustParseLSN("0/6000028"), odd))
+	}
+}

@@ -1,0 +1,79 @@
+package enqueue
+
+import (
+	"runtime"
+	"sync"
+	"time"
+	"weak"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// sysIDCache remembers what each connection's server says about itself in
+// its control file (system identifier, WAL layout) so that
+// pg_control_system() and pg_control_init(), which read that file, run once
+// per connection and refresh period rather than on every capture.
+//
+// It is keyed by the connection itself through a weak pointer: a new
+// connection (to whatever server) always starts with a read, a pooled
+// connection's entry lives as long as the connection, and the entry is
+// dropped when the garbage collector frees the connection, so the map is
+// bounded by the number of live connections without any bookkeeping by the
+// caller. Keying by server address or backend PID instead would let a
+// restored or re-initialised cluster on the same address inherit the old
+// identifier, and PIDs are reused.
+type sysIDCache struct {
+	mu sync.Mutex
+	m  map[weak.Pointer[pgconn.PgConn]]sysIDEntry
+}
+
+type sysIDEntry struct {
+	srv    server
+	readAt time.Time
+}
+
+// server is what the capture queries read from the control file.
+type server struct {
+	sysID  uint64
+	layout walLayout
+}
+
+// get returns what was read on pc if it was read less than ttl ago.
+func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (server, bool) {
+	if ttl <= 0 {
+		return server{}, false
+	}
+	c.mu.Lock()
+	e, ok := c.m[weak.Make(pc)]
+	c.mu.Unlock()
+	// A clock that steps backwards also forces a read.
+	if !ok || now.Before(e.readAt) || now.Sub(e.readAt) >= ttl {
+		return server{}, false
+	}
+	return e.srv, true
+}
+
+func (c *sysIDCache) put(pc *pgconn.PgConn, srv server, now time.Time) {
+	k := weak.Make(pc)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[weak.Pointer[pgconn.PgConn]]sysIDEntry)
+	}
+	if _, ok := c.m[k]; !ok {
+		runtime.AddCleanup(pc, c.forget, k)
+	}
+	c.m[k] = sysIDEntry{srv: srv, readAt: now}
+}
+
+func (c *sysIDCache) forget(k weak.Pointer[pgconn.PgConn]) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
+}
+
+func (c *sysIDCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}
