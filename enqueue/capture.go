@@ -97,7 +97,7 @@ func (c *Capturer) Database() string { return c.cfg.Database }
 // with synchronous_commit = off, can still be below the commit record when
 // COMMIT returns. A position read inside the transaction is below its own
 // commit record: a replica can pass it while the row is still invisible.
-// (endPosition then moves it back from just past a page header to the page
+// (position.WALLayout.InsertEnd then moves it back from just past a page header to the page
 // boundary, where replay positions are.)
 //
 // The primary's timeline is read in the same query from the WAL file name
@@ -148,7 +148,7 @@ func (ct *control) server() (server, error) {
 	if ct.maxAlign <= 0 || ct.blockSize <= 0 || ct.segSize <= 0 {
 		return server{}, fmt.Errorf("caughtup/enqueue: unexpected pg_control_init() values %d, %d, %d", ct.maxAlign, ct.blockSize, ct.segSize)
 	}
-	return server{sysID: id, layout: walLayout{maxAlign: uint64(ct.maxAlign), blockSize: uint64(ct.blockSize), segmentSize: uint64(ct.segSize)}}, nil
+	return server{sysID: id, layout: position.WALLayout{MaxAlign: uint64(ct.maxAlign), BlockSize: uint64(ct.blockSize), SegmentSize: uint64(ct.segSize)}}, nil
 }
 
 // Capture returns a token for the write that just committed on conn: the
@@ -203,7 +203,7 @@ func (c *Capturer) Capture(ctx context.Context, conn *pgx.Conn) (position.Token,
 		return position.Token{}, err
 	}
 	epoch := position.Epoch{SystemID: srv.sysID, Timeline: tli}
-	return position.New(c.cfg.Database, epoch, endPosition(lsn, srv.layout), position.SourcePrimary, now), nil
+	return position.New(c.cfg.Database, epoch, srv.layout.InsertEnd(lsn), position.SourcePrimary, now), nil
 }
 
 // AfterWrite is Capture that merges the token into ctx (see WithToken), for
@@ -272,7 +272,7 @@ func (c *Capturer) ReplicaRead(ctx context.Context, conn *pgx.Conn) (position.To
 	switch {
 	case !inRecovery:
 		source = position.SourcePrimary
-		lsn = endPosition(lsn, srv.layout)
+		lsn = srv.layout.InsertEnd(lsn)
 		if tliText == nil {
 			return position.Token{}, fmt.Errorf("caughtup/enqueue: pg_walfile_name returned NULL")
 		}

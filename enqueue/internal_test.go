@@ -3,7 +3,6 @@ package enqueue
 import (
 	"runtime"
 
-	"github.com/caughtup/caughtup/position"
 	"testing"
 	"time"
 
@@ -82,29 +81,4 @@ func TestSysIDCacheForgetsCollectedConnections(t *testing.T) {
 		runtime.GC()
 		return c.len() == 0
 	}, 5*time.Second, 10*time.Millisecond)
-}
-
-func TestEndPosition(t *testing.T) {
-	t.Parallel()
-	l := walLayout{maxAlign: 8, blockSize: 8192, segmentSize: 16 << 20}
-	for in, want := range map[string]string{
-		"0/6000028":  "0/6000000", // after a WAL switch: long header of a segment's first page
-		"0/6002018":  "0/6002000", // the last record ended at a page boundary
-		"1/FF01E018": "1/FF01E000",
-		"0/6000030":  "0/6000030", // a record ends 8 bytes into the segment's first page
-		"0/6000018":  "0/6000018", // inside the long header: never an insert position, left alone
-		"0/6002020":  "0/6002020",
-		"0/16B3740":  "0/16B3740",
-		"0/0":        "0/0",
-	} {
-		require.Equal(t, position.MustParseLSN(want), endPosition(position.MustParseLSN(in), l), in)
-	}
-	// Other geometries follow pg_control_init().
-	big := walLayout{maxAlign: 8, blockSize: 32768, segmentSize: 64 << 20}
-	require.Equal(t, position.MustParseLSN("0/4008000"), endPosition(position.MustParseLSN("0/4008018"), big))
-	require.Equal(t, position.MustParseLSN("0/4002018"), endPosition(position.MustParseLSN("0/4002018"), big))
-	// Unknown or unusual layouts are left alone: late, never early.
-	for _, odd := range []walLayout{{}, {maxAlign: 4, blockSize: 8192, segmentSize: 16 << 20}, {maxAlign: 8, blockSize: 3000, segmentSize: 16 << 20}} {
-		require.Equal(t, position.MustParseLSN("0/6000028"), endPosition(position.MustParseLSN("0/6000028"), odd))
-	}
 }

@@ -7,6 +7,8 @@ import (
 	"weak"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caughtup/caughtup/position"
 )
 
 // sysIDCache remembers what each connection's server says about itself in
@@ -35,7 +37,7 @@ type sysIDEntry struct {
 // server is what the capture queries read from the control file.
 type server struct {
 	sysID  uint64
-	layout walLayout
+	layout position.WALLayout
 }
 
 // get returns what was read on pc if it was read less than ttl ago.

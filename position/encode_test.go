@@ -170,7 +170,7 @@ func TestDecodeThousandMalformed(t *testing.T) {
 		},
 		func(s string) string { return strings.Replace(s, ".2.", "."+strings.Repeat("1", 9+rng.IntN(5))+".", 1) },
 		func(s string) string { return "v" + fmt.Sprint(2+rng.IntN(500)) + s[2:] }, // wrong version
-		func(s string) string { return s + ";main=r.1.1.0/1" },                   // duplicate database
+		func(s string) string { return s + ";main=r.1.1.0/1" },                     // duplicate database
 		func(s string) string { // control characters
 			i := rng.IntN(len(s) + 1)
 			return s[:i] + string(rune(rng.IntN(32))) + s[i:]

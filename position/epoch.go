@@ -77,4 +77,3 @@ func ParseHistory(text string) (History, error) {
 	}
 	return h, nil
 }
-

@@ -1,12 +1,11 @@
-package enqueue
+package position
 
-import "github.com/caughtup/caughtup/position"
-
-// walLayout is the server's WAL geometry from pg_control_init().
-type walLayout struct {
-	maxAlign    uint64 // max_data_alignment
-	blockSize   uint64 // wal_block_size
-	segmentSize uint64 // bytes_per_wal_segment
+// WALLayout is a server's WAL geometry, from pg_control_init():
+// max_data_alignment, wal_block_size and bytes_per_wal_segment.
+type WALLayout struct {
+	MaxAlign    uint64
+	BlockSize   uint64
+	SegmentSize uint64
 }
 
 // Page header sizes with 8-byte MAXALIGN: SizeOfXLogShortPHD on every WAL
@@ -16,7 +15,7 @@ const (
 	longPageHeader  = 40
 )
 
-// endPosition turns pg_current_wal_insert_lsn() into the end of the WAL
+// InsertEnd turns pg_current_wal_insert_lsn() into the end of the WAL
 // inserted so far, the form pg_last_wal_replay_lsn() has.
 //
 // The insert position is where the next record will start. When the last
@@ -32,16 +31,16 @@ const (
 //
 // Only servers with 8-byte alignment (every 64-bit platform) are handled;
 // for others the position is returned unchanged, which is at worst late.
-func endPosition(lsn position.LSN, l walLayout) position.LSN {
-	if l.maxAlign != 8 || l.blockSize == 0 || l.segmentSize == 0 ||
-		l.segmentSize%l.blockSize != 0 || l.blockSize <= longPageHeader {
+func (l WALLayout) InsertEnd(lsn LSN) LSN {
+	if l.MaxAlign != 8 || l.BlockSize == 0 || l.SegmentSize == 0 ||
+		l.SegmentSize%l.BlockSize != 0 || l.BlockSize <= longPageHeader {
 		return lsn
 	}
-	off := uint64(lsn) % l.segmentSize
+	off := uint64(lsn) % l.SegmentSize
 	switch {
 	case off == longPageHeader:
 		return lsn - longPageHeader
-	case off >= l.blockSize && off%l.blockSize == shortPageHeader:
+	case off >= l.BlockSize && off%l.BlockSize == shortPageHeader:
 		return lsn - shortPageHeader
 	}
 	return lsn
