@@ -31,6 +31,21 @@
 // A service that cannot start fails the test with the server's log tail; it
 // never skips, because a skipped integration test reads as a passing one.
 //
+// # Where the files go
+//
+// Each Cluster and each Redis gets its own temporary directory under
+// $PGTEST_TMPDIR, else /dev/shm when it is a tmpfs with at least 2 GiB free
+// (startup is several times faster there than on a slow root disk), else
+// os.TempDir().
+//
+// # Ports
+//
+// Servers listen on 127.0.0.1 only, on random ports below the kernel's
+// ephemeral range so that no outgoing connection can be occupying a port when
+// its server (re)starts. While a node or Redis is stopped or killed, its port
+// stays reserved by a bound, non-listening socket: Start reuses it, and
+// clients meanwhile get "connection refused", as from a dead server.
+//
 // # Running as root
 //
 // PostgreSQL refuses to run as root, so when the test binary's effective uid
@@ -46,7 +61,9 @@
 //
 //  1. Cluster.Close and Redis.Close (and Main, for the shared ones).
 //  2. A SIGINT/SIGTERM handler, installed while anything is running, that
-//     closes everything and then re-raises the signal.
+//     closes everything and then re-raises the signal. A program with its
+//     own graceful shutdown (the demo) gets this too: while a Cluster or
+//     Redis is open, SIGINT ends the process once they are closed.
 //  3. A watchdog per temporary directory: a detached `sh` (its own session,
 //     so Ctrl-C and process-group kills miss it) that blocks reading a pipe
 //     whose only writer is the test binary. The kernel closes that pipe when
@@ -56,7 +73,9 @@
 //     SysV shared memory and deletes the directory. Matching on the working
 //     directory rather than on a PID list means restarts, postmaster
 //     children, initdb and pg_basebackup are all covered without
-//     bookkeeping, and a recycled PID is never hit.
+//     bookkeeping, and a recycled PID is never hit. Dynamic shared memory
+//     lives in the data directory (dynamic_shared_memory_type = mmap), so
+//     it goes with it instead of piling up in /dev/shm.
 //
 // # Replication lag on demand
 //

@@ -3,10 +3,8 @@ package pgtest
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -296,36 +294,6 @@ func killTree(p *process) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-}
-
-// portRegistry avoids handing the same port to two nodes of this process
-// between picking it and the server binding it.
-var portRegistry struct {
-	sync.Mutex
-	used map[int]bool
-}
-
-// freePort binds 127.0.0.1:0 and closes it. Another process can still take
-// the port before the server binds it, so callers retry on "address in use".
-func freePort() (int, error) {
-	portRegistry.Lock()
-	defer portRegistry.Unlock()
-	if portRegistry.used == nil {
-		portRegistry.used = map[int]bool{}
-	}
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("pgtest: cannot pick a loopback port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		if !portRegistry.used[port] {
-			portRegistry.used[port] = true
-			return port, nil
-		}
-	}
-	return 0, errors.New("pgtest: cannot pick an unused loopback port")
 }
 
 // logTail returns the last lines of a log written since offset, for errors.
