@@ -1,0 +1,129 @@
+package consume
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+// BenchmarkRoute is the whole in-process path for a caught-up job:
+// snapshot, Decide, metrics, context values and the child token.
+func BenchmarkRoute(b *testing.B) {
+	e := setup(b, pgtest.Shared(b))
+	r := e.router(b, func(c *Config) { c.Logger = nil })
+	_, tok := e.write(b)
+	seen(b, r, tok)
+	header, _ := tok.Encode()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, d, err := r.Route(ctx, header, Delayed); err != nil || d.Outcome != OutcomeReplica {
+			b.Fatal(d.Outcome, err)
+		}
+	}
+}
+
+// BenchmarkCatchUpLatency measures how soon a waiting job learns that its
+// replica has caught up. Per sample: pause replay on the replica, write
+// and capture a token, start Route (Delayed) and wait until it is waiting,
+// resume replay, and take two times from Route's return:
+//
+//   - catchup: since a separate poller, looping on its own connection,
+//     first saw pg_last_wal_replay_lsn() >= token (midpoint of that
+//     query's round trip): the delay the tracker adds on top of replay;
+//   - resume: since pg_wal_replay_resume() was sent, which adds the
+//     replica's own time to replay the record.
+//
+// Run with -benchtime=1000x for 1,000 samples; it reports p50/p99 and never
+// asserts wall-clock times.
+func BenchmarkCatchUpLatency(b *testing.B) {
+	c := pgtest.Shared(b)
+	e := setup(b, c)
+	e.replicas = e.replicas[:1]
+	r := e.router(b, func(c *Config) { c.WaitBudget = 10 * time.Second; c.Logger = nil })
+	ctx := ctxT(b)
+	dsn := c.Replicas()[0].DSN(e.db)
+	ctl, err := pgx.Connect(ctx, dsn)
+	require.NoError(b, err)
+	defer ctl.Close(context.Background())
+	probe, err := pgx.Connect(ctx, dsn)
+	require.NoError(b, err)
+	defer probe.Close(context.Background())
+	b.Cleanup(func() { _ = c.Replicas()[0].ResumeReplay(context.Background()) })
+	poller := r.tr.replicas[0][0]
+
+	var catchup, resume []time.Duration
+	waitedSamples := 0
+	for b.Loop() {
+		_, err := ctl.Exec(ctx, "SELECT pg_wal_replay_pause()")
+		require.NoError(b, err)
+		_, tok := e.write(b)
+		target := tok.Entries[0].LSN
+
+		type result struct {
+			d   Decision
+			err error
+			at  time.Time
+		}
+		done := make(chan result, 1)
+		go func() {
+			_, d, err := r.RouteToken(ctx, tok, Delayed)
+			done <- result{d, err, time.Now()}
+		}()
+		for poller.waiters.Load() == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+		passed := make(chan time.Time, 1)
+		go func() {
+			for {
+				var s string
+				sent := time.Now()
+				if err := probe.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&s); err != nil {
+					passed <- time.Time{}
+					return
+				}
+				if l, _ := position.ParseLSN(s); l >= target {
+					passed <- sent.Add(time.Since(sent) / 2)
+					return
+				}
+			}
+		}()
+		resumeSent := time.Now()
+		_, err = ctl.Exec(ctx, "SELECT pg_wal_replay_resume()")
+		require.NoError(b, err)
+		res := <-done
+		pass := <-passed
+		if res.err != nil {
+			rs := r.Snapshot().Database("main").Replicas[0]
+			b.Fatalf("sample %d: %v; token %v; passed %v before return; replica %+v; waiters %d", len(catchup), res.err, target, res.at.Sub(pass), rs, poller.waiters.Load())
+		}
+		require.False(b, pass.IsZero())
+		if res.d.Outcome != OutcomeReplicaWaited {
+			continue
+		}
+		waitedSamples++
+		catchup = append(catchup, res.at.Sub(pass))
+		resume = append(resume, res.at.Sub(resumeSent))
+	}
+	if len(catchup) == 0 {
+		return
+	}
+	pct := func(s []time.Duration, p float64) time.Duration {
+		s = slices.Clone(s)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(float64(len(s))*p))]
+	}
+	b.ReportMetric(float64(pct(catchup, 0.50).Microseconds()), "catchup-p50-µs")
+	b.ReportMetric(float64(pct(catchup, 0.99).Microseconds()), "catchup-p99-µs")
+	b.ReportMetric(float64(pct(resume, 0.50).Microseconds()), "resume-p50-µs")
+	b.ReportMetric(float64(pct(resume, 0.99).Microseconds()), "resume-p99-µs")
+	b.Logf("%d samples (%d waited): catch-up p50 %v p99 %v; from resume p50 %v p99 %v",
+		b.N, waitedSamples, pct(catchup, 0.5), pct(catchup, 0.99), pct(resume, 0.5), pct(resume, 0.99))
+}

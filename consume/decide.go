@@ -1,0 +1,396 @@
+package consume
+
+import (
+	"math"
+	"math/bits"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/caughtup/caughtup/position"
+)
+
+// Decision says where a job runs, or why it does not run now.
+type Decision struct {
+	// Policy is the policy applied (never PolicyDefault).
+	Policy Policy
+	// Action is what to do next.
+	Action Action
+	// Outcome and Reason summarize the job for metrics and logs: the most
+	// degraded of the per-database outcomes.
+	Outcome Outcome
+	Reason  Reason
+	// Delay is how long to defer the job (ActionDefer) or, for
+	// ActionRefuse, a suggested retry delay.
+	Delay time.Duration
+	// Fallback: the job runs at least one database on the primary
+	// because of lag or unknown replica state. The Router charges such
+	// decisions to the fallback cap.
+	Fallback bool
+	// TokenAge is the token's age at the decision; zero when unknown.
+	TokenAge time.Duration
+	// Waited is how long the Router waited for a replica (zero from
+	// Decide itself).
+	Waited time.Duration
+	// Databases has one entry per database in the token, in the token's
+	// order. A database that is not listed is read from the primary. It
+	// may alias DecideInput.Buf.
+	Databases []DatabaseDecision
+}
+
+// Database returns the decision for one database.
+func (d *Decision) Database(name string) (DatabaseDecision, bool) {
+	for _, dd := range d.Databases {
+		if dd.Database == name {
+			return dd, true
+		}
+	}
+	return DatabaseDecision{}, false
+}
+
+// DatabaseDecision is where one database of a job is read.
+type DatabaseDecision struct {
+	Database string
+	// Replica names the replica chosen; "" means the primary.
+	Replica string
+	Outcome Outcome
+	Reason  Reason
+	// Incomparable says why the token's epoch did not compare, for
+	// ReasonEpoch.
+	Incomparable position.Incomparable
+	// Entry is the token's entry for this database.
+	Entry position.Entry
+	// ReadAt is what the chosen replica had replayed when it was chosen;
+	// at least Entry's position. Zero for the primary.
+	ReadAt position.Replayed
+	// BytesBehind is the smallest distance between a healthy replica's
+	// replay and Entry, when every replica is behind (0 if not known, as
+	// for a replica that has not followed a new timeline yet).
+	BytesBehind uint64
+
+	// replica indexes Config.Databases[Database].Replicas; -1 is the
+	// primary.
+	replica int32
+}
+
+// DecideInput is everything Decide looks at.
+type DecideInput struct {
+	// Policy is the job's policy; PolicyDefault (or an invalid value)
+	// means Config.DefaultPolicy.
+	Policy Policy
+	// Token is the job's token; the zero Token means none.
+	Token position.Token
+	// TokenErr is the error decoding the token, if any: the job then
+	// reads the primary (ReasonMalformedToken).
+	TokenErr error
+	// Snapshot is the tracker's state; nil knows no database.
+	Snapshot *Snapshot
+	// Now is the decision time, comparable with the snapshot's times.
+	Now time.Time
+	// Config must have its defaults applied; nil means all defaults.
+	Config *Config
+	// Waited: the job already waited for a replica, so a replica read is
+	// OutcomeReplicaWaited.
+	Waited bool
+	// NoWait: the wait budget is spent (or waiting is disabled), so
+	// Decide must not return ActionWait.
+	NoWait bool
+	// Capped: the fallback cap refused this job a promotion; Decide turns
+	// a Fallback decision into a deferral or OutcomeCapped.
+	Capped bool
+	// Spread picks among caught-up replicas (index Spread mod count);
+	// pass a rotating counter to spread load while keeping Decide pure.
+	Spread uint32
+	// Buf is scratch for Decision.Databases; with room for every entry
+	// of the token Decide does not allocate.
+	Buf []DatabaseDecision
+}
+
+var defaultConfig = Config{}.WithDefaults()
+
+// Decide routes one job. It is a pure function of its input: no I/O, no
+// clock, no randomness, no locks, and it does not allocate when in.Buf has
+// room. It never chooses a replica that is not known to have replayed the
+// token's position for that database.
+//
+// Per database named in the token: a caught-up replica if one is usable
+// (fresh observation, healthy, in recovery, comparable epoch); else
+// "behind" if a usable replica is behind or has not followed a newer
+// timeline yet; else the primary (ReasonEpoch, ReasonNoHealthyReplica,
+// ReasonTrackerStale, ReasonNoReplicas, ReasonUnknownDatabase). Then the
+// policy decides what "behind" means for the whole job: Sticky promotes to
+// the primary; Delayed waits (unless NoWait), then defers with a delay
+// growing with the token's age, then promotes once the token is older
+// than MaxAge. A job waits or is deferred as a whole, since its handler
+// reads all its databases in one run.
+func Decide(in DecideInput) Decision {
+	cfg := in.Config
+	if cfg == nil {
+		cfg = &defaultConfig
+	}
+	pol := in.Policy
+	if pol == PolicyDefault || !pol.valid() {
+		pol = cfg.DefaultPolicy
+	}
+	d := Decision{Policy: pol, Action: ActionRun, Outcome: OutcomeReplica, Reason: ReasonNone, Databases: in.Buf[:0]}
+	age, ageKnown := tokenAge(in.Token, in.Now)
+	d.TokenAge = age
+
+	switch {
+	case in.TokenErr != nil:
+		d.Outcome, d.Reason = OutcomePrimaryNoToken, ReasonMalformedToken
+		return d
+	case in.Token.IsZero():
+		d.Outcome, d.Reason = OutcomePrimaryNoToken, ReasonNoToken
+		return d
+	case pol == Always:
+		for _, e := range in.Token.Entries {
+			d.Databases = append(d.Databases, DatabaseDecision{
+				Database: e.Database, Entry: e, Outcome: OutcomePrimary, Reason: ReasonPolicyAlways, replica: -1,
+			})
+		}
+		d.Outcome, d.Reason = OutcomePrimary, ReasonPolicyAlways
+		return d
+	}
+
+	var behind, epoch, other int
+	cutoff := in.Now.Add(-cfg.StalenessBound)
+	for _, e := range in.Token.Entries {
+		d.Databases = append(d.Databases, DatabaseDecision{})
+		dd := &d.Databases[len(d.Databases)-1]
+		decideDatabase(dd, e, in.Snapshot.Database(e.Database), cutoff, in.Spread)
+		switch {
+		case dd.Outcome == OutcomeReplica && in.Waited:
+			dd.Outcome = OutcomeReplicaWaited
+		case dd.Outcome == outcomeWait:
+			behind++
+		case dd.Outcome == OutcomePrimaryEpoch:
+			epoch++
+		case dd.Reason.fallback():
+			// Counted below, after behind databases are resolved.
+		case dd.Outcome == OutcomePrimary:
+			other++
+		}
+	}
+
+	if behind > 0 {
+		promote := ReasonReplicaBehind
+		if pol == Delayed {
+			switch {
+			case ageKnown && age >= cfg.MaxAge:
+				promote = ReasonDeadline
+			case !in.NoWait:
+				return d.setAll(outcomeWait, outcomeWait, ReasonReplicaBehind, ActionWait)
+			case !ageKnown:
+				promote = ReasonUnknownAge
+			default:
+				d.Delay = deferDelay(age, cfg)
+				return d.setAll(outcomeWait, OutcomeDeferred, ReasonReplicaBehind, ActionDefer)
+			}
+		}
+		for i := range d.Databases {
+			if dd := &d.Databases[i]; dd.Outcome == outcomeWait {
+				dd.Outcome, dd.Reason = OutcomePrimary, promote
+			}
+		}
+	}
+
+	// The first fallback database names the job's reason.
+	fallback := ReasonNone
+	for i := range d.Databases {
+		if r := d.Databases[i].Reason; r.fallback() {
+			fallback = r
+			break
+		}
+	}
+	switch {
+	case fallback != ReasonNone && in.Capped:
+		if pol == Delayed && ageKnown && age < cfg.MaxAge {
+			d.Delay = deferDelay(age, cfg)
+			return d.setAll(OutcomePrimary, OutcomeDeferred, ReasonCapped, ActionDefer)
+		}
+		d.Delay = deferStep(age, cfg)
+		return d.setAll(OutcomePrimary, OutcomeCapped, ReasonCapped, ActionRefuse)
+	case fallback != ReasonNone:
+		d.Fallback = true
+		d.Outcome, d.Reason = OutcomePrimary, fallback
+	case epoch > 0:
+		d.Outcome, d.Reason = OutcomePrimaryEpoch, ReasonEpoch
+	case other > 0:
+		for i := range d.Databases {
+			if dd := &d.Databases[i]; dd.Outcome == OutcomePrimary {
+				d.Outcome, d.Reason = OutcomePrimary, dd.Reason
+				break
+			}
+		}
+	case in.Waited:
+		d.Outcome = OutcomeReplicaWaited
+	}
+	return d
+}
+
+// setAll gives the job an outcome and relabels the databases that caused
+// it (outcome from; for the primary, only fallbacks) the same way, keeping
+// their own reasons.
+func (d Decision) setAll(from, to Outcome, reason Reason, a Action) Decision {
+	for i := range d.Databases {
+		if dd := &d.Databases[i]; dd.Outcome == from && (from != OutcomePrimary || dd.Reason.fallback()) {
+			dd.Outcome = to
+		}
+	}
+	d.Action, d.Outcome, d.Reason = a, to, reason
+	return d
+}
+
+func tokenAge(t position.Token, now time.Time) (time.Duration, bool) {
+	if t.CapturedAt.IsZero() {
+		return 0, false
+	}
+	// Token times come from another process's wall clock, so a monotonic
+	// reading would not help; UnixNano is also much cheaper than Sub. A
+	// capture time in the future (producer clock ahead) counts as age 0;
+	// the deferral bound then starts late by the skew.
+	return time.Duration(max(now.UnixNano()-t.CapturedAt.UnixNano(), 0)), true
+}
+
+// maxCandidates bounds the caught-up replicas Spread chooses among (a
+// bitmask); replicas past the 64th are never chosen.
+const maxCandidates = 64
+
+// decideDatabase fills dd (zero) for one token entry; replicas observed
+// before cutoff are stale.
+func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32) {
+	dd.Database, dd.Entry, dd.replica, dd.Outcome = e.Database, e, -1, OutcomePrimary
+	if db == nil {
+		dd.Reason = ReasonUnknownDatabase
+		return
+	}
+	if len(db.Replicas) == 0 {
+		dd.Reason = ReasonNoReplicas
+		return
+	}
+	p := &db.Primary
+	e.LSN = p.WAL.InsertEnd(e.LSN)
+	var hist position.History
+	histKnown := !p.Epoch.IsZero() && p.HistoryKnown
+	if histKnown {
+		hist = p.History
+	}
+	// The primary holds every position of its history: if the entry is not
+	// comparable even there, no replica of it can serve the entry. With
+	// the primary unknown, the replicas' own epochs still decide.
+	if e.Epoch.IsZero() {
+		dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, position.UnknownEpoch
+		return
+	}
+	if !p.Epoch.IsZero() {
+		if c := e.Compare(position.Replayed{Epoch: p.Epoch, LSN: math.MaxUint64}, hist); c.Status == position.NotComparable {
+			dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, c.Reason
+			return
+		}
+	}
+
+	var caught uint64 // bit i: replica i is caught up
+	nc := uint32(0)
+	behind := false
+	minBehind := uint64(math.MaxUint64)
+	usable, stale := 0, 0
+	notCmp := position.Comparable
+	for i := range db.Replicas {
+		r := &db.Replicas[i]
+		if !r.usable(cutoff) {
+			if r.Err == nil && r.stale(cutoff) {
+				stale++
+			}
+			continue
+		}
+		usable++
+		// The primary's history is the replica's too when the replica is
+		// on the primary's timeline or an ancestor of it; a replica ahead
+		// of what the tracker knows of the primary gets none, so older
+		// entries are not comparable there.
+		var rh position.History
+		if histKnown && r.Replayed.Epoch.SystemID == p.Epoch.SystemID && r.Replayed.Epoch.Timeline <= p.Epoch.Timeline {
+			rh = hist
+		}
+		c := e.Compare(r.Replayed, rh)
+		switch {
+		case c.Status == position.CaughtUp:
+			if i < maxCandidates {
+				caught |= 1 << i
+				nc++
+			}
+		case c.Status == position.Behind:
+			behind = true
+			minBehind = min(minBehind, c.BytesBehind)
+		case c.Reason == position.NewerTimeline:
+			// Not yet following the promotion the entry was written
+			// after; it may within the wait.
+			behind = true
+		default:
+			notCmp = c.Reason
+		}
+	}
+	switch {
+	case nc > 0:
+		for range spread % nc {
+			caught &= caught - 1 // drop the lowest candidate
+		}
+		k := int32(bits.TrailingZeros64(caught))
+		r := &db.Replicas[k]
+		dd.Outcome, dd.Reason, dd.Replica, dd.replica, dd.ReadAt = OutcomeReplica, ReasonNone, r.Name, k, r.Replayed
+	case behind:
+		dd.Outcome, dd.Reason = outcomeWait, ReasonReplicaBehind
+		if minBehind != math.MaxUint64 {
+			dd.BytesBehind = minBehind
+		}
+	case usable > 0:
+		dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, notCmp
+	case stale == len(db.Replicas):
+		dd.Reason = ReasonTrackerStale
+	default:
+		dd.Reason = ReasonNoHealthyReplica
+	}
+}
+
+// deferDelay is the delay of the deferral step a token of this age has
+// reached, cut so that the job is back by MaxAge, when it reads the
+// primary rather than waiting more.
+func deferDelay(age time.Duration, cfg *Config) time.Duration {
+	d := deferStep(age, cfg)
+	if left := cfg.MaxAge - age; d > left {
+		d = left
+	}
+	return d
+}
+
+// deferStep walks the exponential schedule (without randomization, so
+// the result is a function of age) until the deferrals it implies add up
+// to more than age.
+func deferStep(age time.Duration, cfg *Config) time.Duration {
+	b := backoff.ExponentialBackOff{
+		InitialInterval: cfg.DeferInitial,
+		Multiplier:      cfg.DeferMultiplier,
+		MaxInterval:     cfg.DeferMax,
+		Stop:            backoff.Stop,
+		Clock:           fixedClock{},
+	}
+	b.Reset()
+	var elapsed time.Duration
+	d := b.NextBackOff()
+	for elapsed+d <= age && d < cfg.DeferMax {
+		next := b.NextBackOff()
+		if next <= d {
+			break // a multiplier of 1 never grows
+		}
+		elapsed += d
+		d = next
+	}
+	return d
+}
+
+// fixedClock keeps the backoff's elapsed-time bookkeeping off the real
+// clock (MaxElapsedTime is 0, so it is never consulted).
+type fixedClock struct{}
+
+func (fixedClock) Now() time.Time { return time.Time{} }

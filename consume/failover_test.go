@@ -1,0 +1,146 @@
+package consume
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+// privateCluster is for tests that kill or promote nodes.
+func privateCluster(t *testing.T) *pgtest.Cluster {
+	t.Helper()
+	c, err := pgtest.Start(ctxT(t), pgtest.Options{Replicas: 2, Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+func TestKilledReplicaIsExcluded(t *testing.T) {
+	t.Parallel()
+	c := privateCluster(t)
+	e := setup(t, c)
+	const poll, bound = 50 * time.Millisecond, 300 * time.Millisecond
+	r := e.router(t, func(c *Config) { c.StalenessBound = bound })
+	_, tok := e.write(t)
+	seen(t, r, tok)
+	ctx := ctxT(t)
+
+	used := map[string]int{}
+	for range 10 {
+		_, d, err := r.RouteToken(ctx, tok, Sticky)
+		require.NoError(t, err)
+		used[d.Databases[0].Replica]++
+	}
+	require.Equal(t, map[string]int{"r1": 5, "r2": 5}, used, "caught-up replicas share the load")
+
+	killed := time.Now()
+	require.NoError(t, c.Replicas()[1].Kill())
+	require.Eventually(t, func() bool {
+		rs := r.Snapshot().Database("main").Replicas[1]
+		return !rs.usable(time.Now().Add(-bound))
+	}, poll+bound+time.Second, time.Millisecond)
+	t.Logf("killed replica excluded %v after the kill (bound: one interval %v + staleness %v)", time.Since(killed), poll, bound)
+	for range 10 {
+		_, d, err := r.RouteToken(ctx, tok, Sticky)
+		require.NoError(t, err)
+		require.Equal(t, "r1", d.Databases[0].Replica)
+	}
+
+	// With the last replica paused too, nothing is caught up: sticky reads
+	// the primary, never the dead replica.
+	require.NoError(t, c.Replicas()[0].PauseReplay(ctx))
+	_, tok2 := e.write(t)
+	_, d, err := r.RouteToken(ctx, tok2, Sticky)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimary, d.Outcome)
+	require.Equal(t, ReasonReplicaBehind, d.Reason)
+	require.NoError(t, c.Replicas()[0].ResumeReplay(ctx))
+}
+
+// multiHost is a pool that follows the primary across a failover, as an
+// application's primary pool would (through DNS, a proxy or libpq's
+// target_session_attrs).
+func multiHost(t *testing.T, c *pgtest.Cluster, db string) *pgxpool.Pool {
+	hosts := make([]string, 0, 3)
+	for _, n := range c.Nodes() {
+		hosts = append(hosts, fmt.Sprintf("127.0.0.1:%d", n.Port()))
+	}
+	dsn := fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		strings.Join(hosts, ","), db)
+	p, err := pgxpool.New(ctxT(t), dsn)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+func TestPromotedReplicaIsExcluded(t *testing.T) {
+	t.Parallel()
+	c := privateCluster(t)
+	e := setup(t, c)
+	e.primary = multiHost(t, c, e.db)
+	r := e.router(t)
+	ctx := ctxT(t)
+
+	id, before := e.write(t)
+	seen(t, r, before)
+	sys := before.Entries[0].Epoch.SystemID
+	require.Equal(t, uint32(1), before.Entries[0].Epoch.Timeline)
+
+	require.NoError(t, c.Promote(ctx, c.Replicas()[0]))
+
+	// The tracker sees the new epoch with its history, the promoted node
+	// out of recovery, and the other replica following timeline 2.
+	var ds *DatabaseState
+	require.Eventually(t, func() bool {
+		ds = r.Snapshot().Database("main")
+		return ds.Primary.Err == nil && ds.Primary.Epoch == position.Epoch{SystemID: sys, Timeline: 2} &&
+			ds.Primary.HistoryKnown &&
+			ds.Replicas[0].Err == nil && !ds.Replicas[0].InRecovery &&
+			ds.Replicas[1].Err == nil && ds.Replicas[1].Replayed.Epoch.Timeline == 2
+	}, 30*time.Second, 10*time.Millisecond, "snapshot after promotion: %+v", ds)
+	sp, ok := ds.Primary.History.Switchpoint(1)
+	require.True(t, ok, "history %v", ds.Primary.History)
+	require.GreaterOrEqual(t, sp, before.Entries[0].LSN)
+	t.Logf("timeline 1 ended at %v; history %v", sp, ds.Primary.History)
+
+	// A timeline-1 token within the shared history reads the replica
+	// that follows timeline 2, never the promoted node.
+	for range 6 {
+		hctx, d, err := r.RouteToken(ctx, before, Sticky)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeReplica, d.Outcome, "%+v", d)
+		require.Equal(t, "r2", d.Databases[0].Replica)
+		require.True(t, found(t, DB(hctx, "main"), id))
+	}
+
+	// New writes carry timeline 2 and read the following replica once it
+	// has them. (The application's pool drops its connections to the old
+	// primary first.)
+	e.primary.Reset()
+	id2, after := e.write(t)
+	require.Equal(t, uint32(2), after.Entries[0].Epoch.Timeline)
+	hctx, d, err := r.RouteToken(ctx, after, Delayed)
+	require.NoError(t, err)
+	require.Contains(t, []Outcome{OutcomeReplica, OutcomeReplicaWaited}, d.Outcome)
+	require.Equal(t, "r2", d.Databases[0].Replica)
+	require.True(t, found(t, DB(hctx, "main"), id2))
+
+	// A timeline-1 position past the switchpoint names WAL the new
+	// history does not have (a write lost in the failover): the primary,
+	// although numerically the replica has replayed that far.
+	replayed := r.Snapshot().Database("main").Replicas[1].Replayed.LSN
+	require.Greater(t, replayed, sp, "the new timeline has records past the switchpoint")
+	lost := position.New("main", position.Epoch{SystemID: sys, Timeline: 1}, replayed, position.SourcePrimary, time.Now())
+	hctx, d, err = r.RouteToken(ctx, lost, Delayed)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimaryEpoch, d.Outcome)
+	require.Equal(t, position.PastSwitchpoint, d.Databases[0].Incomparable)
+	require.Same(t, e.primary, DB(hctx, "main"))
+}

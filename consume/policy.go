@@ -1,0 +1,199 @@
+package consume
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Policy says how hard a job insists on a replica. The names are GitLab's
+// data-consistency levels.
+type Policy uint8
+
+const (
+	// PolicyDefault is the zero value: use Config.DefaultPolicy. Adapters
+	// pass it for jobs that name no policy of their own.
+	PolicyDefault Policy = iota
+	// Always reads every database from the primary. The token is ignored
+	// for routing (but still passed on to jobs the handler enqueues).
+	Always
+	// Sticky reads from a replica that has caught up with the token and
+	// otherwise from the primary at once: never delayed, more primary load.
+	Sticky
+	// Delayed reads from a caught-up replica; otherwise it waits up to
+	// Config.WaitBudget for one, then defers the job with a delay that
+	// grows with the token's age, and only once the token is older than
+	// Config.MaxAge reads from the primary.
+	Delayed
+)
+
+var policyNames = [...]string{"default", "always", "sticky", "delayed"}
+
+func (p Policy) String() string {
+	if int(p) < len(policyNames) {
+		return policyNames[p]
+	}
+	return "invalid"
+}
+
+// ParsePolicy accepts "always", "sticky", "delayed" (any case) and ""
+// or "default" for PolicyDefault.
+func ParsePolicy(s string) (Policy, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "default":
+		return PolicyDefault, nil
+	case "always":
+		return Always, nil
+	case "sticky":
+		return Sticky, nil
+	case "delayed":
+		return Delayed, nil
+	}
+	return PolicyDefault, &PolicyError{Input: s}
+}
+
+// PolicyError reports text that names no policy.
+type PolicyError struct{ Input string }
+
+func (e *PolicyError) Error() string {
+	in := e.Input
+	if len(in) > 64 {
+		in = in[:64] + "…"
+	}
+	return `caughtup/consume: unknown policy "` + in + `": want always, sticky or delayed`
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (p Policy) MarshalText() ([]byte, error) {
+	if int(p) >= len(policyNames) {
+		return nil, &PolicyError{Input: "Policy(" + strconv.Itoa(int(p)) + ")"}
+	}
+	return []byte(p.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (p *Policy) UnmarshalText(b []byte) error {
+	v, err := ParsePolicy(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
+}
+
+func (p Policy) valid() bool { return int(p) < len(policyNames) }
+
+// Outcome names what happened to a job, for metrics (caughtup.outcome) and
+// logs. It follows GitLab's strategy log field where one exists.
+type Outcome string
+
+const (
+	// OutcomeReplica: every database the token names is read from a
+	// replica that had already caught up.
+	OutcomeReplica Outcome = "replica"
+	// OutcomeReplicaWaited: as OutcomeReplica, after waiting for a replica
+	// to catch up.
+	OutcomeReplicaWaited Outcome = "replica_waited"
+	// OutcomeDeferred: the job does not run now; run it again after
+	// Decision.Delay.
+	OutcomeDeferred Outcome = "deferred"
+	// OutcomePrimary: at least one database is read from the primary
+	// because of the policy, replica lag or unknown replica state; Reason
+	// says which.
+	OutcomePrimary Outcome = "primary"
+	// OutcomePrimaryNoToken: the job carries no usable token (none, or
+	// malformed), so it cannot be checked against any replica.
+	OutcomePrimaryNoToken Outcome = "primary_no_token"
+	// OutcomePrimaryEpoch: the token's position belongs to a history the
+	// replicas cannot be compared with (another cluster, a timeline past
+	// its switchpoint, an unknown epoch).
+	OutcomePrimaryEpoch Outcome = "primary_epoch"
+	// OutcomeCapped: the job needs the primary but the fallback cap is
+	// exhausted and it may not be deferred any longer (Sticky, or Delayed
+	// past Config.MaxAge). It does not run now; adapters return a
+	// retryable error. Never a stale read.
+	OutcomeCapped Outcome = "capped"
+
+	// outcomeWait is Decide's "wait for the tracker" result; the Router
+	// never reports it.
+	outcomeWait Outcome = "wait"
+)
+
+// Reason explains an outcome (caughtup.reason).
+type Reason string
+
+const (
+	// ReasonNone: nothing to explain (a replica was used).
+	ReasonNone Reason = "none"
+	// ReasonNoToken: the job carries no token.
+	ReasonNoToken Reason = "no_token"
+	// ReasonMalformedToken: the job's token could not be decoded.
+	ReasonMalformedToken Reason = "malformed_token"
+	// ReasonPolicyAlways: the policy is Always.
+	ReasonPolicyAlways Reason = "policy_always"
+	// ReasonReplicaBehind: healthy replicas exist but none has replayed
+	// the token's position yet.
+	ReasonReplicaBehind Reason = "replica_behind"
+	// ReasonDeadline: the token is older than Config.MaxAge, so the job
+	// stops waiting for replicas.
+	ReasonDeadline Reason = "deadline"
+	// ReasonUnknownAge: the token has no capture time, so a Delayed job
+	// cannot be deferred (its deferral would have no bound) and goes to
+	// the primary after the wait.
+	ReasonUnknownAge Reason = "unknown_age"
+	// ReasonEpoch: the token's epoch cannot be compared with the
+	// replicas' (DatabaseDecision.Incomparable says how).
+	ReasonEpoch Reason = "epoch"
+	// ReasonNoHealthyReplica: no replica's state is known and usable: all
+	// are failing, not in recovery, of unknown epoch or over the lag
+	// thresholds.
+	ReasonNoHealthyReplica Reason = "no_healthy_replica"
+	// ReasonTrackerStale: every replica's last observation is older than
+	// Config.StalenessBound.
+	ReasonTrackerStale Reason = "tracker_stale"
+	// ReasonNoReplicas: the database is configured without replicas.
+	ReasonNoReplicas Reason = "no_replicas"
+	// ReasonUnknownDatabase: the token names a database missing from
+	// Config.Databases; DB returns nil for it.
+	ReasonUnknownDatabase Reason = "unknown_database"
+	// ReasonCapped: the fallback cap refused a promotion to the primary.
+	ReasonCapped Reason = "capped"
+)
+
+// fallback reports whether a primary read for this reason is a promotion
+// caused by lag or unknown replica state, the only kind the fallback cap
+// limits. Missing tokens, Always, epochs, unknown databases and databases
+// without replicas send work to the primary that no amount of waiting
+// would move to a replica, so capping them would only refuse work.
+func (r Reason) fallback() bool {
+	switch r {
+	case ReasonReplicaBehind, ReasonDeadline, ReasonUnknownAge, ReasonNoHealthyReplica, ReasonTrackerStale:
+		return true
+	}
+	return false
+}
+
+// Action is what the caller of Decide must do next.
+type Action uint8
+
+const (
+	// ActionRun: run the job now, each database on the pool named in
+	// Decision.Databases (the primary for databases not listed).
+	ActionRun Action = iota
+	// ActionWait: wait for the tracker to see a replica pass the token,
+	// then decide again (the Router does this; see Config.WaitBudget).
+	ActionWait
+	// ActionDefer: do not run now; run again after Decision.Delay.
+	ActionDefer
+	// ActionRefuse: the cap refused the primary and the job may not be
+	// deferred; fail it with a retryable error (OutcomeCapped).
+	ActionRefuse
+)
+
+var actionNames = [...]string{"run", "wait", "defer", "refuse"}
+
+func (a Action) String() string {
+	if int(a) < len(actionNames) {
+		return actionNames[a]
+	}
+	return "invalid"
+}

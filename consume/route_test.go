@@ -1,0 +1,293 @@
+package consume
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+// The tests on the shared cluster pause its replicas, so they do not run
+// in parallel with each other.
+
+func TestRouteCaughtUp(t *testing.T) {
+	e := setup(t, pgtest.Shared(t))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := e.router(t, func(c *Config) { c.MeterProvider = mp })
+	ctx := ctxT(t)
+
+	id, tok := e.write(t)
+	seen(t, r, tok)
+	header, err := tok.Encode()
+	require.NoError(t, err)
+
+	hctx, d, err := r.Route(ctx, header, Sticky)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeReplica, d.Outcome)
+	pool := DB(hctx, "main")
+	require.NotSame(t, e.primary, pool)
+	require.True(t, found(t, pool, id), "the replica chosen has the row")
+	got, ok := DecisionFrom(hctx)
+	require.True(t, ok)
+	require.Equal(t, d.Outcome, got.Outcome)
+	require.Nil(t, DB(hctx, "other"), "a database the router does not know")
+
+	// Jobs the handler enqueues must see at least what it read.
+	child, ok := enqueue.TokenFrom(hctx)
+	require.True(t, ok)
+	ce, ok := child.Entry("main")
+	require.True(t, ok)
+	require.GreaterOrEqual(t, ce.LSN, tok.Entries[0].LSN)
+	require.Equal(t, d.Databases[0].ReadAt.LSN, ce.LSN)
+	if ce.LSN > tok.Entries[0].LSN {
+		require.Equal(t, position.SourceReplica, ce.Source)
+	}
+
+	// No token and a malformed one read the primary.
+	hctx, d, err = r.Route(ctx, "", Sticky)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
+	require.Same(t, e.primary, DB(hctx, "main"))
+	_, ok = enqueue.TokenFrom(hctx)
+	require.False(t, ok)
+	hctx, d, err = r.Route(ctx, "v1;garbage", Delayed)
+	require.NoError(t, err)
+	require.Equal(t, ReasonMalformedToken, d.Reason)
+	require.Same(t, e.primary, DB(hctx, "main"))
+
+	// Always keeps the token for children but reads the primary.
+	hctx, d, err = r.Route(ctx, header, Always)
+	require.NoError(t, err)
+	require.Equal(t, ReasonPolicyAlways, d.Reason)
+	require.Same(t, e.primary, DB(hctx, "main"))
+	child, _ = enqueue.TokenFrom(hctx)
+	require.Equal(t, tok.Entries, child.Entries)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	byName := map[string]metricdata.Metrics{}
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, ScopeName, sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			byName[m.Name] = m
+			require.NotEmpty(t, m.Unit, m.Name)
+		}
+	}
+	sum := byName["caughtup.consume.decisions"].Data.(metricdata.Sum[int64])
+	outcomes := map[string]int64{}
+	for _, dp := range sum.DataPoints {
+		o, _ := dp.Attributes.Value(attrOutcome)
+		sys, _ := dp.Attributes.Value("db.system.name")
+		require.Equal(t, "postgresql", sys.AsString())
+		outcomes[o.AsString()] += dp.Value
+	}
+	require.Equal(t, map[string]int64{"replica": 1, "primary_no_token": 2, "primary": 1}, outcomes)
+	require.Equal(t, "By", byName["caughtup.consume.replica.lag"].Unit)
+	require.Len(t, byName["caughtup.consume.replica.lag"].Data.(metricdata.Gauge[int64]).DataPoints, 2)
+	require.Len(t, byName["caughtup.consume.tracker.staleness"].Data.(metricdata.Gauge[float64]).DataPoints, 3)
+	missing := byName["caughtup.consume.tokens.missing"].Data.(metricdata.Sum[int64])
+	require.Len(t, missing.DataPoints, 2)
+}
+
+func TestRouteWaitsForReplay(t *testing.T) {
+	c := pgtest.Shared(t)
+	e := setup(t, c)
+	r := e.router(t, func(c *Config) { c.WaitBudget = 20 * time.Second })
+	pauseAll(t, c)
+	id, tok := e.write(t)
+
+	type result struct {
+		ctx context.Context
+		d   Decision
+		err error
+		at  time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, d, err := r.RouteToken(context.Background(), tok, Delayed)
+		done <- result{ctx, d, err, time.Now()}
+	}()
+	select {
+	case res := <-done:
+		t.Fatalf("routed while every replica was paused: %+v", res.d)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// The waiting job makes the tracker poll the replicas fast.
+	q0 := r.tr.queries.Load()
+	time.Sleep(100 * time.Millisecond)
+	require.Greater(t, r.tr.queries.Load()-q0, uint64(20), "replicas polled every WaitPollInterval while a job waits")
+
+	resumed := time.Now()
+	resumeAll(t, c)
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("still waiting 15s after replay resumed")
+	}
+	require.NoError(t, res.err)
+	require.Equal(t, OutcomeReplicaWaited, res.d.Outcome)
+	require.GreaterOrEqual(t, res.d.Waited, 300*time.Millisecond)
+	pool := DB(res.ctx, "main")
+	require.NotSame(t, e.primary, pool)
+	require.True(t, found(t, pool, id), "the replica the job waited for has the row")
+	t.Logf("wait returned %v after resume (waited %v in all)", res.at.Sub(resumed), res.d.Waited)
+
+	// With nobody waiting the tracker is back to one query per interval.
+	time.Sleep(100 * time.Millisecond)
+	q0 = r.tr.queries.Load()
+	time.Sleep(500 * time.Millisecond)
+	require.LessOrEqual(t, r.tr.queries.Load()-q0, uint64(3*(500/50+2)))
+}
+
+func TestRouteLagPastBudget(t *testing.T) {
+	c := pgtest.Shared(t)
+	e := setup(t, c)
+	r := e.router(t, func(c *Config) { c.WaitBudget = 200 * time.Millisecond })
+	ctx := ctxT(t)
+	pauseAll(t, c)
+	id, tok := e.write(t)
+
+	// Delayed: waits the budget, then defers.
+	_, d, err := r.RouteToken(ctx, tok, Delayed)
+	var de *DeferError
+	require.ErrorAs(t, err, &de)
+	require.ErrorIs(t, err, ErrDeferred)
+	require.NotErrorIs(t, err, ErrCapped)
+	require.Equal(t, OutcomeDeferred, d.Outcome)
+	require.Equal(t, ReasonReplicaBehind, d.Reason)
+	require.Equal(t, time.Second, de.Delay)
+	require.GreaterOrEqual(t, d.Waited, 200*time.Millisecond)
+	require.Less(t, d.Waited, 5*time.Second)
+
+	// Sticky: the primary at once.
+	start := time.Now()
+	hctx, d, err := r.RouteToken(ctx, tok, Sticky)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 200*time.Millisecond, "sticky does not wait")
+	require.Equal(t, OutcomePrimary, d.Outcome)
+	require.Equal(t, ReasonReplicaBehind, d.Reason)
+	require.Same(t, e.primary, DB(hctx, "main"))
+	require.True(t, found(t, DB(hctx, "main"), id))
+
+	// Delayed past MaxAge: the primary without waiting.
+	old := tok
+	old.CapturedAt = time.Now().Add(-3 * time.Minute)
+	_, d, err = r.RouteToken(ctx, old, Delayed)
+	require.NoError(t, err)
+	require.Equal(t, ReasonDeadline, d.Reason)
+	require.Zero(t, d.Waited)
+
+	// Over the cap: sticky is refused (retryable); delayed defers, since
+	// the lag it would have waited out counts as no healthy replica here.
+	capped := e.router(t, func(c *Config) {
+		c.WaitBudget = -1
+		c.MaxLagBytes = 1
+		c.PrimaryRate, c.PrimaryBurst = rate.Every(time.Hour), 1
+	})
+	require.Eventually(t, func() bool {
+		for _, rs := range capped.Snapshot().Database("main").Replicas {
+			if rs.Healthy {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
+	_, d, err = capped.RouteToken(ctx, tok, Sticky)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimary, d.Outcome, "the burst allows one")
+	require.Equal(t, ReasonNoHealthyReplica, d.Reason)
+	_, d, err = capped.RouteToken(ctx, tok, Sticky)
+	require.ErrorIs(t, err, ErrCapped)
+	require.Equal(t, OutcomeCapped, d.Outcome)
+	_, d, err = capped.RouteToken(ctx, tok, Delayed)
+	require.ErrorIs(t, err, ErrDeferred)
+	require.NotErrorIs(t, err, ErrCapped)
+	require.Equal(t, OutcomeDeferred, d.Outcome)
+	require.Equal(t, ReasonCapped, d.Reason)
+	// A delayed job that is merely behind defers for lag, cap or not.
+	_, d, err = r.RouteToken(ctx, tok, Delayed)
+	require.ErrorIs(t, err, ErrDeferred)
+	require.Equal(t, ReasonReplicaBehind, d.Reason)
+	// No token and Always are not capped.
+	_, d, err = capped.Route(ctx, "", Sticky)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
+	_, d, err = capped.RouteToken(ctx, tok, Always)
+	require.NoError(t, err)
+	require.Equal(t, ReasonPolicyAlways, d.Reason)
+}
+
+func TestRouteContextEndsDuringWait(t *testing.T) {
+	c := pgtest.Shared(t)
+	e := setup(t, c)
+	r := e.router(t, func(c *Config) { c.WaitBudget = 10 * time.Second })
+	pauseAll(t, c)
+	_, tok := e.write(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := r.RouteToken(ctx, tok, Delayed)
+	// The context's deadline shortens the budget: the job is deferred
+	// rather than failed.
+	require.ErrorIs(t, err, ErrDeferred)
+	require.Less(t, time.Since(start), 5*time.Second)
+
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() { time.Sleep(100 * time.Millisecond); cancel() }()
+	_, _, err = r.RouteToken(ctx, tok, Delayed)
+	require.ErrorIs(t, err, context.Canceled)
+}
+
+// TestTrackerQueriesIndependentOfRate measures the tracker's queries at 100
+// and at 10,000 decisions/s: with every job caught up they are the same,
+// one per node per PollInterval.
+func TestTrackerQueriesIndependentOfRate(t *testing.T) {
+	e := setup(t, pgtest.Shared(t))
+	r := e.router(t)
+	_, tok := e.write(t)
+	seen(t, r, tok)
+	measure := func(perSecond float64) (queriesPerSec, decisionsPerSec float64) {
+		lim := rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond/100)))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		q0 := r.tr.queries.Load()
+		start := time.Now()
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for lim.Wait(ctx) == nil {
+					_, d, err := r.RouteToken(ctx, tok, Delayed)
+					if err != nil || d.Outcome != OutcomeReplica {
+						t.Errorf("outcome %s: %v", d.Outcome, err)
+						return
+					}
+					n.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		el := time.Since(start).Seconds()
+		return float64(r.tr.queries.Load()-q0) / el, float64(n.Load()) / el
+	}
+	q100, d100 := measure(100)
+	q10k, d10k := measure(10000)
+	t.Logf("tracker: %.1f queries/s at %.0f decisions/s, %.1f queries/s at %.0f decisions/s (3 nodes, PollInterval 50ms)",
+		q100, d100, q10k, d10k)
+	require.Greater(t, d10k, 10*d100, "the fast run must really be faster")
+	require.InDelta(t, q100, q10k, 0.25*q100+3, "queries do not follow the job rate")
+	require.LessOrEqual(t, q10k, 3*(1000/50.0)+3)
+}

@@ -1,0 +1,439 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+)
+
+// Router routes jobs: one per process, shared by every worker goroutine.
+// It owns the tracker's goroutines and connections (one per node), not
+// the application's pools.
+type Router struct {
+	cfg    Config
+	tr     *tracker
+	lim    *rate.Limiter
+	met    *metrics
+	log    *slog.Logger
+	spread atomic.Uint32
+	pools  map[string]*Database
+
+	warnMu sync.Mutex
+	warns  map[Reason]*rate.Sometimes
+
+	closeOnce sync.Once
+}
+
+// NewRouter validates cfg, starts the tracker and waits until every node
+// has been queried once (or ctx ends, or Config.StalenessBound passes:
+// nodes that have not answered by then count as unknown, and jobs fall
+// back to the primary until they do). ctx bounds only this start; the
+// tracker runs until Close.
+func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	// Copy what the tracker and DB read, so the caller's map and slices
+	// may change afterwards.
+	cfg.Databases = maps.Clone(cfg.Databases)
+	pools := make(map[string]*Database, len(cfg.Databases))
+	for name, db := range cfg.Databases {
+		db.Replicas = slices.Clone(db.Replicas)
+		cfg.Databases[name] = db
+		pools[name] = &db
+	}
+	r := &Router{
+		cfg:   cfg,
+		lim:   rate.NewLimiter(cfg.PrimaryRate, cfg.PrimaryBurst),
+		log:   cfg.Logger,
+		pools: pools,
+		warns: make(map[Reason]*rate.Sometimes),
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	tr, err := newTracker(&r.cfg, r.log)
+	if err != nil {
+		return nil, err
+	}
+	r.tr = tr
+	if r.met, err = newMetrics(mp, tr); err != nil {
+		tr.close()
+		return nil, fmt.Errorf("caughtup/consume: creating instruments: %w", err)
+	}
+	bound := time.NewTimer(cfg.StalenessBound)
+	defer bound.Stop()
+	select {
+	case <-tr.initDone:
+	case <-bound.C:
+		r.log.Warn("caughtup: not every node answered the tracker in time; jobs read the primary until they do",
+			slog.Duration("waited", cfg.StalenessBound))
+	case <-ctx.Done():
+		_ = r.Close()
+		return nil, ctx.Err()
+	}
+	return r, nil
+}
+
+// Close stops the tracker's goroutines and closes its connections. It
+// does not close the application's pools. Routing after Close still works
+// but, with the tracker stopped, every replica soon counts as stale.
+func (r *Router) Close() error {
+	var err error
+	r.closeOnce.Do(func() {
+		err = r.met.reg.Unregister()
+		r.tr.close()
+	})
+	return err
+}
+
+// Snapshot returns the tracker's current state. It is shared and
+// immutable: do not modify it.
+func (r *Router) Snapshot() *Snapshot { return r.tr.snapshot() }
+
+// Config returns the router's configuration with defaults applied. The
+// Databases map is a copy; the pools in it are the application's.
+func (r *Router) Config() Config {
+	c := r.cfg
+	c.Databases = maps.Clone(c.Databases)
+	return c
+}
+
+// ErrDeferred is matched (errors.Is) by every *DeferError: the job did not
+// run and should run again after DeferError.Delay.
+var ErrDeferred = errors.New("caughtup/consume: job deferred")
+
+// ErrCapped is matched by a *DeferError whose outcome is OutcomeCapped:
+// the job needs the primary, the fallback cap is exhausted and the job may
+// not be deferred any longer. Retry it as a failed attempt, or raise
+// Config.PrimaryRate.
+var ErrCapped = errors.New("caughtup/consume: primary fallback capped")
+
+// DeferError is what Route returns instead of running a job that no
+// replica can serve yet (ActionDefer) or that the cap keeps off the
+// primary (ActionRefuse). It is a control error, like asynq's SkipRetry:
+// the job is fine, only early.
+type DeferError struct {
+	// Delay is when to try again: the deferral delay, or for
+	// OutcomeCapped a suggestion.
+	Delay    time.Duration
+	Decision Decision
+}
+
+func (e *DeferError) Error() string {
+	if e.Decision.Outcome == OutcomeCapped {
+		return fmt.Sprintf("caughtup/consume: job capped: it needs the primary but the fallback cap (Config.PrimaryRate) is exhausted; retry in %v", e.Delay)
+	}
+	return fmt.Sprintf("caughtup/consume: job deferred (%s): no replica has replayed its token yet; run it again in %v", e.Decision.Reason, e.Delay)
+}
+
+// Is matches ErrDeferred, and ErrCapped for OutcomeCapped.
+func (e *DeferError) Is(target error) bool {
+	return target == ErrDeferred || (target == ErrCapped && e.Decision.Outcome == OutcomeCapped)
+}
+
+// Capped reports whether the job was refused by the fallback cap rather
+// than deferred for lag.
+func (e *DeferError) Capped() bool { return e.Decision.Outcome == OutcomeCapped }
+
+// Route decides where a job runs. header is the token's text as carried
+// in position.HeaderName ("" for none); a token that does not decode reads
+// the primary (ReasonMalformedToken) and is counted. policy PolicyDefault
+// means Config.DefaultPolicy.
+//
+// On success the returned context carries the pool per database (DB), the
+// decision (DecisionFrom) and, for jobs the handler enqueues, the token
+// merged with the positions of the replicas chosen (enqueue.WithToken).
+// Those positions are what the replicas had replayed when chosen: a lower
+// bound of what the handler's reads will see. Children that must see
+// everything the handler read, including rows replayed in between, need
+// enqueue's AfterReplicaRead on the read's connection. A
+// Delayed job may wait up to Config.WaitBudget inside Route, before the
+// handler takes any snapshot; ctx's deadline shortens that budget.
+// Otherwise Route returns a *DeferError (ErrDeferred, ErrCapped), or ctx's
+// error if ctx is canceled during the wait. It never hands out a replica
+// that is not known to have replayed the token.
+func (r *Router) Route(ctx context.Context, header string, policy Policy) (context.Context, Decision, error) {
+	if header == "" {
+		return r.route(ctx, position.Token{}, nil, policy)
+	}
+	tok, err := position.Decode(header)
+	return r.route(ctx, tok, err, policy)
+}
+
+// RouteToken is Route for a token already decoded (CDC events carry their
+// position directly).
+func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Policy) (context.Context, Decision, error) {
+	return r.route(ctx, tok, nil, policy)
+}
+
+// routed is what a handler's context carries.
+type routed struct {
+	r     *Router
+	d     Decision
+	small [2]DatabaseDecision
+}
+
+type routedKey struct{}
+
+func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy) (context.Context, Decision, error) {
+	rc := &routed{r: r}
+	buf := rc.small[:0]
+	if len(tok.Entries) > len(rc.small) {
+		buf = make([]DatabaseDecision, 0, len(tok.Entries))
+	}
+	in := DecideInput{
+		Policy:   policy,
+		Token:    tok,
+		TokenErr: tokErr,
+		Snapshot: r.tr.snapshot(),
+		Now:      r.cfg.Now(),
+		Config:   &r.cfg,
+		NoWait:   r.cfg.WaitBudget < 0,
+		Spread:   r.spread.Add(1),
+		Buf:      buf,
+	}
+	d := Decide(in)
+	waited := false
+	if d.Action == ActionWait {
+		waited = true
+		var err error
+		if d, err = r.wait(ctx, &in, d); err != nil {
+			r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
+				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
+			return ctx, d, err
+		}
+	}
+	if d.Action == ActionRun && d.Fallback && !r.lim.Allow() {
+		in.Capped = true
+		w := d.Waited
+		d = Decide(in)
+		d.Waited = w
+	}
+	r.met.record(ctx, &d, waited)
+	r.logDecision(ctx, &d)
+	switch d.Action {
+	case ActionDefer, ActionRefuse:
+		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}
+	}
+	rc.d = d
+	ctx = context.WithValue(ctx, routedKey{}, rc)
+	if child := childToken(tok, &d, in.Now); !child.IsZero() {
+		ctx = enqueue.WithToken(ctx, child)
+	}
+	return ctx, d, nil
+}
+
+// wait re-decides on every snapshot the tracker publishes until Decide
+// stops saying ActionWait or the budget runs out; meanwhile the replicas
+// it waits on are polled every WaitPollInterval.
+func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decision, error) {
+	start := time.Now()
+	budget := r.cfg.WaitBudget
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl))
+	}
+	in.Waited = true
+	if budget <= 0 {
+		in.NoWait = true
+		return Decide(*in), nil
+	}
+	defer r.watch(in.Snapshot, &d)()
+	timer := time.NewTimer(budget)
+	defer timer.Stop()
+	for {
+		snap := r.tr.snapshot()
+		in.Snapshot, in.Now = snap, r.cfg.Now()
+		d = Decide(*in)
+		if d.Action != ActionWait {
+			d.Waited = time.Since(start)
+			return d, nil
+		}
+		select {
+		case <-snap.changed:
+			continue
+		case <-timer.C:
+		case <-ctx.Done():
+			// A deadline only shortened the budget (it and the timer fire
+			// together); a cancellation abandons the job.
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				d.Waited = time.Since(start)
+				return d, ctx.Err()
+			}
+		}
+		in.NoWait = true
+		in.Snapshot, in.Now = r.tr.snapshot(), r.cfg.Now()
+		d = Decide(*in)
+		d.Waited = time.Since(start)
+		return d, nil
+	}
+}
+
+// watch speeds up polling of the replicas a waiting decision could be
+// satisfied by: those of the databases still behind that answered their
+// last query. Failing replicas keep the slow pace, so a wait never turns
+// into a reconnect storm.
+func (r *Router) watch(s *Snapshot, d *Decision) func() {
+	var undo []func()
+	for _, dd := range d.Databases {
+		if dd.Outcome != outcomeWait {
+			continue
+		}
+		for i := range s.Databases {
+			ds := &s.Databases[i]
+			if ds.Name != dd.Database {
+				continue
+			}
+			var idx []int
+			for j := range ds.Replicas {
+				if ds.Replicas[j].Err == nil {
+					idx = append(idx, j)
+				}
+			}
+			undo = append(undo, r.tr.watch(i, idx))
+		}
+	}
+	return func() {
+		for _, u := range undo {
+			u()
+		}
+	}
+}
+
+// childToken is what jobs enqueued by the handler must carry: the job's
+// token, raised to what each replica read had replayed (never lower, by
+// Merge). When every database was read from a replica, every entry is a
+// position captured now, so the child's age starts now.
+func childToken(tok position.Token, d *Decision, now time.Time) position.Token {
+	if tok.IsZero() {
+		return tok
+	}
+	var reads [2]position.Entry
+	read := reads[:0]
+	all := true
+	for _, dd := range d.Databases {
+		if dd.replica < 0 {
+			all = false
+			continue
+		}
+		read = append(read, position.Entry{Database: dd.Database, Epoch: dd.ReadAt.Epoch, LSN: dd.ReadAt.LSN, Source: position.SourceReplica})
+	}
+	if len(read) == 0 {
+		return tok
+	}
+	out := tok.Merge(position.Token{Entries: read, CapturedAt: now})
+	if all && len(read) == len(tok.Entries) {
+		out.CapturedAt = now
+	}
+	return out
+}
+
+func (r *Router) logDecision(ctx context.Context, d *Decision) {
+	warn := false
+	switch d.Reason {
+	case ReasonMalformedToken, ReasonEpoch, ReasonNoHealthyReplica, ReasonTrackerStale, ReasonUnknownDatabase, ReasonCapped:
+		warn = true
+	}
+	level := slog.LevelDebug
+	if warn {
+		level = slog.LevelWarn
+	}
+	if !r.log.Enabled(ctx, level) {
+		return
+	}
+	emit := func() {
+		attrs := make([]slog.Attr, 0, 8+2*len(d.Databases))
+		attrs = append(attrs,
+			slog.String("db.system.name", "postgresql"),
+			slog.String(attrPolicy, d.Policy.String()),
+			slog.String(attrOutcome, string(d.Outcome)),
+			slog.String(attrReason, string(d.Reason)),
+			slog.Duration("caughtup.token_age", d.TokenAge),
+		)
+		if d.Waited > 0 {
+			attrs = append(attrs, slog.Duration("caughtup.waited", d.Waited))
+		}
+		if d.Action == ActionDefer || d.Action == ActionRefuse {
+			attrs = append(attrs, slog.Duration("caughtup.delay", d.Delay))
+		}
+		for _, dd := range d.Databases {
+			g := []any{
+				slog.String(attrOutcome, string(dd.Outcome)),
+				slog.String(attrReason, string(dd.Reason)),
+			}
+			if dd.Replica != "" {
+				g = append(g, slog.String(attrReplica, dd.Replica))
+			}
+			if dd.BytesBehind > 0 {
+				g = append(g, slog.Uint64("caughtup.bytes_behind", dd.BytesBehind))
+			}
+			if dd.Reason == ReasonEpoch {
+				g = append(g, slog.String("caughtup.incomparable", dd.Incomparable.String()))
+			}
+			attrs = append(attrs, slog.Group(attrDatabase+"."+dd.Database, g...))
+		}
+		r.log.LogAttrs(ctx, level, "caughtup: routed job", attrs...)
+	}
+	if !warn {
+		emit()
+		return
+	}
+	// Degraded state tends to hit every job at once; metrics count each,
+	// the log samples.
+	r.warnMu.Lock()
+	s := r.warns[d.Reason]
+	if s == nil {
+		s = &rate.Sometimes{First: 3, Interval: 10 * time.Second}
+		r.warns[d.Reason] = s
+	}
+	r.warnMu.Unlock()
+	s.Do(emit)
+}
+
+// DB returns the pool a routed handler reads database from: the replica
+// chosen for it, or the primary when the decision put it there or the
+// token did not name it. It returns nil for a database missing from
+// Config.Databases and for a context that did not come from Route.
+func DB(ctx context.Context, database string) *pgxpool.Pool {
+	rc, _ := ctx.Value(routedKey{}).(*routed)
+	if rc == nil {
+		return nil
+	}
+	db := rc.r.pools[database]
+	if db == nil {
+		return nil
+	}
+	for _, dd := range rc.d.Databases {
+		if dd.Database == database && dd.replica >= 0 && int(dd.replica) < len(db.Replicas) {
+			return db.Replicas[dd.replica].Pool
+		}
+	}
+	return db.Primary
+}
+
+// DecisionFrom returns the decision of a context that came from Route.
+func DecisionFrom(ctx context.Context) (Decision, bool) {
+	rc, _ := ctx.Value(routedKey{}).(*routed)
+	if rc == nil {
+		return Decision{}, false
+	}
+	return rc.d, true
+}

@@ -1,0 +1,137 @@
+package consume
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+// env is one test's database on a cluster, with a table to write to.
+type env struct {
+	c        *pgtest.Cluster
+	db       string
+	primary  *pgxpool.Pool
+	replicas []*pgxpool.Pool
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func setup(t testing.TB, c *pgtest.Cluster) *env {
+	t.Helper()
+	ctx := ctxT(t)
+	db := pgtest.NewDatabase(t, c)
+	e := &env{c: c, db: db}
+	var err error
+	e.primary, err = c.Primary().Pool(ctx, db)
+	require.NoError(t, err)
+	t.Cleanup(e.primary.Close)
+	_, err = e.primary.Exec(ctx, "CREATE TABLE items (id bigserial PRIMARY KEY, v text)")
+	require.NoError(t, err)
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	for _, n := range c.Replicas() {
+		p, err := n.Pool(ctx, db)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		e.replicas = append(e.replicas, p)
+	}
+	return e
+}
+
+func (e *env) config(t testing.TB, mods ...func(*Config)) Config {
+	reps := make([]Replica, len(e.replicas))
+	for i, p := range e.replicas {
+		reps[i] = Replica{Name: "r" + strconv.Itoa(i+1), Pool: p}
+	}
+	cfg := Config{
+		Databases:    map[string]Database{"main": {Primary: e.primary, Replicas: reps}},
+		PollInterval: 50 * time.Millisecond,
+		Logger:       testLogger(t),
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	return cfg
+}
+
+func (e *env) router(t testing.TB, mods ...func(*Config)) *Router {
+	t.Helper()
+	r, err := NewRouter(ctxT(t), e.config(t, mods...))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return r
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// write inserts a row and returns its id with the token a producer would
+// stamp: the primary's insert position read after COMMIT returned.
+func (e *env) write(t testing.TB) (int64, position.Token) {
+	t.Helper()
+	ctx := ctxT(t)
+	var id int64
+	require.NoError(t, e.primary.QueryRow(ctx, "INSERT INTO items (v) VALUES ('x') RETURNING id").Scan(&id))
+	return id, capture(t, e.primary, "main")
+}
+
+func capture(t testing.TB, pool *pgxpool.Pool, database string) position.Token {
+	t.Helper()
+	var lsnText, walfile string
+	var sys int64
+	require.NoError(t, pool.QueryRow(ctxT(t), `SELECT pg_current_wal_insert_lsn()::text,
+		pg_walfile_name(pg_current_wal_lsn()), (SELECT system_identifier FROM pg_control_system())`).Scan(&lsnText, &walfile, &sys))
+	l, err := position.ParseLSN(lsnText)
+	require.NoError(t, err)
+	tli, err := strconv.ParseUint(walfile[:8], 16, 32)
+	require.NoError(t, err)
+	return position.New(database, position.Epoch{SystemID: uint64(sys), Timeline: uint32(tli)}, l, position.SourcePrimary, time.Now())
+}
+
+func found(t testing.TB, pool *pgxpool.Pool, id int64) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(ctxT(t), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n))
+	return n == 1
+}
+
+func pauseAll(t testing.TB, c *pgtest.Cluster) {
+	t.Helper()
+	for _, n := range c.Replicas() {
+		require.NoError(t, n.PauseReplay(ctxT(t)))
+	}
+	t.Cleanup(func() { resumeAll(t, c) })
+}
+
+func resumeAll(t testing.TB, c *pgtest.Cluster) {
+	for _, n := range c.Replicas() {
+		require.NoError(t, n.ResumeReplay(context.Background()))
+	}
+}
+
+// seen waits until the tracker has observed every replica at or past tok.
+func seen(t testing.TB, r *Router, tok position.Token) {
+	t.Helper()
+	e := tok.Entries[0]
+	require.Eventually(t, func() bool {
+		ds := r.Snapshot().Database(e.Database)
+		for _, rs := range ds.Replicas {
+			if e.Compare(rs.Replayed, ds.Primary.History).Status != position.CaughtUp {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
+}
