@@ -1,6 +1,8 @@
 package pgtest
 
 import (
+	"github.com/caughtup/caughtup/position"
+
 	"context"
 	"errors"
 	"fmt"
@@ -343,15 +345,31 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name string) error {
 }
 
 // WaitReplicasCaughtUp waits until every running replica has replayed up to
-// the primary's current insert LSN (the position design fact 1 stamps). A
-// paused replica makes it wait until ctx is done (default 30 s).
+// the primary's current insert LSN (the position design fact 1 stamps),
+// taken as an end position (position.WALLayout.InsertEnd) so that an idle
+// primary whose last record ended on a page boundary does not make it wait
+// for the next record. A paused replica makes it wait until ctx is done
+// (default 30 s).
 func (c *Cluster) WaitReplicasCaughtUp(ctx context.Context) error {
 	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
-	target, err := c.Primary().ReplayLSN(ctx)
+	conn, err := c.Primary().connect(ctx, "")
 	if err != nil {
 		return err
 	}
+	var insert string
+	var layout position.WALLayout
+	err = conn.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text, c.max_data_alignment::int8,
+		c.wal_block_size::int8, c.bytes_per_wal_segment::int8 FROM pg_control_init() c`).Scan(&insert, &layout.MaxAlign, &layout.BlockSize, &layout.SegmentSize)
+	_ = conn.Close(context.Background())
+	if err != nil {
+		return fmt.Errorf("pgtest: primary insert position: %w", err)
+	}
+	lsn, err := position.ParseLSN(insert)
+	if err != nil {
+		return err
+	}
+	target := layout.InsertEnd(lsn).String()
 	for _, r := range c.Replicas() {
 		if !r.Running() {
 			continue
