@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m, pgtest.Options{})) }
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestHelpOnEveryCommand(t *testing.T) {
+	t.Parallel()
+	code, out, _ := runCLI(t, "--help")
+	require.Equal(t, 0, code)
+	for _, c := range commands() {
+		require.Contains(t, out, c.name)
+		code, out, errOut := runCLI(t, c.name, "--help")
+		require.Equal(t, 0, code, "%s --help: %s", c.name, errOut)
+		require.Contains(t, out, "usage: caughtup "+c.name)
+	}
+	for _, sub := range []string{"decode", "encode"} {
+		code, out, _ := runCLI(t, "token", sub, "--help")
+		require.Equal(t, 0, code)
+		require.Contains(t, out, "usage: caughtup token "+sub)
+	}
+	code, _, errOut := runCLI(t, "nonsense")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "unknown command")
+}
+
+func TestTokenEncodeDecodeRoundTrip(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runCLI(t, "token", "encode", "--database", "main", "--system-id", "7301234567890123456",
+		"--timeline", "2", "--lsn", "16/B374D848", "--source", "replica", "--captured-at", "2026-11-29T10:00:00Z")
+	require.Equal(t, 0, code, errOut)
+	text := strings.TrimSpace(out)
+	code, out, errOut = runCLI(t, "token", "decode", text)
+	require.Equal(t, 0, code, errOut)
+	var got struct {
+		Version    int              `json:"version"`
+		CapturedAt string           `json:"captured_at"`
+		Entries    []position.Entry `json:"entries"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.Equal(t, 1, got.Version)
+	require.Equal(t, "2026-11-29T10:00:00Z", got.CapturedAt)
+	require.Equal(t, []position.Entry{{Database: "main", Epoch: position.Epoch{SystemID: 7301234567890123456, Timeline: 2},
+		LSN: position.MustParseLSN("16/B374D848"), Source: position.SourceReplica}}, got.Entries)
+	require.Contains(t, out, "\n  \"entries\"", "indented JSON")
+}
+
+// Every malformed token gets exit status 2 and exactly one line on stderr,
+// never a panic.
+func TestTokenDecodeMalformed(t *testing.T) {
+	t.Parallel()
+	valid, err := position.New("main", position.Epoch{SystemID: 99, Timeline: 1}, 0x16B3740, position.SourcePrimary, time.UnixMilli(1_800_000_000_000)).Encode()
+	require.NoError(t, err)
+	inputs := []string{"", "v1", "v2;0;main=p.1.1.0/1", "v1;0;main=p.1.1.0/1;main=p.1.1.0/2", "v1;0;main=p.1.1.0/1\nsecond line",
+		"v1;0;ma\x00in=p.1.1.0/1", "\x1b[31mred", strings.Repeat("x", 5000), "v1;0;main=p.FFFFFFFFFFFFFFFFF.1.0/1"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for len(inputs) < 300 {
+		b := []byte(valid)
+		b[rng.IntN(len(b))] = byte(rng.IntN(256))
+		if _, err := position.Decode(string(b)); err != nil {
+			inputs = append(inputs, string(b))
+		}
+	}
+	for _, in := range inputs {
+		code, out, errOut := runCLI(t, "token", "decode", in)
+		require.Equal(t, exitUsage, code, "input %q", in)
+		require.Empty(t, out)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line for %q: %q", in, errOut)
+		require.True(t, strings.HasSuffix(errOut, "\n"))
+	}
+	code, _, errOut := runCLI(t, "token", "decode", "a", "b")
+	require.Equal(t, exitUsage, code, errOut)
+}
+
+func TestTokenEncodeRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--system-id", "x", "--lsn", "0/1"},
+		{"--system-id", "1", "--lsn", "zz"},
+		{"--system-id", "1", "--lsn", "0/1", "--database", "bad name"},
+		{"--system-id", "1", "--lsn", "0/1", "--timeline", "0"},
+		{"--system-id", "1", "--lsn", "0/1", "--source", "nope"},
+		{"--bogus"},
+	} {
+		code, _, errOut := runCLI(t, append([]string{"token", "encode"}, args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+	}
+}
+
+func TestWatchShowsReplicas(t *testing.T) {
+	c := pgtest.Shared(t)
+	args := []string{"watch", "--primary", c.Primary().DSN(""), "--interval", "50ms", "--count", "2"}
+	for _, r := range c.Replicas() {
+		args = append(args, "--replica", r.DSN(""))
+	}
+	code, out, errOut := runCLI(t, args...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, 2, strings.Count(out, "snapshot #"))
+	require.Equal(t, 2*len(c.Replicas()), strings.Count(out, " replica "), out)
+	require.NotContains(t, out, "unusable", out)
+
+	code, _, _ = runCLI(t, "watch", "--primary", c.Primary().DSN(""))
+	require.Equal(t, exitUsage, code, "watch without replicas is a usage error")
+}
