@@ -1,0 +1,91 @@
+package asynq_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	hasynq "github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/conformance"
+	"github.com/caughtup/caughtup/position"
+)
+
+// driver runs the conformance suite through asynq: stamping Client,
+// ServerConfig and Middleware, on its own queue of the shared redis-server.
+type driver struct {
+	t *testing.T
+	*redisEnv
+}
+
+var (
+	_ conformance.Driver       = (*driver)(nil)
+	_ conformance.RetryCounter = (*driver)(nil)
+)
+
+const conformanceType = "conformance:job"
+
+func jobPayload(job conformance.Job) []byte {
+	return []byte(strconv.FormatInt(job.ID, 10) + ":" + job.Key)
+}
+
+func (d *driver) Produce(ctx context.Context, job conformance.Job) error {
+	_, err := d.client.EnqueueContext(ctx, hasynq.NewTask(conformanceType, jobPayload(job)), hasynq.Queue(d.queue))
+	return err
+}
+
+func (d *driver) ProduceRaw(ctx context.Context, job conformance.Job, header string) error {
+	var h map[string]string
+	if header != "" {
+		h = map[string]string{position.HeaderName: header}
+	}
+	_, err := d.raw.EnqueueContext(ctx, hasynq.NewTaskWithHeaders(conformanceType, jobPayload(job), h), hasynq.Queue(d.queue))
+	return err
+}
+
+func (d *driver) Consume(ctx context.Context, router *consume.Router, policy consume.Policy, handle conformance.Handler) (func() error, error) {
+	mux := hasynq.NewServeMux()
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy}))
+	mux.HandleFunc(conformanceType, func(ctx context.Context, task *hasynq.Task) error {
+		id, key, ok := strings.Cut(string(task.Payload()), ":")
+		n, err := strconv.ParseInt(id, 10, 64)
+		if !ok || err != nil {
+			return errors.Join(hasynq.SkipRetry, err)
+		}
+		return handle(ctx, conformance.Job{ID: n, Key: key})
+	})
+	srv := hasynq.NewServer(d.opt, caughtupasynq.ServerConfig(d.serverConfig(hasynq.Config{Concurrency: 32})))
+	if err := srv.Start(mux); err != nil {
+		return nil, err
+	}
+	return func() error { srv.Shutdown(); return nil }, nil
+}
+
+func (d *driver) RetryCount(ctx context.Context) int {
+	n, _ := hasynq.GetRetryCount(ctx)
+	return n
+}
+
+// TestConformance runs the freshness suite. The fresh-reads scenario has
+// 10,000 jobs (1,000 with -short); CAUGHTUP_CONFORMANCE_JOBS overrides.
+func TestConformance(t *testing.T) {
+	jobs := 10000
+	if testing.Short() {
+		jobs = 1000
+	}
+	if v := os.Getenv("CAUGHTUP_CONFORMANCE_JOBS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		jobs = n
+	}
+	conformance.Run(t, conformance.Config{
+		NewDriver: func(t *testing.T) conformance.Driver { return &driver{t: t, redisEnv: setupRedis(t)} },
+		Jobs:      jobs,
+	})
+}

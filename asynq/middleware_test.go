@@ -1,0 +1,588 @@
+package asynq_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	hasynq "github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+)
+
+// run is one handler invocation as the test saw it.
+type run struct {
+	retried  int
+	decision consume.Decision
+	routed   bool
+	val      string
+	err      error
+}
+
+// recorder collects handler runs per task id.
+type recorder struct {
+	mu   sync.Mutex
+	runs map[string][]run
+	ch   chan string
+}
+
+func newRecorder() *recorder { return &recorder{runs: map[string][]run{}, ch: make(chan string, 1024)} }
+
+func (r *recorder) add(ctx context.Context, rn run) {
+	id, _ := hasynq.GetTaskID(ctx)
+	rn.retried, _ = hasynq.GetRetryCount(ctx)
+	rn.decision, rn.routed = consume.DecisionFrom(ctx)
+	r.mu.Lock()
+	r.runs[id] = append(r.runs[id], rn)
+	r.mu.Unlock()
+	r.ch <- id
+}
+
+func (r *recorder) get(id string) []run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]run(nil), r.runs[id]...)
+}
+
+// next waits for the next handler run.
+func (r *recorder) next(t testing.TB, timeout time.Duration) string {
+	t.Helper()
+	select {
+	case id := <-r.ch:
+		return id
+	case <-time.After(timeout):
+		t.Fatalf("no handler ran within %v", timeout)
+		return ""
+	}
+}
+
+func replicaOf(d consume.Decision) string {
+	dd, _ := d.Database("main")
+	return dd.Replica
+}
+
+// TestHandlerErrorsRetryAsAsynq runs a failing handler with and without
+// caughtup and requires the same retries: the count grows per attempt,
+// the user's RetryDelayFunc and IsFailure see every error, and the task is
+// archived after MaxRetry.
+func TestHandlerErrorsRetryAsAsynq(t *testing.T) {
+	e := setup(t)
+	boom := errors.New("boom")
+
+	type trace struct {
+		retried []int
+		delayNs []int
+		failure int
+		handled int
+		state   hasynq.TaskState
+		final   int
+	}
+	scenario := func(t *testing.T, id int64, caughtup bool) trace {
+		var (
+			mu sync.Mutex
+			tr trace
+		)
+		attempts := make(chan struct{}, 8)
+		cfg := hasynq.Config{
+			RetryDelayFunc: func(n int, err error, task *hasynq.Task) time.Duration {
+				mu.Lock()
+				defer mu.Unlock()
+				if errors.Is(err, boom) {
+					tr.delayNs = append(tr.delayNs, n)
+				}
+				return 0
+			},
+			IsFailure: func(err error) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				tr.failure++
+				return true
+			},
+			ErrorHandler: hasynq.ErrorHandlerFunc(func(ctx context.Context, task *hasynq.Task, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				tr.handled++
+			}),
+		}
+		h := hasynq.Handler(hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+			n, _ := hasynq.GetRetryCount(ctx)
+			if caughtup {
+				if _, err := read(ctx, id); err != nil {
+					return err
+				}
+			}
+			mu.Lock()
+			tr.retried = append(tr.retried, n)
+			mu.Unlock()
+			attempts <- struct{}{}
+			return boom
+		}))
+		if caughtup {
+			cfg = caughtupasynq.ServerConfig(cfg)
+			h = e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(h)
+		}
+		ctx := e.write(t, ctxT(t), id)
+		stop := e.serve(t, cfg, h)
+		defer stop()
+		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("fail", nil, hasynq.MaxRetry(2), hasynq.Queue(e.queue)))
+		require.NoError(t, err)
+		for range 3 {
+			select {
+			case <-attempts:
+			case <-time.After(30 * time.Second):
+				t.Fatal("attempt did not run")
+			}
+		}
+		eventually(t, 30*time.Second, func() bool {
+			got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+			return err == nil && got.State == hasynq.TaskStateArchived
+		}, "the task was not archived after MaxRetry")
+		got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		tr.state, tr.final = got.State, got.Retried
+		return tr
+	}
+	plain := scenario(t, 1, false)
+	with := scenario(t, 2, true)
+	require.Equal(t, trace{retried: []int{0, 1, 2}, delayNs: []int{0, 1}, failure: 2, handled: 3, state: hasynq.TaskStateArchived, final: 2}, plain)
+	require.Equal(t, plain, with, "caughtup changed how asynq retries handler errors")
+}
+
+// TestDeferralKeepsRetries pauses every replica: the task is deferred
+// (not run, not counted as a failed attempt, not shown to the user's
+// hooks) and runs on a replica once replay resumes.
+func TestDeferralKeepsRetries(t *testing.T) {
+	e := setup(t)
+	var hooks sync.Map
+	cfg := caughtupasynq.ServerConfig(hasynq.Config{
+		RetryDelayFunc: func(n int, err error, task *hasynq.Task) time.Duration {
+			hooks.Store("RetryDelayFunc", err)
+			return time.Second
+		},
+		IsFailure: func(err error) bool { hooks.Store("IsFailure", err); return true },
+		ErrorHandler: hasynq.ErrorHandlerFunc(func(ctx context.Context, task *hasynq.Task, err error) {
+			hooks.Store("ErrorHandler", err)
+		}),
+	})
+	rec := newRecorder()
+	e.serve(t, cfg, e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(hasynq.HandlerFunc(
+		func(ctx context.Context, task *hasynq.Task) error {
+			v, err := read(ctx, 1)
+			rec.add(ctx, run{val: v, err: err})
+			return err
+		})))
+
+	resume := e.pauseAll(t)
+	ctx := e.write(t, ctxT(t), 1)
+	info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("defer", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
+	require.NoError(t, err)
+
+	deferred := map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}
+	eventually(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 2 },
+		"the task was not deferred twice while replay was paused")
+	got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+	require.NoError(t, err)
+	require.Zero(t, got.Retried, "a deferral counted as a failed attempt")
+	require.Contains(t, got.LastErr, "deferred")
+	require.Empty(t, rec.get(info.ID), "the handler ran while every replica was paused")
+
+	resume()
+	require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+	runs := rec.get(info.ID)
+	require.Len(t, runs, 1)
+	require.NoError(t, runs[0].err)
+	require.Equal(t, value(1), runs[0].val)
+	require.Zero(t, runs[0].retried)
+	require.NotEmpty(t, replicaOf(runs[0].decision), "outcome %s", runs[0].decision.Outcome)
+	hooks.Range(func(k, v any) bool {
+		t.Errorf("%s saw the deferral: %v", k, v)
+		return true
+	})
+}
+
+// TestLastAttemptNeverDefers: asynq archives a task that fails on its
+// last attempt, so there a Delayed task that no replica served within its
+// wait runs on the primary (Sticky) instead of being deferred.
+func TestLastAttemptNeverDefers(t *testing.T) {
+	e := setup(t)
+	rec := newRecorder()
+	mw := e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})
+	inner := hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+		v, err := read(ctx, mustAtoi(t, string(task.Payload())))
+		rec.add(ctx, run{val: v, err: err})
+		return err
+	})
+	boom := errors.New("boom")
+	mux := hasynq.NewServeMux()
+	mux.Handle("zero", mw(inner))
+	// "again" (not routed itself) fails its first attempt for real. Before
+	// its second and last attempt the test pauses replay and writes row 3;
+	// that attempt then runs, through the middleware and with asynq's
+	// context, a task carrying row 3's token, which no replica has: it must
+	// not be deferred.
+	failed := make(chan struct{}, 1)
+	tokens := make(chan position.Token, 1)
+	mux.HandleFunc("again", func(ctx context.Context, task *hasynq.Task) error {
+		if n, _ := hasynq.GetRetryCount(ctx); n == 0 {
+			failed <- struct{}{}
+			return boom
+		}
+		var tok position.Token
+		select {
+		case tok = <-tokens:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		text, err := tok.Encode()
+		if err != nil {
+			return err
+		}
+		return mw(inner).ProcessTask(ctx, hasynq.NewTaskWithHeaders("again", []byte("3"), map[string]string{position.HeaderName: text}))
+	})
+	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{
+		RetryDelayFunc: func(int, error, *hasynq.Task) time.Duration { return 0 },
+	}), mux)
+
+	lastAttempt := map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideLastAttempt)}
+	t.Run("MaxRetryZero", func(t *testing.T) {
+		resume := e.pauseAll(t)
+		defer resume()
+		ctx := e.write(t, ctxT(t), 2)
+		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("zero", []byte("2"), hasynq.MaxRetry(0), hasynq.Queue(e.queue)))
+		require.NoError(t, err)
+		require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+		runs := rec.get(info.ID)
+		require.NoError(t, runs[0].err)
+		require.Equal(t, value(2), runs[0].val)
+		require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
+		require.Equal(t, consume.ReasonReplicaBehind, runs[0].decision.Reason)
+		require.Equal(t, consume.Sticky, runs[0].decision.Policy)
+		require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides", lastAttempt))
+		require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}),
+			"the router counted the deferral the middleware then overrode")
+		require.GreaterOrEqual(t, runs[0].decision.Waited, time.Duration(0))
+		eventually(t, 10*time.Second, func() bool {
+			_, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+			return errors.Is(err, hasynq.ErrTaskNotFound)
+		}, "the task did not complete")
+	})
+	t.Run("NearDeadline", func(t *testing.T) {
+		resume := e.pauseAll(t)
+		defer resume()
+		ctx := e.write(t, ctxT(t), 4)
+		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("zero", []byte("4"), hasynq.MaxRetry(5),
+			hasynq.Deadline(time.Now().Add(2500*time.Millisecond)), hasynq.Queue(e.queue)))
+		require.NoError(t, err)
+		require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+		runs := rec.get(info.ID)
+		require.NoError(t, runs[0].err)
+		require.Equal(t, value(4), runs[0].val)
+		require.Zero(t, runs[0].retried)
+		require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
+		require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides",
+			map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideDeadline)}))
+	})
+	t.Run("AfterHandlerErrors", func(t *testing.T) {
+		ctx := e.write(t, ctxT(t), 1)
+		_, err := e.client.EnqueueContext(ctx, hasynq.NewTask("again", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
+		require.NoError(t, err)
+		select {
+		case <-failed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the first attempt did not run")
+		}
+		resume := e.pauseAll(t)
+		defer resume()
+		tok, _ := enqueue.TokenFrom(e.write(t, ctxT(t), 3))
+		tokens <- tok
+		id := rec.next(t, 30*time.Second)
+		runs := rec.get(id)
+		require.Len(t, runs, 1)
+		require.NoError(t, runs[0].err)
+		require.Equal(t, value(3), runs[0].val)
+		require.Equal(t, 1, runs[0].retried)
+		require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
+		require.Equal(t, int64(2), e.sum(t, "caughtup.asynq.overrides", lastAttempt))
+	})
+}
+
+func mustAtoi(t testing.TB, s string) int64 {
+	n, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// TestCapOnLastAttemptReadsPrimary: a refusal by the fallback cap counts
+// as a failed attempt; on the last one the task reads the primary anyway.
+func TestCapOnLastAttemptReadsPrimary(t *testing.T) {
+	e := setup(t, func(c *consume.Config) {
+		c.PrimaryRate = 1e-9 // the burst, then nothing
+		c.PrimaryBurst = 1
+	})
+	rec := newRecorder()
+	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Sticky})(
+		hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+			v, err := read(ctx, mustAtoi(t, string(task.Payload())))
+			rec.add(ctx, run{val: v, err: err})
+			return err
+		})))
+	resume := e.pauseAll(t)
+	defer resume()
+
+	enq := func(id int64, maxRetry int) string {
+		ctx := e.write(t, ctxT(t), id)
+		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("capped", []byte(strconv.FormatInt(id, 10)), hasynq.MaxRetry(maxRetry), hasynq.Queue(e.queue)))
+		require.NoError(t, err)
+		return info.ID
+	}
+	first := enq(1, 5)
+	require.Equal(t, first, rec.next(t, 30*time.Second))
+	require.Equal(t, consume.OutcomePrimary, rec.get(first)[0].decision.Outcome, "the burst lets one promotion through")
+
+	second := enq(2, 1)
+	require.Equal(t, second, rec.next(t, 30*time.Second))
+	runs := rec.get(second)
+	require.Len(t, runs, 1)
+	require.NoError(t, runs[0].err)
+	require.Equal(t, value(2), runs[0].val)
+	require.Equal(t, 1, runs[0].retried, "the refusal counted as an attempt")
+	require.Equal(t, consume.Always, runs[0].decision.Policy)
+	require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
+	require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides",
+		map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideCapped)}))
+	require.Equal(t, int64(2), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomeCapped)}),
+		"both attempts of the second task were refused")
+}
+
+// TestBadHeadersReadPrimary: missing and broken token headers never fail a
+// task; it reads the primary and the router counts it.
+func TestBadHeadersReadPrimary(t *testing.T) {
+	e := setup(t)
+	rec := newRecorder()
+	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{})(
+		hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+			v, err := read(ctx, 1)
+			rec.add(ctx, run{val: v, err: err})
+			return err
+		})))
+	e.write(t, ctxT(t), 1)
+	headers := []map[string]string{
+		nil,
+		{},
+		{position.HeaderName: ""},
+		{position.HeaderName: "garbage"},
+		{position.HeaderName: "v9;0;main=p.1.1.0/1"},
+		{position.HeaderName: "v1;0;main=p.1.1.not-an-lsn"},
+		{position.HeaderName: string(make([]byte, 4096))},
+		{caughtupasynq.HeaderDedup: "1", position.HeaderName: "garbage"},
+	}
+	ids := map[string]bool{}
+	for i, h := range headers {
+		info, err := e.raw.Enqueue(hasynq.NewTaskWithHeaders("bad", []byte(strconv.Itoa(i)), h), hasynq.Queue(e.queue), hasynq.MaxRetry(0))
+		require.NoError(t, err)
+		ids[info.ID] = true
+	}
+	for range headers {
+		id := rec.next(t, 30*time.Second)
+		require.True(t, ids[id])
+		runs := rec.get(id)
+		require.Len(t, runs, 1)
+		require.NoError(t, runs[0].err)
+		require.Equal(t, value(1), runs[0].val)
+		require.Equal(t, consume.OutcomePrimaryNoToken, runs[0].decision.Outcome)
+		require.Empty(t, replicaOf(runs[0].decision))
+	}
+	require.Equal(t, int64(3), e.sum(t, "caughtup.consume.tokens.missing", map[string]string{"caughtup.reason": string(consume.ReasonNoToken)}))
+	require.Equal(t, int64(len(headers)-3), e.sum(t, "caughtup.consume.tokens.missing", map[string]string{"caughtup.reason": string(consume.ReasonMalformedToken)}))
+}
+
+// TestPoliciesPerTaskType calls the middleware directly (no server): the
+// policy follows the task type as asynq.ServeMux matches patterns.
+func TestPoliciesPerTaskType(t *testing.T) {
+	e := setup(t)
+	ctx := e.write(t, ctxT(t), 1)
+	require.NoError(t, e.cluster.WaitReplicasCaughtUp(ctx))
+	tok, _ := enqueue.TokenFrom(ctx)
+	mw := e.middleware(caughtupasynq.MiddlewareConfig{
+		Policies: map[string]consume.Policy{"report:": consume.Always, "email:": consume.Sticky, "email:digest": consume.Delayed},
+	})
+	var got consume.Decision
+	h := mw(hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+		got, _ = consume.DecisionFrom(ctx)
+		_, err := read(ctx, 1)
+		return err
+	}))
+	for typ, want := range map[string]consume.Policy{
+		"report:daily":  consume.Always,
+		"email:welcome": consume.Sticky,
+		"email:digest":  consume.Delayed,
+		"other":         consume.Delayed, // the router's default
+	} {
+		task := hasynq.NewTaskWithHeaders(typ, nil, map[string]string{position.HeaderName: encode(t, tok)})
+		require.NoError(t, h.ProcessTask(context.Background(), task))
+		require.Equal(t, want, got.Policy, typ)
+		if want == consume.Always {
+			require.Equal(t, consume.OutcomePrimary, got.Outcome)
+		} else {
+			require.Equal(t, consume.OutcomeReplica, got.Outcome, typ)
+		}
+	}
+	require.NoError(t, h.ProcessTask(context.Background(), hasynq.NewTask("other", nil)))
+	require.Equal(t, consume.OutcomePrimaryNoToken, got.Outcome)
+	require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomePrimaryNoToken)}))
+}
+
+// TestUniqueDuplicateSeesLaterWrite: a unique task already queued stands
+// for a duplicate that asynq rejects; the duplicate's write must be
+// visible to the task. Without the dedup marker the task would run on a
+// replica that has the first write but not the second (the control task
+// shows that such a replica exists during the test).
+func TestUniqueDuplicateSeesLaterWrite(t *testing.T) {
+	e := setup(t)
+	ctx := ctxT(t)
+	ctx1 := e.write(t, ctx, 1)
+	unique := func() *hasynq.Task {
+		return hasynq.NewTask("sync:user", []byte("1"), hasynq.Unique(time.Minute), hasynq.Queue(e.queue))
+	}
+	info, err := e.client.EnqueueContext(ctx1, unique())
+	require.NoError(t, err)
+	tok1, _ := enqueue.TokenFrom(ctx1)
+	_, err = e.raw.Enqueue(hasynq.NewTaskWithHeaders("sync:control", []byte("1"), map[string]string{position.HeaderName: encode(t, tok1)}), hasynq.Queue(e.queue))
+	require.NoError(t, err)
+	require.NoError(t, e.cluster.WaitReplicasCaughtUp(ctx))
+	resume := e.pauseAll(t)
+
+	// The second write, and its enqueue, which asynq rejects.
+	ctx2, err := enqueue.InTx(ctx, e.primary, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE items SET val = 'second' WHERE id = 1`)
+		return err
+	})
+	require.NoError(t, err)
+	_, err = e.client.EnqueueContext(ctx2, unique())
+	require.ErrorIs(t, err, hasynq.ErrDuplicateTask)
+
+	rec := newRecorder()
+	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(
+		hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+			v, err := read(ctx, 1)
+			rec.add(ctx, run{val: v, err: err})
+			return err
+		})))
+
+	control := rec.next(t, 30*time.Second)
+	require.NotEqual(t, info.ID, control)
+	runs := rec.get(control)
+	require.Equal(t, value(1), runs[0].val, "the control task read a replica without the second write")
+	require.NotEmpty(t, replicaOf(runs[0].decision))
+
+	deferred := map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}
+	eventually(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 1 },
+		"the unique task was not deferred while no replica had the duplicate's write")
+	require.Empty(t, rec.get(info.ID))
+	resume()
+	require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+	runs = rec.get(info.ID)
+	require.NoError(t, runs[0].err)
+	require.Equal(t, "second", runs[0].val, "the unique task missed the duplicate's write")
+	require.NotEmpty(t, replicaOf(runs[0].decision), "it still reads a replica once one caught up")
+	require.Zero(t, runs[0].retried)
+}
+
+// TestHandlerEnqueueCarriesFurthestPosition: a task enqueued from a
+// handler, or the handler's own task enqueued again, carries at least the
+// job's token and what the replica it read had replayed.
+func TestHandlerEnqueueCarriesFurthestPosition(t *testing.T) {
+	e := setup(t)
+	ctx := e.write(t, ctxT(t), 1)
+	parentTok, _ := enqueue.TokenFrom(ctx)
+	childQueue := e.queue + "_child" // not served: the children stay for inspection
+	type result struct {
+		decision            consume.Decision
+		child, again        string
+		headerBefore, after string
+	}
+	results := make(chan result, 1)
+	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{})(
+		hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+			if _, err := read(ctx, 1); err != nil {
+				return err
+			}
+			r := result{headerBefore: task.Headers()[position.HeaderName]}
+			r.decision, _ = consume.DecisionFrom(ctx)
+			info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("child", nil, hasynq.Queue(childQueue)))
+			if err != nil {
+				return err
+			}
+			r.child = info.ID
+			if info, err = e.client.EnqueueContext(ctx, task, hasynq.Queue(childQueue)); err != nil {
+				return err
+			}
+			r.again = info.ID
+			r.after = task.Headers()[position.HeaderName]
+			select {
+			case results <- r:
+			default:
+			}
+			return nil
+		})))
+	_, err := e.client.EnqueueContext(ctx, hasynq.NewTask("parent", nil, hasynq.Queue(e.queue)))
+	require.NoError(t, err)
+	var r result
+	select {
+	case r = <-results:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the parent did not run")
+	}
+	require.Equal(t, r.headerBefore, r.after, "the handler's task was modified")
+	want, _ := parentTok.Entry("main")
+	dd, _ := r.decision.Database("main")
+	for _, id := range []string{r.child, r.again} {
+		info, err := e.inspector.GetTaskInfo(childQueue, id)
+		require.NoError(t, err)
+		tok, err := position.Decode(info.Headers[position.HeaderName])
+		require.NoError(t, err)
+		got, ok := tok.Entry("main")
+		require.True(t, ok)
+		require.GreaterOrEqual(t, got.LSN, want.LSN, "behind the parent's token")
+		require.GreaterOrEqual(t, got.LSN, dd.ReadAt.LSN, "behind what the parent read")
+	}
+	require.NoError(t, e.inspector.DeleteQueue(childQueue, true))
+}
+
+// TestDeferralEndsAtMaxAge: deferral is bounded by the token's age; past
+// the router's MaxAge the task reads the primary, still without a failed
+// attempt.
+func TestDeferralEndsAtMaxAge(t *testing.T) {
+	e := setup(t, func(c *consume.Config) { c.MaxAge = 2500 * time.Millisecond })
+	rec := newRecorder()
+	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(
+		hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+			v, err := read(ctx, 1)
+			rec.add(ctx, run{val: v, err: err})
+			return err
+		})))
+	resume := e.pauseAll(t)
+	defer resume()
+	ctx := e.write(t, ctxT(t), 1)
+	info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("maxage", nil, hasynq.MaxRetry(3), hasynq.Queue(e.queue)))
+	require.NoError(t, err)
+	require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+	runs := rec.get(info.ID)
+	require.NoError(t, runs[0].err)
+	require.Equal(t, value(1), runs[0].val)
+	require.Zero(t, runs[0].retried, "deferrals counted as failed attempts")
+	require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
+	require.Equal(t, consume.ReasonDeadline, runs[0].decision.Reason)
+	require.GreaterOrEqual(t, e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}), int64(1))
+	require.Zero(t, e.sum(t, "caughtup.asynq.overrides", nil))
+}

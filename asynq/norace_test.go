@@ -1,0 +1,5 @@
+//go:build !race
+
+package asynq_test
+
+const raceEnabled = false

@@ -1,0 +1,242 @@
+package asynq_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	hasynq "github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/pgtest"
+)
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// queueName is a fresh asynq queue per test on the shared redis-server.
+func queueName(t testing.TB) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_") + "_" + hex.EncodeToString(b)
+}
+
+// redisEnv is a queue on the shared redis-server with a plain client, a
+// stamping client and an inspector.
+type redisEnv struct {
+	opt       hasynq.RedisClientOpt
+	queue     string
+	raw       *hasynq.Client
+	client    *caughtupasynq.Client
+	inspector *hasynq.Inspector
+}
+
+func setupRedis(t testing.TB) *redisEnv {
+	t.Helper()
+	r := pgtest.SharedRedis(t)
+	e := &redisEnv{opt: hasynq.RedisClientOpt{Addr: r.Addr()}, queue: queueName(t)}
+	e.raw = hasynq.NewClient(e.opt)
+	t.Cleanup(func() { _ = e.raw.Close() })
+	e.client = caughtupasynq.NewClient(e.raw)
+	e.inspector = hasynq.NewInspector(e.opt)
+	t.Cleanup(func() { _ = e.inspector.Close() })
+	return e
+}
+
+// env adds a database on the shared cluster, a router and metrics.
+type env struct {
+	*redisEnv
+	cluster  *pgtest.Cluster
+	primary  *pgxpool.Pool
+	replicas []*pgxpool.Pool
+	router   *consume.Router
+	reader   *sdkmetric.ManualReader
+	mp       *sdkmetric.MeterProvider
+}
+
+func setup(t testing.TB, mods ...func(*consume.Config)) *env {
+	t.Helper()
+	ctx := ctxT(t)
+	c := pgtest.Shared(t)
+	db := pgtest.NewDatabase(t, c)
+	e := &env{redisEnv: setupRedis(t), cluster: c, reader: sdkmetric.NewManualReader()}
+	var err error
+	e.primary, err = c.Primary().Pool(ctx, db)
+	require.NoError(t, err)
+	t.Cleanup(e.primary.Close)
+	_, err = e.primary.Exec(ctx, `CREATE TABLE items (id bigint PRIMARY KEY, val text NOT NULL)`)
+	require.NoError(t, err)
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	reps := make([]consume.Replica, 0, 2)
+	for i, n := range c.Replicas() {
+		p, err := n.Pool(ctx, db)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		e.replicas = append(e.replicas, p)
+		reps = append(reps, consume.Replica{Name: "r" + strconv.Itoa(i+1), Pool: p})
+	}
+	e.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
+	t.Cleanup(func() { _ = e.mp.Shutdown(context.Background()) })
+	cfg := consume.Config{
+		Databases:     map[string]consume.Database{"main": {Primary: e.primary, Replicas: reps}},
+		PollInterval:  20 * time.Millisecond,
+		MeterProvider: e.mp,
+		Logger:        slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError})),
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	e.router, err = consume.NewRouter(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.router.Close() })
+	return e
+}
+
+// write inserts a row on the primary and returns ctx carrying its token.
+func (e *env) write(t testing.TB, ctx context.Context, id int64) context.Context {
+	t.Helper()
+	ctx, err := enqueue.InTx(ctx, e.primary, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO items (id, val) VALUES ($1, $2)`, id, value(id))
+		return err
+	})
+	require.NoError(t, err)
+	return ctx
+}
+
+func value(id int64) string { return "v" + strconv.FormatInt(id, 10) }
+
+// read reads a row from the pool the middleware chose.
+func read(ctx context.Context, id int64) (string, error) {
+	pool := consume.DB(ctx, "main")
+	if pool == nil {
+		return "", fmt.Errorf("job %d: no routed pool in the handler's context", id)
+	}
+	var v string
+	err := pool.QueryRow(ctx, `SELECT val FROM items WHERE id = $1`, id).Scan(&v)
+	return v, err
+}
+
+// serverConfig is a test server on the env's queue: quick to notice new
+// and due tasks, quiet.
+func (e *redisEnv) serverConfig(cfg hasynq.Config) hasynq.Config {
+	cfg.Queues = map[string]int{e.queue: 1}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 20
+	}
+	if cfg.DelayedTaskCheckInterval == 0 {
+		cfg.DelayedTaskCheckInterval = 200 * time.Millisecond
+	}
+	if cfg.TaskCheckInterval == 0 {
+		cfg.TaskCheckInterval = 50 * time.Millisecond
+	}
+	if cfg.LogLevel == 0 {
+		cfg.LogLevel = hasynq.ErrorLevel
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	return cfg
+}
+
+// serve starts a server with h until the test ends (or stop is called).
+func (e *redisEnv) serve(t testing.TB, cfg hasynq.Config, h hasynq.Handler) (stop func()) {
+	t.Helper()
+	srv := hasynq.NewServer(e.opt, e.serverConfig(cfg))
+	require.NoError(t, srv.Start(h))
+	done := false
+	stop = func() {
+		if !done {
+			done = true
+			srv.Shutdown()
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// middleware is the middleware under test, counting on the env's meter.
+func (e *env) middleware(cfg caughtupasynq.MiddlewareConfig) hasynq.MiddlewareFunc {
+	cfg.MeterProvider = e.mp
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return caughtupasynq.Middleware(e.router, cfg)
+}
+
+// pauseAll pauses replay on every replica until resume (or the test's end).
+func (e *env) pauseAll(t testing.TB) (resume func()) {
+	t.Helper()
+	for _, n := range e.cluster.Replicas() {
+		require.NoError(t, n.PauseReplay(ctxT(t)))
+	}
+	done := false
+	resume = func() {
+		if done {
+			return
+		}
+		done = true
+		for _, n := range e.cluster.Replicas() {
+			require.NoError(t, n.ResumeReplay(context.Background()))
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+// sum adds up a counter's data points whose attributes include attrs.
+func (e *env) sum(t testing.TB, name string, attrs map[string]string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.reader.Collect(context.Background(), &rm))
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			s, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				continue
+			}
+		points:
+			for _, dp := range s.DataPoints {
+				for k, v := range attrs {
+					if got, ok := dp.Attributes.Value(attribute.Key(k)); !ok || got.AsString() != v {
+						continue points
+					}
+				}
+				n += dp.Value
+			}
+		}
+	}
+	return n
+}
+
+// eventually polls cond every 20ms until it holds or timeout passes.
+func eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf(msg, args...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,377 @@
+// Command asynq-worker is caughtup's asynq adapter end to end: a producer
+// inserts rows on the primary and enqueues one task per row, a worker reads
+// each row from the pool caughtup chose for the task, and replay on the
+// replicas is paused at random meanwhile. It prints
+//
+//	tasks=100 stale=0 lost=0
+//
+// on stdout (a stale task read a replica that did not have its row yet; a
+// lost task never completed) and where the tasks ran on stderr.
+//
+// Without configuration it starts its own primary with two streaming
+// replicas and a redis-server (PostgreSQL 15 server binaries and
+// redis-server must be installed) and pauses their replay at random.
+// To use existing services instead:
+//
+//	CAUGHTUP_PRIMARY_URL=postgres://app@primary/app \
+//	CAUGHTUP_REPLICA_URLS=postgres://app@replica1/app,postgres://app@replica2/app \
+//	REDIS_ADDR=localhost:6379 asynq-worker -tasks 1000
+//
+// It then creates the table caughtup_example_items (dropping an old one)
+// and pauses nothing.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/pgtest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "asynq-worker:", err)
+		os.Exit(1)
+	}
+}
+
+const (
+	table    = "caughtup_example_items"
+	taskType = "item:check"
+)
+
+type options struct {
+	tasks       int
+	producers   int
+	concurrency int
+	maxPause    time.Duration
+	timeout     time.Duration
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o options
+	fs := flag.NewFlagSet("asynq-worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.tasks, "tasks", 100, "tasks to produce")
+	fs.IntVar(&o.producers, "producers", 4, "producer goroutines")
+	fs.IntVar(&o.concurrency, "concurrency", 20, "asynq worker concurrency")
+	fs.DurationVar(&o.maxPause, "max-pause", 2*time.Second, "longest random replay pause (own cluster only; 0: none)")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every task to complete")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.tasks < 1 || o.producers < 1 || o.concurrency < 1 {
+		return errors.New("-tasks, -producers and -concurrency must be positive")
+	}
+
+	svc, err := services(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer svc.close()
+	if _, err := svc.primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, val text NOT NULL)`); err != nil {
+		return err
+	}
+	if svc.cluster != nil {
+		if err := svc.cluster.WaitReplicasCaughtUp(ctx); err != nil {
+			return err
+		}
+	}
+
+	// The worker side: one router per process, the hooks on the server,
+	// the middleware on the mux.
+	router, err := consume.NewRouter(ctx, consume.Config{
+		Databases: map[string]consume.Database{"main": {Primary: svc.primary, Replicas: consume.Replicas(svc.replicas...)}},
+		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		return err
+	}
+	defer router.Close()
+
+	st := newStats(o.tasks)
+	srv := asynq.NewServer(svc.redis, caughtupasynq.ServerConfig(asynq.Config{
+		Concurrency:       o.concurrency,
+		Queues:            map[string]int{"default": 1},
+		TaskCheckInterval: 100 * time.Millisecond,
+		LogLevel:          asynq.ErrorLevel,
+	}))
+	mux := asynq.NewServeMux()
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{
+		Policies: map[string]consume.Policy{"item:": consume.Delayed},
+	}))
+	mux.HandleFunc(taskType, st.handle)
+	if err := srv.Start(mux); err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+
+	// The producer side: commit, then enqueue with the context the commit
+	// returned; the client stamps the task with its token.
+	aq := asynq.NewClient(svc.redis)
+	defer aq.Close()
+	client := caughtupasynq.NewClient(aq)
+
+	pauseCtx, stopPausing := context.WithCancel(ctx)
+	var pauser sync.WaitGroup
+	if svc.cluster != nil && o.maxPause > 0 {
+		pauser.Go(func() { pauseRandomly(pauseCtx, svc.cluster.Replicas(), o.maxPause, stderr) })
+	}
+	err = produce(ctx, o, svc.primary, client)
+	stopPausing()
+	pauser.Wait()
+	if err != nil {
+		return err
+	}
+
+	st.wait(ctx, o.timeout)
+	srv.Shutdown()
+	fmt.Fprintln(stdout, st.summary())
+	fmt.Fprintln(stderr, st.details())
+	return nil
+}
+
+func produce(ctx context.Context, o options, primary *pgxpool.Pool, client *caughtupasynq.Client) error {
+	ids := make(chan int64)
+	errs := make(chan error, o.producers)
+	var wg sync.WaitGroup
+	for range o.producers {
+		wg.Go(func() {
+			for id := range ids {
+				ctx, err := enqueue.InTx(ctx, primary, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, val) VALUES ($1, $2)`, id, value(id))
+					return err
+				})
+				if err == nil {
+					_, err = client.EnqueueContext(ctx, asynq.NewTask(taskType, strconv.AppendInt(nil, id, 10), asynq.MaxRetry(5)))
+				}
+				if err != nil {
+					errs <- fmt.Errorf("task %d: %w", id, err)
+					return
+				}
+			}
+		})
+	}
+	var err error
+loop:
+	for id := int64(1); id <= int64(o.tasks); id++ {
+		select {
+		case ids <- id:
+		case err = <-errs:
+			break loop
+		case <-ctx.Done():
+			err = ctx.Err()
+			break loop
+		}
+	}
+	close(ids)
+	wg.Wait()
+	close(errs)
+	if err == nil {
+		err = <-errs
+	}
+	return err
+}
+
+func value(id int64) string { return "item-" + strconv.FormatInt(id, 10) }
+
+// stats is what the handlers saw.
+type stats struct {
+	want     int
+	mu       sync.Mutex
+	ran      map[int64]bool
+	outcomes map[consume.Outcome]int
+	stale    int
+	runs     atomic.Int64
+	done     chan struct{}
+}
+
+func newStats(want int) *stats {
+	return &stats{want: want, ran: map[int64]bool{}, outcomes: map[consume.Outcome]int{}, done: make(chan struct{})}
+}
+
+// handle is the application's handler: it reads its row from the pool
+// caughtup chose, which is all a handler changes.
+func (s *stats) handle(ctx context.Context, task *asynq.Task) error {
+	id, err := strconv.ParseInt(string(task.Payload()), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: bad payload %q", asynq.SkipRetry, task.Payload())
+	}
+	var val string
+	err = consume.DB(ctx, "main").QueryRow(ctx, `SELECT val FROM `+table+` WHERE id = $1`, id).Scan(&val)
+	stale := errors.Is(err, pgx.ErrNoRows) || (err == nil && val != value(id))
+	if err != nil && !stale {
+		return err // a real error: asynq retries it
+	}
+	d, _ := consume.DecisionFrom(ctx)
+	s.runs.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outcomes[d.Outcome]++
+	if stale {
+		s.stale++
+	}
+	if !s.ran[id] {
+		s.ran[id] = true
+		if len(s.ran) == s.want {
+			close(s.done)
+		}
+	}
+	return nil
+}
+
+func (s *stats) wait(ctx context.Context, timeout time.Duration) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-s.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// summary is the deterministic line: the same for every correct run.
+func (s *stats) summary() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fmt.Sprintf("tasks=%d stale=%d lost=%d", s.want, s.stale, s.want-len(s.ran))
+}
+
+// details says where the tasks ran; it varies with timing.
+func (s *stats) details() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "runs=%d", s.runs.Load())
+	for _, o := range []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited, consume.OutcomePrimary, consume.OutcomePrimaryNoToken, consume.OutcomePrimaryEpoch} {
+		if n := s.outcomes[o]; n > 0 {
+			fmt.Fprintf(&b, " %s=%d", o, n)
+		}
+	}
+	return b.String()
+}
+
+// svc is the services the program runs against.
+type svc struct {
+	primary  *pgxpool.Pool
+	replicas []*pgxpool.Pool
+	redis    asynq.RedisClientOpt
+	cluster  *pgtest.Cluster // nil for external services
+	closers  []func()
+}
+
+func (s *svc) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// services connects to the services the environment names, or starts
+// its own.
+func services(ctx context.Context, stderr io.Writer) (s *svc, err error) {
+	s = &svc{}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	primaryURL := os.Getenv("CAUGHTUP_PRIMARY_URL")
+	var replicaURLs []string
+	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
+		replicaURLs = strings.Split(v, ",")
+	}
+	if primaryURL == "" {
+		fmt.Fprintln(stderr, "starting a primary with two streaming replicas (set CAUGHTUP_PRIMARY_URL to use your own)")
+		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2})
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { _ = c.Close() })
+		s.cluster = c
+		if err := c.CreateDatabase(ctx, "example"); err != nil {
+			return nil, err
+		}
+		primaryURL = c.Primary().DSN("example")
+		replicaURLs = nil
+		for _, n := range c.Replicas() {
+			replicaURLs = append(replicaURLs, n.DSN("example"))
+		}
+	}
+	if s.primary, err = pgxpool.New(ctx, primaryURL); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.primary.Close)
+	for _, u := range replicaURLs {
+		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, p.Close)
+		s.replicas = append(s.replicas, p)
+	}
+	addr := os.Getenv("REDIS_ADDR")
+	if addr == "" {
+		r, err := pgtest.StartRedis(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { _ = r.Close() })
+		addr = r.Addr()
+	}
+	s.redis = asynq.RedisClientOpt{Addr: addr}
+	return s, nil
+}
+
+// pauseRandomly pauses replay on one or both replicas for random spells
+// of up to maxPause until ctx ends, and leaves them resumed.
+func pauseRandomly(ctx context.Context, replicas []*pgtest.Node, maxPause time.Duration, stderr io.Writer) {
+	bg := context.Background()
+	for ctx.Err() == nil {
+		paused := replicas
+		if rand.IntN(3) > 0 {
+			i := rand.IntN(len(replicas))
+			paused = replicas[i : i+1]
+		}
+		for _, n := range paused {
+			if err := n.PauseReplay(bg); err != nil {
+				fmt.Fprintln(stderr, "pause:", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(rand.N(maxPause + 1)):
+		}
+		for _, n := range paused {
+			if err := n.ResumeReplay(bg); err != nil {
+				fmt.Fprintln(stderr, "resume:", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(rand.N(300 * time.Millisecond)):
+		}
+	}
+}
