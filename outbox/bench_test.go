@@ -1,0 +1,166 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// preload commits n events, perTx per transaction, with one multi-row
+// INSERT per transaction so that loading is not what is measured.
+func (e *env) preload(ctx context.Context, n, perTx int) error {
+	for done := 0; done < n; done += perTx {
+		k := min(perTx, n-done)
+		err := pgx.BeginFunc(ctx, e.primary, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO outbox (event_id, topic, key, payload, headers)
+				SELECT gen_random_uuid()::text, 'bench', convert_to(g::text, 'UTF8'), convert_to(repeat('x', 200), 'UTF8'), '{"h":"v"}'
+				FROM generate_series(1, $1) g`, k)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func waitCount(ctx context.Context, pub *memPublisher, n int) error {
+	for {
+		pub.mu.Lock()
+		got := len(pub.events)
+		pub.mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d events published: %w", got, n, ctx.Err())
+		case <-pub.notify:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// measureRelay preloads n events and returns how long the relay took to
+// publish them all to an in-memory publisher: relay cost only, no broker.
+func measureRelay(tb testing.TB, e *env, kind string, n int) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pub := newMemPublisher()
+	var run func(context.Context) error
+	switch kind {
+	case "polling":
+		r, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 500, Logger: quiet})
+		require.NoError(tb, err)
+		run = r.Run
+	case "logical":
+		cfg := LogicalConfig{ConnString: e.c.Primary().DSN(e.db), Slot: uniqueSlot(e.db), Publisher: pub, MaxBatch: 500, Logger: quiet}
+		r, err := NewLogicalRelay(cfg)
+		require.NoError(tb, err)
+		require.NoError(tb, r.Setup(ctx))
+		tb.Cleanup(func() { _ = r.Teardown(context.Background()) })
+		run = r.Run
+	}
+	require.NoError(tb, e.preload(ctx, n, 10))
+	began := time.Now()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(rctx) }()
+	require.NoError(tb, waitCount(ctx, pub, n))
+	took := time.Since(began)
+	stop()
+	require.NoError(tb, <-done)
+	return took
+}
+
+// TestRelayThroughput reports events/s for each relay on this machine:
+// 5000 committed events, 10 per transaction, 200-byte payloads, published
+// to memory. The numbers are logged, never asserted.
+func TestRelayThroughput(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"polling", "logical"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			const n = 5000
+			took := measureRelay(t, e, kind, n)
+			t.Logf("%s relay: %d events in %v = %.0f events/s (race detector: %v)", kind, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), raceEnabled)
+		})
+	}
+}
+
+func BenchmarkRelay(b *testing.B) {
+	for _, kind := range []string{"polling", "logical"} {
+		b.Run(kind, func(b *testing.B) {
+			e := setupTB(b)
+			var total time.Duration
+			events := 0
+			for b.Loop() {
+				total += measureRelay(b, e, kind, 2000)
+				events += 2000
+			}
+			b.ReportMetric(float64(events)/total.Seconds(), "events/s")
+		})
+	}
+}
+
+// TestPollingTokenOverApproximation runs both relays on one table under
+// concurrent writers. The logical relay's token for an event is its
+// transaction's exact end LSN; the polling relay's token for the same
+// event minus that is how many WAL bytes the polling token asks a replica
+// to replay beyond what the event needs. It must never be negative: that
+// would be a polling token below the commit.
+func TestPollingTokenOverApproximation(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logicalPub, pollingPub := newMemPublisher(), newMemPublisher()
+	// The logical relay keeps rows (the polling relay deletes them), and
+	// its publication carries inserts only, so neither disturbs the other.
+	lr := newLogical(t, e, LogicalConfig{Publisher: logicalPub, KeepRows: true, FlushDelay: time.Millisecond})
+	require.NoError(t, lr.Setup(ctx))
+	runInBackground(t, ctx, lr.Run)
+	pr, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pollingPub, PollInterval: 10 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	runInBackground(t, ctx, pr.Run)
+
+	var mu sync.Mutex
+	var ids []string
+	var wg sync.WaitGroup
+	for w := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				id, _, err := e.writeOrder(ctx, int64(w*1000+i))
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				ids = append(ids, id)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	exact := logicalPub.waitFor(t, ctx, ids)
+	polled := pollingPub.waitFor(t, ctx, ids)
+	over := make([]int64, 0, len(ids))
+	for _, id := range ids {
+		d := int64(polled[id][0].Token.Entries[0].LSN) - int64(exact[id][0].Token.Entries[0].LSN)
+		require.GreaterOrEqual(t, d, int64(0), "polling token below the commit end of event %s", id)
+		over = append(over, d)
+	}
+	slices.Sort(over)
+	p := func(q float64) int64 { return over[int(q*float64(len(over)-1))] }
+	t.Logf("polling token over-approximation, %d events, 6 writers: min %d B, median %d B, p90 %d B, p99 %d B, max %d B",
+		len(over), over[0], p(0.5), p(0.9), p(0.99), over[len(over)-1])
+}

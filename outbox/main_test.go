@@ -1,0 +1,250 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(pgtest.Wrap(m, pgtest.Options{}),
+		// pgtest's signal handler lives as long as the process.
+		goleak.IgnoreTopFunction("os/signal.signal_recv"),
+		goleak.IgnoreTopFunction("os/signal.loop"),
+	)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// env is one test's database on the shared cluster.
+type env struct {
+	c           *pgtest.Cluster
+	db          string
+	primary     *pgxpool.Pool
+	replicaNode *pgtest.Node
+	replica     *pgxpool.Pool
+	capturer    *enqueue.Capturer
+}
+
+func setup(t *testing.T) *env { return setupTB(t) }
+
+func setupTB(t testing.TB) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := pgtest.Shared(t)
+	db := pgtest.NewDatabase(t, c)
+	primary, err := c.Primary().Pool(ctx, db)
+	require.NoError(t, err)
+	t.Cleanup(primary.Close)
+	rn := c.Replicas()[0]
+	replica, err := rn.Pool(ctx, db)
+	require.NoError(t, err)
+	t.Cleanup(replica.Close)
+	require.NoError(t, Migrate(ctx, primary))
+	_, err = primary.Exec(ctx, "CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
+	require.NoError(t, err)
+	return &env{c: c, db: db, primary: primary, replicaNode: rn, replica: replica, capturer: enqueue.NewCapturer(enqueue.Config{Database: "main"})}
+}
+
+// writeOrder commits an order row and its outbox event in one transaction
+// and returns the event ID and the insert LSN read right after COMMIT on
+// the same connection (an upper bound of the commit's end).
+func (e *env) writeOrder(ctx context.Context, id int64) (string, position.LSN, error) {
+	conn, err := e.primary.Acquire(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, "INSERT INTO orders (id, note) VALUES ($1, 'n')", id); err != nil {
+		return "", 0, err
+	}
+	key := strconv.FormatInt(id, 10)
+	evID, err := Insert(ctx, tx, Event{Topic: "orders", Key: []byte(key), Payload: []byte(key), Headers: map[string]string{"order": key}})
+	if err != nil {
+		return "", 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", 0, err
+	}
+	var after string
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&after); err != nil {
+		return "", 0, err
+	}
+	return evID, position.MustParseLSN(after), nil
+}
+
+func (e *env) writeOrders(t *testing.T, ctx context.Context, from, n int64) []string {
+	t.Helper()
+	ids := make([]string, 0, n)
+	for i := from; i < from+n; i++ {
+		id, _, err := e.writeOrder(ctx, i)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// replayed reads what the replica has replayed, with its epoch.
+func (e *env) replayed(ctx context.Context, conn *pgx.Conn) (position.Replayed, error) {
+	tok, err := e.capturer.ReplicaRead(ctx, conn)
+	if err != nil {
+		return position.Replayed{}, err
+	}
+	entry, _ := tok.Entry("main")
+	return position.Replayed{Epoch: entry.Epoch, LSN: entry.LSN}, nil
+}
+
+// readResult is how a consumer that checks tokens before reading fared.
+type readResult struct {
+	replica, primary, stale int
+}
+
+// consumeCheck is the consumer under test: compare the event's token with
+// the replica's replay position, and read the order on the replica only if
+// the replica has caught up; a missing row there is a stale read.
+func (e *env) consumeCheck(ctx context.Context, ev Event) (onReplica, stale bool, err error) {
+	tok, err := TokenFromHeaders(ev.Headers)
+	if err != nil {
+		return false, false, err
+	}
+	entry, ok := tok.Entry("main")
+	if !ok {
+		return false, false, fmt.Errorf("event %s has no token entry for main: %v", ev.ID, ev.Headers)
+	}
+	conn, err := e.replica.Acquire(ctx)
+	if err != nil {
+		return false, false, err
+	}
+	defer conn.Release()
+	r, err := e.replayed(ctx, conn.Conn())
+	if err != nil {
+		return false, false, err
+	}
+	if entry.Compare(r, nil).Status != position.CaughtUp {
+		return false, false, nil
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM orders WHERE id = $1", ev.Key).Scan(&n); err != nil {
+		return true, false, err
+	}
+	return true, n == 0, nil
+}
+
+// memPublisher records every published event; fail, when set, runs first
+// and can refuse a batch.
+type memPublisher struct {
+	mu     sync.Mutex
+	events []Event
+	calls  int
+	fail   func(call int, events []Event) error
+	notify chan struct{}
+}
+
+func newMemPublisher() *memPublisher { return &memPublisher{notify: make(chan struct{}, 1)} }
+
+func (p *memPublisher) Publish(ctx context.Context, events []Event) error {
+	p.mu.Lock()
+	p.calls++
+	call, fail := p.calls, p.fail
+	p.mu.Unlock()
+	if fail != nil {
+		if err := fail(call, events); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	p.events = append(p.events, events...)
+	p.mu.Unlock()
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (p *memPublisher) snapshot() []Event {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.events)
+}
+
+// byID groups published events by event ID.
+func (p *memPublisher) byID() map[string][]Event {
+	out := map[string][]Event{}
+	for _, ev := range p.snapshot() {
+		out[ev.ID] = append(out[ev.ID], ev)
+	}
+	return out
+}
+
+// waitFor waits until every id has been published at least once.
+func (p *memPublisher) waitFor(t *testing.T, ctx context.Context, ids []string) map[string][]Event {
+	t.Helper()
+	for {
+		got := p.byID()
+		missing := 0
+		for _, id := range ids {
+			if len(got[id]) == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return got
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d of %d events never published: %v", missing, len(ids), ctx.Err())
+		case <-p.notify:
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// runInBackground runs f until the test ends (or cancel is called) and
+// waits for it to return.
+func runInBackground(t *testing.T, ctx context.Context, f func(ctx context.Context) error) (cancel func()) {
+	ctx, cancelCtx := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	var once sync.Once
+	cancel = func() {
+		once.Do(func() {
+			cancelCtx()
+			if err := <-done; err != nil {
+				t.Errorf("background run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(cancel)
+	return cancel
+}
+
+func tokenLSN(t *testing.T, ev Event) position.LSN {
+	t.Helper()
+	tok, err := TokenFromHeaders(ev.Headers)
+	require.NoError(t, err)
+	e, ok := tok.Entry("main")
+	require.True(t, ok, "no token entry in %v", ev.Headers)
+	return e.LSN
+}

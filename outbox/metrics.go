@@ -1,0 +1,131 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+)
+
+// ScopeName is the instrumentation scope of every instrument this package
+// creates.
+const ScopeName = "github.com/caughtup/caughtup/outbox"
+
+// Attribute names on metrics, besides the semconv ones.
+const (
+	attrRelay    = "caughtup.relay"
+	attrDatabase = "caughtup.database"
+	attrStage    = "caughtup.stage"
+	attrStatus   = "caughtup.cdc.status"
+	attrReason   = "caughtup.reason"
+)
+
+type relayMetrics struct {
+	events  metric.Int64Counter
+	errors  metric.Int64Counter
+	publish metric.Float64Histogram
+	base    []attribute.KeyValue
+}
+
+func newRelayMetrics(mp metric.MeterProvider, relay, database string) (*relayMetrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	m := &relayMetrics{base: []attribute.KeyValue{
+		semconv.DBSystemNamePostgreSQL,
+		attribute.String(attrRelay, relay),
+		attribute.String(attrDatabase, database),
+	}}
+	var err error
+	if m.events, err = meter.Int64Counter("caughtup.outbox.relay.events",
+		metric.WithUnit("{event}"),
+		metric.WithDescription("Events published and acknowledged by the broker, by relay (polling, logical); republished events count again.")); err != nil {
+		return nil, err
+	}
+	if m.errors, err = meter.Int64Counter("caughtup.outbox.relay.errors",
+		metric.WithUnit("{error}"),
+		metric.WithDescription("Failed relay steps, by stage (claim, stamp, publish, mark, replication); the relay retries with backoff.")); err != nil {
+		return nil, err
+	}
+	if m.publish, err = meter.Float64Histogram("caughtup.outbox.relay.publish.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time the Publisher took for one batch."),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *relayMetrics) published(ctx context.Context, n int, took time.Duration) {
+	ctx = context.WithoutCancel(ctx)
+	set := metric.WithAttributes(m.base...)
+	m.events.Add(ctx, int64(n), set)
+	m.publish.Record(ctx, took.Seconds(), set)
+}
+
+func (m *relayMetrics) failed(ctx context.Context, stage string, err error) {
+	attrs := append(append(make([]attribute.KeyValue, 0, len(m.base)+2), m.base...),
+		attribute.String(attrStage, stage), semconv.ErrorTypeKey.String(errorType(err)))
+	m.errors.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attrs...))
+}
+
+// errorType is a low-cardinality error.type: the SQLSTATE-free Go type of
+// the innermost error, or "canceled"/"timeout".
+func errorType(err error) string {
+	switch {
+	case err == nil:
+		return "none"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			return fmt.Sprintf("%T", err)
+		}
+		err = u
+	}
+}
+
+type cdcMetrics struct {
+	checks  metric.Int64Counter
+	primary metric.Int64Counter
+}
+
+func newCDCMetrics(mp metric.MeterProvider) (*cdcMetrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	m := &cdcMetrics{}
+	var err error
+	if m.checks, err = meter.Int64Counter("caughtup.outbox.cdc.checks",
+		metric.WithUnit("{check}"),
+		metric.WithDescription("Freshness checks of CDC events against a replica, by status (fresh, not_yet, unknown) and reason.")); err != nil {
+		return nil, err
+	}
+	if m.primary, err = meter.Int64Counter("caughtup.outbox.cdc.primary",
+		metric.WithUnit("{event}"),
+		metric.WithDescription("CDC events for which no commit-safe rule applies (malformed envelope, missing lsn or txId, not PostgreSQL, snapshot read, …): they must read the primary.")); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *cdcMetrics) record(ctx context.Context, r CDCResult) {
+	ctx = context.WithoutCancel(ctx)
+	set := metric.WithAttributes(semconv.DBSystemNamePostgreSQL,
+		attribute.String(attrStatus, r.Status.String()), attribute.String(attrReason, r.Reason.String()))
+	m.checks.Add(ctx, 1, set)
+	if r.Status == CDCUnknown {
+		m.primary.Add(ctx, 1, metric.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.String(attrReason, r.Reason.String())))
+	}
+}
