@@ -28,6 +28,7 @@ unit:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./position/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./outbox/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/
