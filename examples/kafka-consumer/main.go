@@ -1,0 +1,461 @@
+// Command kafka-consumer is caughtup's Kafka adapter end to end: a producer
+// inserts rows on the primary and, right after each commit, writes one
+// keyed message stamped with the commit's position; a consumer group reads
+// the topic, and each handler reads its row from the pool caughtup chose
+// for the message while replay on the replicas pauses at random. It prints
+//
+//	messages=100 stale=0 lost=0 order_violations=0
+//
+// on stdout (a stale message read a replica that did not have its row yet;
+// a lost message never ran; an order violation is a message that ran
+// before an earlier message of its key) and where the messages ran on
+// stderr.
+//
+// Without configuration it starts its own primary with two streaming
+// replicas (PostgreSQL 15 server binaries must be installed) and an
+// in-process Kafka broker (kfake), and pauses replay at random. To use
+// existing services instead:
+//
+//	CAUGHTUP_PRIMARY_URL=postgres://app@primary/app \
+//	CAUGHTUP_REPLICA_URLS=postgres://app@replica1/app,postgres://app@replica2/app \
+//	KAFKA_BROKERS=kafka1:9092,kafka2:9092 kafka-consumer -messages 1000
+//
+// It then creates the table caughtup_kafka_example_items (dropping an old
+// one) and a topic named caughtup-kafka-example-<time> with its
+// dead-letter topic, and pauses nothing.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/pgtest"
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kafka-consumer:", err)
+		os.Exit(1)
+	}
+}
+
+const table = "caughtup_kafka_example_items"
+
+type options struct {
+	messages   int
+	keys       int
+	partitions int
+	maxPause   time.Duration
+	timeout    time.Duration
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o options
+	fs := flag.NewFlagSet("kafka-consumer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.messages, "messages", 100, "messages to produce")
+	fs.IntVar(&o.keys, "keys", 8, "distinct message keys")
+	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the topic")
+	fs.DurationVar(&o.maxPause, "max-pause", time.Second, "longest random replay pause (own cluster only; 0: none)")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every message to run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.messages < 1 || o.keys < 1 || o.partitions < 1 {
+		return errors.New("-messages, -keys and -partitions must be positive")
+	}
+
+	svc, err := services(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer svc.close()
+	if _, err := svc.primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, key text NOT NULL, seq int NOT NULL)`); err != nil {
+		return err
+	}
+	topic := fmt.Sprintf("caughtup-kafka-example-%d", time.Now().UnixNano())
+	if err := createTopics(ctx, svc.brokers, o.partitions, topic, topic+".dlt"); err != nil {
+		return err
+	}
+
+	// The consumer side: one router per process, a consumer group whose
+	// handler reads from the pool the router chose for each message.
+	router, err := consume.NewRouter(ctx, consume.Config{
+		Databases: map[string]consume.Database{"main": {Primary: svc.primary, Replicas: consume.Replicas(svc.replicas...)}},
+		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		return err
+	}
+	defer router.Close()
+
+	st := newStats(o.messages)
+	consumer, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+		Brokers:        svc.brokers,
+		GroupID:        topic + "-group",
+		Topic:          topic,
+		Router:         router,
+		Policy:         consume.Delayed,
+		Mode:           caughtupkafka.InPlace, // keep per-key order
+		CommitInterval: 200 * time.Millisecond,
+		MaxWait:        100 * time.Millisecond,
+		Logger:         slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	}, st.handle)
+	if err != nil {
+		return err
+	}
+	cctx, cancelConsumer := context.WithCancel(ctx)
+	consumed := make(chan error, 1)
+	go func() { consumed <- consumer.Run(cctx) }()
+	stopConsumer := sync.OnceValue(func() error {
+		cancelConsumer()
+		return <-consumed
+	})
+	defer stopConsumer()
+
+	// Lag: random replay pauses on our own cluster while producing.
+	pctx, stopPauses := context.WithCancel(ctx)
+	var pauses sync.WaitGroup
+	if svc.cluster != nil && o.maxPause > 0 {
+		pauses.Go(func() { pauseRandomly(pctx, svc.cluster.Replicas(), o.maxPause, stderr) })
+	}
+
+	// The producer side: commit, then write the message with the context
+	// the commit returned; the writer stamps the position on it.
+	err = produce(ctx, svc, topic, o)
+	stopPauses()
+	pauses.Wait()
+	if err != nil {
+		return err
+	}
+
+	select {
+	case <-st.all:
+	case <-time.After(o.timeout):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := stopConsumer(); err != nil {
+		return err
+	}
+
+	stale, lost, violations := st.summary()
+	fmt.Fprintf(stdout, "messages=%d stale=%d lost=%d order_violations=%d\n", o.messages, stale, lost, violations)
+	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
+	if stale+lost+violations > 0 {
+		return fmt.Errorf("%d stale, %d lost, %d out of order", stale, lost, violations)
+	}
+	return nil
+}
+
+// produce inserts rows 1..messages one transaction each and writes each
+// row's message right after its commit. One goroutine per key keeps each
+// key's messages in order.
+func produce(ctx context.Context, svc *svc, topic string, o options) error {
+	tr := &kafkago.Transport{}
+	kw := &kafkago.Writer{
+		Addr:         kafkago.TCP(svc.brokers...),
+		Topic:        topic,
+		Balancer:     &kafkago.Hash{},      // one key, one partition: per-key order
+		RequiredAcks: kafkago.RequireAll,   // an acknowledged message survives a leader change
+		BatchTimeout: 5 * time.Millisecond, // synchronous writes; the default waits 1s
+		Transport:    tr,
+	}
+	defer func() {
+		_ = kw.Close()
+		tr.CloseIdleConnections()
+	}()
+	w := caughtupkafka.NewWriter(kw)
+
+	errs := make(chan error, o.keys)
+	var wg sync.WaitGroup
+	for k := range o.keys {
+		wg.Go(func() {
+			key := fmt.Sprintf("user-%d", k)
+			for id, seq := k+1, 0; id <= o.messages; id, seq = id+o.keys, seq+1 {
+				mctx, err := enqueue.InTx(ctx, svc.primary, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, key, seq) VALUES ($1, $2, $3)`, id, key, seq)
+					return err
+				})
+				if err == nil {
+					err = w.WriteMessages(mctx, kafkago.Message{Key: []byte(key), Value: []byte(fmt.Sprintf("%d,%d", id, seq))})
+				}
+				if err != nil {
+					errs <- fmt.Errorf("message %d: %w", id, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return errors.Join(collect(errs)...)
+}
+
+func collect(errs <-chan error) []error {
+	var out []error
+	for err := range errs {
+		out = append(out, err)
+	}
+	return out
+}
+
+// stats checks what the handlers saw.
+type stats struct {
+	mu         sync.Mutex
+	want       int
+	runs       map[int64]int
+	next       map[string]int // per key: how many leading messages ran
+	stale      int
+	violations int
+	where      map[string]int
+	all        chan struct{}
+	finished   int
+}
+
+func newStats(want int) *stats {
+	return &stats{want: want, runs: map[int64]int{}, next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
+}
+
+// handle is the message handler: it reads the message's row from the pool
+// caughtup chose and records what it found.
+func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
+	idText, seqText, _ := strings.Cut(string(msg.Value), ",")
+	id, err := strconv.ParseInt(idText, 10, 64)
+	if err != nil {
+		return err
+	}
+	seq, err := strconv.Atoi(seqText)
+	if err != nil {
+		return err
+	}
+	var key string
+	err = consume.DB(ctx, "main").QueryRow(ctx, `SELECT key FROM `+table+` WHERE id = $1`, id).Scan(&key)
+	stale := errors.Is(err, pgx.ErrNoRows) || (err == nil && key != string(msg.Key))
+	if err != nil && !stale {
+		return err // a real error: the consumer retries
+	}
+	dec, _ := consume.DecisionFrom(ctx)
+	where := string(dec.Outcome)
+	if dd, ok := dec.Database("main"); ok && dd.Replica != "" {
+		where += "@" + dd.Replica
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stale {
+		s.stale++
+	}
+	k := string(msg.Key)
+	switch n := s.next[k]; {
+	case seq == n:
+		s.next[k] = n + 1
+	case seq > n:
+		s.violations++
+	}
+	s.where[where]++
+	s.runs[id]++
+	if s.runs[id] == 1 {
+		s.finished++
+		if s.finished == s.want {
+			close(s.all)
+		}
+	}
+	return nil
+}
+
+func (s *stats) summary() (stale, lost, violations int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stale, s.want - s.finished, s.violations
+}
+
+func (s *stats) outcomes() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var parts []string
+	for w, n := range s.where {
+		parts = append(parts, fmt.Sprintf("%s=%d", w, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
+}
+
+type svc struct {
+	primary  *pgxpool.Pool
+	replicas []*pgxpool.Pool
+	brokers  []string
+	cluster  *pgtest.Cluster // nil for an external database
+	closers  []func()
+}
+
+func (s *svc) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// services connects to the services the environment names, or starts its
+// own.
+func services(ctx context.Context, stderr io.Writer) (s *svc, err error) {
+	s = &svc{}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	primaryURL := os.Getenv("CAUGHTUP_PRIMARY_URL")
+	var replicaURLs []string
+	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
+		replicaURLs = strings.Split(v, ",")
+	}
+	if primaryURL == "" {
+		fmt.Fprintln(stderr, "starting a primary with two streaming replicas (set CAUGHTUP_PRIMARY_URL to use your own)")
+		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2})
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { _ = c.Close() })
+		s.cluster = c
+		if err := c.CreateDatabase(ctx, "example"); err != nil {
+			return nil, err
+		}
+		primaryURL = c.Primary().DSN("example")
+		replicaURLs = nil
+		for _, n := range c.Replicas() {
+			replicaURLs = append(replicaURLs, n.DSN("example"))
+		}
+	}
+	if s.primary, err = pgxpool.New(ctx, primaryURL); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.primary.Close)
+	for _, u := range replicaURLs {
+		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, p.Close)
+		s.replicas = append(s.replicas, p)
+	}
+	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
+		s.brokers = strings.Split(b, ",")
+	} else {
+		fmt.Fprintln(stderr, "starting an in-process Kafka broker (set KAFKA_BROKERS to use your own)")
+		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, c.Close)
+		s.brokers = c.ListenAddrs()
+	}
+	return s, nil
+}
+
+// createTopics creates the topics with partitions partitions each.
+func createTopics(ctx context.Context, brokers []string, partitions int, names ...string) error {
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr, Timeout: 10 * time.Second}
+	req := &kafkago.CreateTopicsRequest{}
+	for _, n := range names {
+		req.Topics = append(req.Topics, kafkago.TopicConfig{Topic: n, NumPartitions: partitions, ReplicationFactor: 1})
+	}
+	resp, err := cl.CreateTopics(ctx, req)
+	if err != nil {
+		return fmt.Errorf("creating topics: %w", err)
+	}
+	for name, err := range resp.Errors {
+		if err != nil {
+			return fmt.Errorf("creating topic %s: %w", name, err)
+		}
+	}
+	// A real cluster shows new topics in every broker's metadata a little
+	// later; a group that joins before that gets no partitions.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: names})
+		if err == nil && ready(md, len(names), partitions) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topics %v did not show all their partitions within 30s (last error: %v)", names, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func ready(md *kafkago.MetadataResponse, topics, partitions int) bool {
+	if len(md.Topics) != topics {
+		return false
+	}
+	for _, t := range md.Topics {
+		if t.Error != nil || len(t.Partitions) != partitions {
+			return false
+		}
+		for _, p := range t.Partitions {
+			if p.Error != nil || p.Leader.Host == "" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// pauseRandomly pauses replay on one or both replicas for random spells
+// of up to maxPause until ctx ends, and leaves them resumed.
+func pauseRandomly(ctx context.Context, replicas []*pgtest.Node, maxPause time.Duration, stderr io.Writer) {
+	bg := context.Background()
+	for ctx.Err() == nil {
+		paused := replicas
+		if rand.IntN(3) > 0 {
+			i := rand.IntN(len(replicas))
+			paused = replicas[i : i+1]
+		}
+		for _, n := range paused {
+			if err := n.PauseReplay(bg); err != nil {
+				fmt.Fprintln(stderr, "pause:", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(rand.N(maxPause)):
+		}
+		for _, n := range paused {
+			if err := n.ResumeReplay(bg); err != nil {
+				fmt.Fprintln(stderr, "resume:", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(rand.N(300 * time.Millisecond)):
+		}
+	}
+}

@@ -1,0 +1,130 @@
+// Package kafka is caughtup's adapter for segmentio/kafka-go: a Writer that
+// stamps each message with the position its producer committed, and a
+// Consumer that reads a topic in a consumer group, routes every message
+// with a consume.Router and hands the handler the pool it may read.
+//
+// Import it under a name that does not clash with kafka-go:
+//
+//	import (
+//		kafkago "github.com/segmentio/kafka-go"
+//		caughtupkafka "github.com/caughtup/caughtup/kafka"
+//	)
+//
+//	// Producer: commit, then write with the context the commit returned.
+//	w := caughtupkafka.NewWriter(&kafkago.Writer{
+//		Addr:         kafkago.TCP(brokers...),
+//		Topic:        "user-events",
+//		Balancer:     &kafkago.Hash{},    // a key stays on one partition
+//		RequiredAcks: kafkago.RequireAll, // acknowledged means replicated
+//	})
+//	ctx, err := enqueue.InTx(ctx, pool, insertUser)
+//	err = w.WriteMessages(ctx, kafkago.Message{Key: userID, Value: event})
+//
+//	// Consumer: one router per process, one Consumer per topic.
+//	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+//		Brokers: brokers, GroupID: "mailer", Topic: "user-events",
+//		Router: router, Policy: consume.Delayed,
+//	}, func(ctx context.Context, msg kafkago.Message) error {
+//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT ...") // a replica that has the write
+//		...
+//	})
+//	err = c.Run(ctx) // until ctx ends
+//
+// # Producing
+//
+// Writer (or Stamp, for code that builds messages for its own writer) puts
+// the token of the context, enqueue.TokenFrom, in the header
+// position.HeaderName, merged with a token header the message already
+// carries. Three kafka-go Writer settings matter: a key-hashing Balancer
+// (kafka-go's default is round-robin, which spreads one key over every
+// partition and leaves no order to keep), RequiredAcks all (the default,
+// none, can lose acknowledged messages) and a short BatchTimeout for
+// synchronous writes (the default makes each call wait up to 1s).
+//
+// # Consuming: one reader per partition
+//
+// kafka-go offers two ways to consume in a group. A group Reader merges
+// every assigned partition into one stream: it cannot pause a partition,
+// so a message waiting for a replica would stall every partition behind a
+// dispatcher (or, with per-partition queues, fill its queue and stall the
+// dispatcher anyway), and after a rebalance it can still deliver messages
+// it buffered for partitions it lost (kafka-go issue #1398). The lower-level
+// ConsumerGroup hands out one Generation per rebalance with the partitions
+// assigned to this member and their committed offsets. The Consumer uses
+// that: each generation starts one goroutine per assigned partition with
+// its own partition Reader (its own fetch loop and a buffer of
+// QueueCapacity messages) and one committer.
+//
+//   - Independence. A partition whose next message waits for a replica
+//     stops reading its own Reader and nothing else; the others keep
+//     flowing, with no dispatcher to block.
+//   - Order and commits. Each partition's messages are processed one at a
+//     time in offset order, and the committer commits, every
+//     CommitInterval, the offset after the last message done. A message is
+//     done when the handler returned nil, or it was republished to the
+//     retry topic or dead-lettered (each written and acknowledged first).
+//     So an offset is committed only once it and every message before it in
+//     its partition are done: a crash redelivers, never skips
+//     (at-least-once; handlers must be idempotent).
+//   - Rebalances. When a generation ends (kafka-go notices a rebalance on
+//     its next heartbeat, HeartbeatInterval), every partition's context is
+//     cancelled: waits end, the Reader and its buffered messages are
+//     closed, and a message not yet done is dropped uncommitted, to be
+//     delivered again to whichever member gets the partition. Once every
+//     worker has stopped the committer commits what was done and the member
+//     rejoins. Commits carry the generation, so the coordinator refuses
+//     them once the group has moved on: a member never commits a partition
+//     it no longer owns, and the buffer of a revoked partition dies with
+//     its Reader (no #1398).
+//   - Heartbeats run on their own goroutine: a long wait does not cost
+//     group membership. A handler that ignores its context, though, holds
+//     up the rebalance of the whole group (up to RebalanceTimeout).
+//
+// The price is one broker connection and one fetch loop per assigned
+// partition; fine for tens of partitions per member, worth measuring for
+// hundreds. Close latency is bounded by MaxWait (default 500ms, against
+// kafka-go's 10s).
+//
+// # Deferral modes
+//
+// Route waits in process first (consume.Config.WaitBudget). When a message
+// still cannot run it returns a *consume.DeferError, and Mode decides:
+//
+//   - InPlace (default) keeps the message at the head of its partition:
+//     sleep the deferral's delay, route again, until a replica has caught
+//     up or the token is older than the router's MaxAge (then it reads the
+//     primary). Per-key order is kept; the messages behind it in that
+//     partition wait with it.
+//   - RetryTopic republishes the message to RetryTopic with its token and a
+//     due time (HeaderDue), commits the original and moves on; the group
+//     reads the retry topic too and runs each message once it is due (and
+//     its replicas have caught up, or MaxAge has passed). Partitions never
+//     wait, but a deferred message runs after later messages of its key:
+//     for work whose order does not matter. A crash between the republish
+//     and the commit writes the message to the retry topic twice; it is
+//     never lost.
+//
+// Deferrals never count as failed attempts (Attempt).
+//
+// # Handler errors
+//
+// A handler error is retried up to MaxAttempts runs, RetryBackoffInitial
+// doubling up to RetryBackoffMax between them: in place in InPlace mode
+// (the partition waits, order is kept), through the retry topic in
+// RetryTopic mode. Then the message goes to DeadLetterTopic with
+// HeaderError, HeaderAttempts and its origin, or to the DeadLetter hook;
+// only then is it committed. A panic counts as an error. An error returned
+// after the partition's context ended is not a failure: the message is
+// dropped and delivered again.
+//
+// Consumers must still tolerate a row that is not found: an asynchronously
+// committed write lost in a crash or failover can have its position reused,
+// and no token can tell.
+//
+// # Metrics
+//
+// caughtup.kafka.messages counts what happened to messages by topic and
+// Result (handled, waited, deferred, retried, dead_lettered, dropped), on
+// the MeterProvider in ConsumerConfig; routing decisions are counted by the
+// router.
+package kafka

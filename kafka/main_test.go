@@ -1,0 +1,160 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+)
+
+// Tests run against an in-process kfake broker unless KAFKA_BROKERS names
+// a real cluster (comma-separated host:port). Every test creates its own
+// uniquely named topics. KAFKA_REPLICATION_FACTOR sets their replication
+// factor on a real cluster (default 1).
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(runner{pgtest.Wrap(m, pgtest.Options{})})
+}
+
+// runner closes the shared kfake cluster after the tests and before goleak
+// looks for leftover goroutines.
+type runner struct{ inner interface{ Run() int } }
+
+func (r runner) Run() int {
+	code := r.inner.Run()
+	fake.mu.Lock()
+	if fake.c != nil {
+		fake.c.Close()
+		fake.c = nil
+	}
+	fake.mu.Unlock()
+	return code
+}
+
+var fake struct {
+	mu    sync.Mutex
+	c     *kfake.Cluster
+	addrs []string
+}
+
+// brokers returns KAFKA_BROKERS or the shared kfake cluster's address.
+func brokers(t testing.TB) []string {
+	t.Helper()
+	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
+		return strings.Split(env, ",")
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if fake.c == nil {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		require.NoError(t, err, "starting the in-process kfake broker")
+		fake.c, fake.addrs = c, c.ListenAddrs()
+	}
+	return fake.addrs
+}
+
+var topicSeq atomic.Int64
+
+var unsafeTopic = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
+
+// newTopics creates len(suffixes) topics of partitions partitions named
+// after the test, unique per run, and returns their names: the first
+// suffix is usually "" (the main topic), then ".retry", ".dlt".
+func newTopics(t testing.TB, partitions int, suffixes ...string) []string {
+	t.Helper()
+	base := fmt.Sprintf("caughtup-%s-%d-%d", unsafeTopic.ReplaceAllString(t.Name(), "_"),
+		time.Now().UnixNano()%1e9, topicSeq.Add(1))
+	if len(base) > 200 {
+		base = base[len(base)-200:]
+	}
+	rf := 1
+	if s := os.Getenv("KAFKA_REPLICATION_FACTOR"); s != "" {
+		var err error
+		rf, err = strconv.Atoi(s)
+		require.NoError(t, err, "KAFKA_REPLICATION_FACTOR")
+	}
+	names := make([]string, len(suffixes))
+	cfgs := make([]kafkago.TopicConfig, len(suffixes))
+	for i, s := range suffixes {
+		names[i] = base + s
+		cfgs[i] = kafkago.TopicConfig{Topic: names[i], NumPartitions: partitions, ReplicationFactor: rf}
+	}
+	bs := brokers(t)
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafkago.Client{Addr: kafkago.TCP(bs...), Transport: tr, Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: cfgs})
+	require.NoError(t, err, "creating topics %v", names)
+	for name, err := range resp.Errors {
+		require.NoError(t, err, "creating topic %s", name)
+	}
+	// A real cluster propagates new topics to every broker's metadata a
+	// little later; a group that joins before would get no partitions.
+	require.Eventually(t, func() bool {
+		md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: names})
+		if err != nil || len(md.Topics) != len(names) {
+			return false
+		}
+		for _, tp := range md.Topics {
+			if tp.Error != nil || len(tp.Partitions) != partitions {
+				return false
+			}
+			for _, p := range tp.Partitions {
+				if p.Error != nil || p.Leader.Host == "" {
+					return false
+				}
+			}
+		}
+		return true
+	}, 15*time.Second, 20*time.Millisecond, "topics %v never showed all their partitions", names)
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		t.Cleanup(func() {
+			tr := &kafkago.Transport{}
+			defer tr.CloseIdleConnections()
+			cl := &kafkago.Client{Addr: kafkago.TCP(bs...), Transport: tr, Timeout: 10 * time.Second}
+			_, _ = cl.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: names})
+		})
+	}
+	return names
+}
+
+// newWriter returns a kafka-go Writer with the settings the package
+// documentation asks for, tuned for tests (5ms batches), closed at cleanup.
+func newWriter(t testing.TB, topic string) *kafkago.Writer {
+	t.Helper()
+	tr := &kafkago.Transport{}
+	w := &kafkago.Writer{
+		Addr:         kafkago.TCP(brokers(t)...),
+		Topic:        topic,
+		Balancer:     &kafkago.Hash{},
+		RequiredAcks: kafkago.RequireAll,
+		BatchTimeout: 5 * time.Millisecond,
+		Transport:    tr,
+	}
+	t.Cleanup(func() {
+		require.NoError(t, w.Close())
+		tr.CloseIdleConnections()
+	})
+	return w
+}
+
+var groupSeq atomic.Int64
+
+func newGroup(t testing.TB) string {
+	return fmt.Sprintf("caughtup-test-%d-%d", time.Now().UnixNano()%1e9, groupSeq.Add(1))
+}

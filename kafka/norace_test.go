@@ -1,0 +1,8 @@
+//go:build !race
+
+package kafka_test
+
+const (
+	raceEnabled = false
+	raceNote    = "without -race"
+)

@@ -1,0 +1,60 @@
+package kafka_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
+)
+
+// TestWithoutRouter: with no router the Consumer is a plain at-least-once
+// consumer: every message once, each key in order, committed on stop so a
+// second consumer in the group reads nothing again.
+func TestWithoutRouter(t *testing.T) {
+	t.Parallel()
+	const n, keys = 1000, 10
+	topic := newTopics(t, 4, "")[0]
+	var msgs []kafkago.Message
+	for i := range n {
+		msgs = append(msgs, kafkago.Message{Key: []byte(strconv.Itoa(i % keys)), Value: []byte(strconv.Itoa(i))})
+	}
+	require.NoError(t, newWriter(t, topic).WriteMessages(t.Context(), msgs...))
+
+	var mu sync.Mutex
+	seen := map[int]int{}
+	last := map[string]int{}
+	var violations int
+	handle := func(ctx context.Context, m kafkago.Message) error {
+		i, err := strconv.Atoi(string(m.Value))
+		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
+		if p, ok := last[string(m.Key)]; ok && p >= i {
+			violations++
+		}
+		last[string(m.Key)] = i
+		seen[i]++
+		return nil
+	}
+	group := newGroup(t)
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group}, handle)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.stop())
+
+	again := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group}, handle)
+	require.NoError(t, newWriter(t, topic).WriteMessages(t.Context(), kafkago.Message{Key: []byte("0"), Value: []byte(strconv.Itoa(n))}))
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n+1 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, again.stop())
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n + 1 {
+		require.Equal(t, 1, seen[i], "message %d", i)
+	}
+	require.Zero(t, violations)
+}

@@ -1,0 +1,221 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/caughtup/caughtup/consume"
+)
+
+// minDeferDelay keeps a deferral that asks for no delay from spinning.
+const minDeferDelay = 10 * time.Millisecond
+
+// maxErrorHeader bounds the error text written on a dead letter.
+const maxErrorHeader = 1024
+
+// process runs one message to its end: handled, republished to the retry
+// topic, or dead-lettered. It returns false if ctx ended first; the
+// message must then stay uncommitted, to be delivered again.
+func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, tc *topicCounts) bool {
+	attempts := 0
+	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
+		n, _ := headerInt(msg.Headers, HeaderAttempts)
+		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
+		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
+			// Retry partitions are roughly in due order (each message is
+			// appended at now+delay), so waiting here for the head costs
+			// the messages behind it little.
+			if !sleep(ctx, time.Until(time.UnixMilli(due))) {
+				return false
+			}
+		}
+	}
+	for {
+		hctx := ctx
+		if attempts > 0 {
+			hctx = context.WithValue(ctx, attemptKey{}, attempts)
+		}
+		err := c.call(hctx, msg)
+		if err == nil {
+			tc.add(handled)
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		var de *consume.DeferError
+		if errors.As(err, &de) {
+			delay := max(de.Delay, minDeferDelay)
+			if c.cfg.Mode == RetryTopic {
+				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts) {
+					return false
+				}
+				tc.add(deferred)
+				return true
+			}
+			// InPlace: keep the partition's order and wait here. Route
+			// bounds this loop: once the token is older than the router's
+			// MaxAge it sends the message to the primary.
+			tc.add(waited)
+			if !sleep(ctx, delay) {
+				return false
+			}
+			continue
+		}
+		attempts++
+		if attempts >= c.cfg.MaxAttempts {
+			return c.deadLetter(ctx, w, msg, attempts, err, tc)
+		}
+		delay := c.cfg.retryDelay(attempts)
+		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
+			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
+			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
+		tc.add(retried)
+		if c.cfg.Mode == RetryTopic {
+			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts)
+		}
+		if !sleep(ctx, delay) {
+			return false
+		}
+	}
+}
+
+type attemptKey struct{}
+
+// Attempt returns how many times the handler already failed on the message
+// being handled in ctx: 0 on the first attempt. Deferrals (waiting for a
+// replica) never count. In RetryTopic mode the count travels with the
+// message in HeaderAttempts.
+func Attempt(ctx context.Context) int {
+	n, _ := ctx.Value(attemptKey{}).(int)
+	return n
+}
+
+// call runs the handler, turning a panic into an error so that one bad
+// message is retried and dead-lettered instead of killing the process.
+func (c *Consumer) call(ctx context.Context, msg kafkago.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.ErrorContext(ctx, "caughtup/kafka: handler panicked", slog.Any("panic", r),
+				slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("caughtup/kafka: handler panicked: %v", r)
+		}
+	}()
+	return c.handler(ctx, msg)
+}
+
+// republish writes msg to the retry topic, due at due, and waits for the
+// broker's acknowledgement. The original is committed only afterwards, so
+// a crash in between delivers the original again and the retry topic gets
+// a duplicate: nothing is lost.
+func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafkago.Message, due time.Time, attempts int) bool {
+	out := derived(msg, c.cfg.RetryTopic, attempts)
+	out.Headers = append(out.Headers, kafkago.Header{Key: HeaderDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)})
+	if !c.publish(ctx, w, out) {
+		return false
+	}
+	if c.afterRepublish != nil {
+		c.afterRepublish(msg)
+	}
+	return true
+}
+
+// deadLetter hands a message that failed attempts times to the hook or the
+// dead-letter topic, retrying until that succeeds or ctx ends: a message
+// is never committed unless it was handled or parked somewhere.
+func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, tc *topicCounts) bool {
+	c.log.ErrorContext(ctx, "caughtup/kafka: handler failed on every attempt; dead-lettering the message",
+		slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
+		slog.Int("attempts", attempts), slog.Any("error", cause))
+	ok := false
+	if c.cfg.DeadLetter != nil {
+		for n := 1; ; n++ {
+			err := c.cfg.DeadLetter(ctx, msg, cause)
+			if err == nil {
+				ok = true
+				break
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			c.log.WarnContext(ctx, "caughtup/kafka: the dead-letter hook failed; calling it again", slog.Any("error", err))
+			if !sleep(ctx, backoff(n, 100*time.Millisecond, 10*time.Second)) {
+				break
+			}
+		}
+	} else {
+		out := derived(msg, c.cfg.DeadLetterTopic, attempts)
+		text := cause.Error()
+		if len(text) > maxErrorHeader {
+			text = text[:maxErrorHeader]
+		}
+		out.Headers = append(out.Headers, kafkago.Header{Key: HeaderError, Value: []byte(text)})
+		ok = c.publish(ctx, w, out)
+	}
+	if ok {
+		tc.add(deadLettered)
+	}
+	return ok
+}
+
+// publish writes m until the broker acknowledges it or ctx ends.
+func (c *Consumer) publish(ctx context.Context, w MessageWriter, m kafkago.Message) bool {
+	for n := 1; ; n++ {
+		err := w.WriteMessages(ctx, m)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.log.WarnContext(ctx, "caughtup/kafka: writing to a retry or dead-letter topic failed; retrying",
+			slog.String("topic", m.Topic), slog.Any("error", err))
+		if !sleep(ctx, backoff(n, 100*time.Millisecond, 10*time.Second)) {
+			return false
+		}
+	}
+}
+
+// derived is msg addressed to topic: same key, value and headers (the
+// token among them, unchanged), the origin recorded once, and the attempt
+// count replaced. The due time is the caller's to add.
+func derived(msg kafkago.Message, topic string, attempts int) kafkago.Message {
+	hs := make([]kafkago.Header, 0, len(msg.Headers)+6)
+	origin := false
+	for _, h := range msg.Headers {
+		switch h.Key {
+		case HeaderDue, HeaderAttempts, HeaderError:
+			continue
+		case HeaderOriginTopic:
+			origin = true
+		}
+		hs = append(hs, h)
+	}
+	if !origin {
+		hs = append(hs,
+			kafkago.Header{Key: HeaderOriginTopic, Value: []byte(msg.Topic)},
+			kafkago.Header{Key: HeaderOriginPartition, Value: strconv.AppendInt(nil, int64(msg.Partition), 10)},
+			kafkago.Header{Key: HeaderOriginOffset, Value: strconv.AppendInt(nil, msg.Offset, 10)},
+		)
+	}
+	hs = append(hs, kafkago.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)})
+	return kafkago.Message{Topic: topic, Key: msg.Key, Value: msg.Value, Headers: hs}
+}
+
+// headerInt returns the last header key as a decimal integer.
+func headerInt(hs []kafkago.Header, key string) (int64, bool) {
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == key {
+			n, err := strconv.ParseInt(string(hs[i].Value), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,261 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
+)
+
+func header(msg kafkago.Message, key string) string {
+	for i := len(msg.Headers) - 1; i >= 0; i-- {
+		if msg.Headers[i].Key == key {
+			return string(msg.Headers[i].Value)
+		}
+	}
+	return ""
+}
+
+// TestRetryTopicRunsDeferredMessageWhenDue: with every replica paused, a
+// stamped message is deferred to the retry topic (the partition moves on:
+// a later message without a token runs at once on the primary); once
+// replay resumes it runs from the retry topic, after its due time, on a
+// replica that has its row.
+func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
+	e := setupDB(t, func(c *consume.Config) {
+		c.WaitBudget = 100 * time.Millisecond
+		c.DeferInitial = 300 * time.Millisecond
+		c.DeferMax = time.Second
+	})
+	names := newTopics(t, 3, "", ".retry", ".dlt")
+	type run struct {
+		topic   string
+		dec     consume.Decision
+		due     string
+		at      time.Time
+		found   bool
+		attempt int
+	}
+	runs := make(chan run, 16)
+	startConsumer(t, caughtupkafka.ConsumerConfig{
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+	}, func(ctx context.Context, msg kafkago.Message) error {
+		r := run{topic: msg.Topic, due: header(msg, caughtupkafka.HeaderDue), at: time.Now(), attempt: caughtupkafka.Attempt(ctx)}
+		r.dec, _ = consume.DecisionFrom(ctx)
+		if string(msg.Value) == "stamped" {
+			var n int
+			err := consume.DB(ctx, "main").QueryRow(ctx, `SELECT count(*) FROM items WHERE id = 1`).Scan(&n)
+			if err != nil {
+				return err
+			}
+			r.found = n == 1
+		}
+		runs <- r
+		return nil
+	})
+	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
+
+	e.pauseAll(t)
+	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	require.NoError(t, err)
+	require.NoError(t, w.WriteMessages(ctx, kafkago.Message{Key: []byte("k"), Value: []byte("stamped")}))
+	require.NoError(t, w.WriteMessages(t.Context(), kafkago.Message{Key: []byte("k"), Value: []byte("unstamped")}))
+
+	var first run
+	select {
+	case first = <-runs:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unstamped message behind the deferred one did not run")
+	}
+	require.Equal(t, names[0], first.topic)
+	require.Equal(t, consume.OutcomePrimaryNoToken, first.dec.Outcome, "only the unstamped message can run while replay is paused")
+	require.Eventually(t, func() bool { return e.results(t)["deferred"] > 0 }, 10*time.Second, 20*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	require.Empty(t, runs, "the stamped message ran while every replica was paused")
+
+	e.resumeAll(t)
+	var second run
+	select {
+	case second = <-runs:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the deferred message did not run after replay resumed")
+	}
+	require.Equal(t, names[1], second.topic, "the deferred message runs from the retry topic")
+	require.True(t, second.found, "the deferred message did not find its row")
+	require.Contains(t, []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited}, second.dec.Outcome)
+	due, err := strconv.ParseInt(second.due, 10, 64)
+	require.NoError(t, err)
+	require.False(t, second.at.Before(time.UnixMilli(due)), "ran at %v, before its due time %v", second.at, time.UnixMilli(due))
+	require.Zero(t, second.attempt, "a deferral counted as a failed attempt")
+	t.Logf("results %v; outcomes %v", e.results(t), e.outcomes(t))
+}
+
+// TestRetryTopicCrashBetweenRepublishAndCommit: the consumer dies after a
+// deferred message was written to the retry topic and before the
+// original's offset was committed. The original is delivered again to the
+// next consumer in the group and the message runs (at least once).
+func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
+	t.Parallel()
+	const maxAge = 2 * time.Second
+	e := setupDB(t, func(c *consume.Config) {
+		fastRouter(c)
+		c.MaxAge = maxAge
+	})
+	names := newTopics(t, 2, "", ".retry", ".dlt")
+	group := newGroup(t)
+	var mainSeen, warm, handled atomic.Int64
+	h := func(ctx context.Context, msg kafkago.Message) error {
+		if string(msg.Value) == "warm-up" {
+			warm.Add(1)
+			return nil
+		}
+		if msg.Topic == names[0] {
+			mainSeen.Add(1) // the original ran directly (its token outgrew MaxAge)
+		}
+		handled.Add(1)
+		return nil
+	}
+	var republished atomic.Int64
+	cfg := caughtupkafka.ConsumerConfig{Topic: names[0], GroupID: group, Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed}
+	var first *running
+	crashed := make(chan struct{})
+	first = startConsumer(t, cfg, h, func(c *caughtupkafka.Consumer) {
+		c.SetAfterRepublish(func(msg kafkago.Message) {
+			if republished.Add(1) == 1 {
+				c.Crash()
+				close(crashed)
+			}
+		})
+	})
+	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
+	// Let the group join first (a real cluster delays the first join), so
+	// that the token is still younger than MaxAge when it is routed.
+	require.NoError(t, w.WriteMessages(t.Context(), kafkago.Message{Key: []byte("w"), Value: []byte("warm-up")}))
+	require.Eventually(t, func() bool { return warm.Load() == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, w.WriteMessages(enqueue.WithToken(t.Context(), e.farAhead(t)),
+		kafkago.Message{Key: []byte("k"), Value: []byte("deferred")}))
+	select {
+	case <-crashed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the message was never republished")
+	}
+	require.NoError(t, first.stop())
+
+	startConsumer(t, cfg, h, func(c *caughtupkafka.Consumer) {
+		c.SetAfterRepublish(func(msg kafkago.Message) {
+			if msg.Topic == names[0] {
+				mainSeen.Add(1)
+			}
+		})
+	})
+	require.Eventually(t, func() bool { return handled.Load() >= 1 }, maxAge+30*time.Second, 20*time.Millisecond,
+		"the message was lost")
+	require.Eventually(t, func() bool { return mainSeen.Load() > 0 }, 30*time.Second, 20*time.Millisecond,
+		"the original was not delivered again after the crash")
+	t.Logf("handler runs %d (duplicates allowed); the original was delivered again %d time(s) after the crash",
+		handled.Load(), mainSeen.Load())
+}
+
+// TestDeadLetterInPlace: a message whose handler always fails is tried
+// MaxAttempts times with backoff, then written to the dead-letter topic
+// with the error and its origin; the messages behind it then run, in
+// order.
+func TestDeadLetterInPlace(t *testing.T) {
+	t.Parallel()
+	names := newTopics(t, 2, "", ".dlt")
+	var mu sync.Mutex
+	var attempts []int
+	var order []string
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[0], MaxAttempts: 3},
+		func(ctx context.Context, msg kafkago.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if string(msg.Value) == "poison" {
+				attempts = append(attempts, caughtupkafka.Attempt(ctx))
+				return errors.New("poison pill")
+			}
+			order = append(order, string(msg.Value))
+			return nil
+		})
+	dead := make(chan kafkago.Message, 4)
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[1]}, func(ctx context.Context, msg kafkago.Message) error {
+		dead <- msg
+		return nil
+	})
+	w := newWriter(t, names[0])
+	require.NoError(t, w.WriteMessages(t.Context(),
+		kafkago.Message{Key: []byte("k"), Value: []byte("poison")},
+		kafkago.Message{Key: []byte("k"), Value: []byte("a")},
+		kafkago.Message{Key: []byte("k"), Value: []byte("b")}))
+
+	var msg kafkago.Message
+	select {
+	case msg = <-dead:
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing reached the dead-letter topic")
+	}
+	require.Equal(t, "poison", string(msg.Value))
+	require.Equal(t, "k", string(msg.Key))
+	require.Equal(t, "poison pill", header(msg, caughtupkafka.HeaderError))
+	require.Equal(t, "3", header(msg, caughtupkafka.HeaderAttempts))
+	require.Equal(t, names[0], header(msg, caughtupkafka.HeaderOriginTopic))
+	require.Equal(t, "0", header(msg, caughtupkafka.HeaderOriginOffset))
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 2 }, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 1, 2}, attempts)
+	require.Equal(t, []string{"a", "b"}, order)
+}
+
+// TestDeadLetterHookRetryTopic: in RetryTopic mode failed attempts go
+// through the retry topic (the partition does not wait for them), and the
+// hook replaces the dead-letter topic.
+func TestDeadLetterHookRetryTopic(t *testing.T) {
+	t.Parallel()
+	names := newTopics(t, 2, "", ".retry")
+	var mu sync.Mutex
+	var attempts []int
+	var order []string
+	hooked := make(chan error, 2)
+	startConsumer(t, caughtupkafka.ConsumerConfig{
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, MaxAttempts: 2,
+		DeadLetter: func(ctx context.Context, msg kafkago.Message, err error) error {
+			hooked <- err
+			return nil
+		},
+	}, func(ctx context.Context, msg kafkago.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if string(msg.Value) == "poison" {
+			attempts = append(attempts, caughtupkafka.Attempt(ctx))
+			return errors.New("poison pill")
+		}
+		order = append(order, string(msg.Value))
+		return nil
+	})
+	w := newWriter(t, names[0])
+	require.NoError(t, w.WriteMessages(t.Context(),
+		kafkago.Message{Key: []byte("k"), Value: []byte("poison")},
+		kafkago.Message{Key: []byte("k"), Value: []byte("a")}))
+	select {
+	case err := <-hooked:
+		require.EqualError(t, err, "poison pill")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dead-letter hook was not called")
+	}
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 1 }, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{0, 1}, attempts)
+	require.Equal(t, []string{"a"}, order)
+}

@@ -1,0 +1,220 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/position"
+)
+
+// captureWriter records what it is asked to write.
+type captureWriter struct {
+	got []kafkago.Message
+	err error
+}
+
+func (w *captureWriter) WriteMessages(_ context.Context, msgs ...kafkago.Message) error {
+	w.got = append(w.got, msgs...)
+	return w.err
+}
+
+var epoch = position.Epoch{SystemID: 0x6f1e2d3c4b5a6978, Timeline: 1}
+
+func tokenAt(lsn string, db ...string) position.Token {
+	name := "main"
+	if len(db) > 0 {
+		name = db[0]
+	}
+	return position.New(name, epoch, position.MustParseLSN(lsn), position.SourcePrimary, time.UnixMilli(1_700_000_000_000))
+}
+
+func tokenHeaders(msg kafkago.Message) []string {
+	var out []string
+	for _, h := range msg.Headers {
+		if h.Key == position.HeaderName {
+			out = append(out, string(h.Value))
+		}
+	}
+	return out
+}
+
+func decoded(t *testing.T, s string) position.Token {
+	t.Helper()
+	tok, err := position.Decode(s)
+	require.NoError(t, err)
+	return tok
+}
+
+func TestWriterStampsTheContextsToken(t *testing.T) {
+	t.Parallel()
+	tok := tokenAt("0/16B3740")
+	ctx := enqueue.WithToken(context.Background(), tok)
+	var cw captureWriter
+	in := []kafkago.Message{
+		{Key: []byte("a"), Value: []byte("1"), Headers: []kafkago.Header{{Key: "trace", Value: []byte("x")}}},
+		{Key: []byte("b"), Value: []byte("2")},
+	}
+	require.NoError(t, caughtupkafka.NewWriter(&cw).WriteMessages(ctx, in...))
+	require.Len(t, cw.got, 2)
+	want, err := tok.Encode()
+	require.NoError(t, err)
+	for _, m := range cw.got {
+		require.Equal(t, []string{want}, tokenHeaders(m))
+	}
+	require.Equal(t, "trace", cw.got[0].Headers[0].Key, "other headers are kept")
+	require.Len(t, in[0].Headers, 1, "the caller's messages are not modified")
+	require.Empty(t, in[1].Headers)
+}
+
+func TestWriterWithoutTokenWritesNoHeader(t *testing.T) {
+	t.Parallel()
+	var cw captureWriter
+	cw.err = errors.New("broker down")
+	err := caughtupkafka.NewWriter(&cw).WriteMessages(context.Background(), kafkago.Message{Value: []byte("1")})
+	require.EqualError(t, err, "broker down", "the wrapped writer's error is returned as is")
+	require.Empty(t, tokenHeaders(cw.got[0]))
+}
+
+func TestStampMergesAnExistingToken(t *testing.T) {
+	t.Parallel()
+	ctx := enqueue.WithToken(context.Background(), tokenAt("0/1000"))
+	older, _ := tokenAt("0/2000").Encode()
+	other, _ := tokenAt("1/0", "billing").Encode()
+	msg := kafkago.Message{Headers: []kafkago.Header{
+		{Key: position.HeaderName, Value: []byte(older)},
+		{Key: "x", Value: []byte("y")},
+		{Key: position.HeaderName, Value: []byte(other)},
+	}}
+	shared := msg.Headers
+	require.NoError(t, caughtupkafka.Stamp(ctx, &msg))
+	hs := tokenHeaders(msg)
+	require.Len(t, hs, 1, "duplicate token headers are folded into one")
+	got := decoded(t, hs[0])
+	main, _ := got.Entry("main")
+	require.Equal(t, position.MustParseLSN("0/2000"), main.LSN, "the furthest position wins")
+	billing, ok := got.Entry("billing")
+	require.True(t, ok)
+	require.Equal(t, position.MustParseLSN("1/0"), billing.LSN)
+	require.Equal(t, older, string(shared[0].Value), "a shared header slice is not modified")
+}
+
+func TestStampKeepsAnUnreadableToken(t *testing.T) {
+	t.Parallel()
+	ctx := enqueue.WithToken(context.Background(), tokenAt("0/1000"))
+	msg := kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte("v9;from-the-future")}}}
+	require.NoError(t, caughtupkafka.Stamp(ctx, &msg))
+	require.Equal(t, []string{"v9;from-the-future"}, tokenHeaders(msg),
+		"an unreadable token stays, so the consumer reads the primary")
+}
+
+func TestStampedLeavesMessagesAloneWithoutToken(t *testing.T) {
+	t.Parallel()
+	in := []kafkago.Message{{Value: []byte("1")}}
+	out, err := caughtupkafka.Stamped(context.Background(), in)
+	require.NoError(t, err)
+	require.Equal(t, in, out)
+}
+
+func TestTokenHeader(t *testing.T) {
+	t.Parallel()
+	a, _ := tokenAt("0/1000").Encode()
+	b, _ := tokenAt("0/3000").Encode()
+	require.Empty(t, caughtupkafka.TokenHeader(kafkago.Message{}))
+	require.Equal(t, a, caughtupkafka.TokenHeader(kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte(a)}}}))
+	merged := caughtupkafka.TokenHeader(kafkago.Message{Headers: []kafkago.Header{
+		{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte(b)},
+	}})
+	e, _ := decoded(t, merged).Entry("main")
+	require.Equal(t, position.MustParseLSN("0/3000"), e.LSN)
+	bad := caughtupkafka.TokenHeader(kafkago.Message{Headers: []kafkago.Header{
+		{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte("garbage")},
+	}})
+	require.Equal(t, "garbage", bad, "an undecodable header is passed on so that Route reads the primary")
+}
+
+func TestConsumerConfigValidation(t *testing.T) {
+	t.Parallel()
+	h := func(context.Context, kafkago.Message) error { return nil }
+	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t"}
+	_, err := caughtupkafka.NewConsumer(ok, h)
+	require.NoError(t, err)
+	_, err = caughtupkafka.NewConsumer(ok, nil)
+	require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig)
+
+	cfg := ok.WithDefaults()
+	require.Equal(t, "t.retry", cfg.RetryTopic)
+	require.Equal(t, "t.dlt", cfg.DeadLetterTopic)
+	require.Equal(t, caughtupkafka.DefaultMaxAttempts, cfg.MaxAttempts)
+	require.Equal(t, kafkago.FirstOffset, cfg.StartOffset)
+
+	for name, mutate := range map[string]func(*caughtupkafka.ConsumerConfig){
+		"no brokers":    func(c *caughtupkafka.ConsumerConfig) { c.Brokers = nil },
+		"no group":      func(c *caughtupkafka.ConsumerConfig) { c.GroupID = "" },
+		"no topic":      func(c *caughtupkafka.ConsumerConfig) { c.Topic = "" },
+		"bad mode":      func(c *caughtupkafka.ConsumerConfig) { c.Mode = 7 },
+		"retry is main": func(c *caughtupkafka.ConsumerConfig) { c.Mode, c.RetryTopic = caughtupkafka.RetryTopic, "t" },
+		"dlt is main":   func(c *caughtupkafka.ConsumerConfig) { c.DeadLetterTopic = "t" },
+		"attempts":      func(c *caughtupkafka.ConsumerConfig) { c.MaxAttempts = -1 },
+		"backoff": func(c *caughtupkafka.ConsumerConfig) {
+			c.RetryBackoffInitial, c.RetryBackoffMax = time.Second, time.Millisecond
+		},
+		"start offset":     func(c *caughtupkafka.ConsumerConfig) { c.StartOffset = 42 },
+		"negative commits": func(c *caughtupkafka.ConsumerConfig) { c.CommitInterval = -time.Second },
+	} {
+		c := ok
+		mutate(&c)
+		_, err := caughtupkafka.NewConsumer(c, h)
+		require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig, name)
+		require.True(t, strings.HasPrefix(err.Error(), "caughtup/kafka: invalid consumer config: "), name)
+	}
+}
+
+func TestRunTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	topic := newTopics(t, 1, "")[0]
+	ran := make(chan struct{}, 1)
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic}, func(context.Context, kafkago.Message) error {
+		ran <- struct{}{}
+		return nil
+	})
+	require.NoError(t, newWriter(t, topic).WriteMessages(t.Context(), kafkago.Message{Value: []byte("x")}))
+	<-ran
+	require.ErrorIs(t, r.c.Run(context.Background()), caughtupkafka.ErrRunning)
+}
+
+// TestMiddlewareRoutesAndDefers exercises the decorator on its own, as code
+// with its own consume loop would use it.
+func TestMiddlewareRoutesAndDefers(t *testing.T) {
+	t.Parallel()
+	e := setupDB(t, func(c *consume.Config) { c.WaitBudget = -1 })
+	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	require.NoError(t, err)
+	msg := kafkago.Message{Value: []byte("x")}
+	require.NoError(t, caughtupkafka.Stamp(ctx, &msg))
+	require.NoError(t, e.c.WaitReplicasCaughtUp(t.Context()))
+
+	var got consume.Decision
+	h := caughtupkafka.Middleware(e.router, consume.Delayed)(func(ctx context.Context, m kafkago.Message) error {
+		got, _ = consume.DecisionFrom(ctx)
+		require.NotNil(t, consume.DB(ctx, "main"))
+		return nil
+	})
+	require.Eventually(t, func() bool { return h(t.Context(), msg) == nil }, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, consume.OutcomeReplica, got.Outcome)
+
+	far := kafkago.Message{Value: []byte("x")}
+	require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(t.Context(), e.farAhead(t)), &far))
+	err = h(t.Context(), far)
+	var de *consume.DeferError
+	require.ErrorAs(t, err, &de, "a message no replica can serve is returned as a deferral")
+	require.Positive(t, de.Delay)
+}
