@@ -141,7 +141,7 @@ func (ct *control) dest() []any {
 }
 
 func (ct *control) server() (server, error) {
-	id, err := parseSystemID(ct.sysID)
+	id, err := position.ParseSystemIdentifier(ct.sysID)
 	if err != nil {
 		return server{}, err
 	}
@@ -198,7 +198,7 @@ func (c *Capturer) Capture(ctx context.Context, conn *pgx.Conn) (position.Token,
 	if err != nil {
 		return position.Token{}, err
 	}
-	tli, err := timelineFromWALFile(walfile)
+	tli, err := position.TimelineFromWALFileName(walfile)
 	if err != nil {
 		return position.Token{}, err
 	}
@@ -276,7 +276,7 @@ func (c *Capturer) ReplicaRead(ctx context.Context, conn *pgx.Conn) (position.To
 		if tliText == nil {
 			return position.Token{}, fmt.Errorf("caughtup/enqueue: pg_walfile_name returned NULL")
 		}
-		if tli, err = timelineFromWALFile(*tliText); err != nil {
+		if tli, err = position.TimelineFromWALFileName(*tliText); err != nil {
 			return position.Token{}, err
 		}
 	case tliText == nil && receiver:
@@ -324,27 +324,4 @@ func queryError(err error) error {
 		return fmt.Errorf("%w: %w", ErrNotPrimary, err)
 	}
 	return fmt.Errorf("caughtup/enqueue: reading the WAL position: %w", err)
-}
-
-// parseSystemID reads pg_control_system().system_identifier, a uint64 the
-// server returns as a (possibly negative) bigint.
-func parseSystemID(s string) (uint64, error) {
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v == 0 {
-		return 0, fmt.Errorf("caughtup/enqueue: unexpected system identifier %q", s)
-	}
-	return uint64(v), nil
-}
-
-// timelineFromWALFile reads the timeline from a WAL segment file name
-// (24 hex digits: timeline, log, segment), as pg_walfile_name returns it.
-func timelineFromWALFile(name string) (uint32, error) {
-	if len(name) != 24 {
-		return 0, fmt.Errorf("caughtup/enqueue: unexpected WAL file name %q", name)
-	}
-	v, err := strconv.ParseUint(name[:8], 16, 32)
-	if err != nil || v == 0 {
-		return 0, fmt.Errorf("caughtup/enqueue: unexpected WAL file name %q", name)
-	}
-	return uint32(v), nil
 }

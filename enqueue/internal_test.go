@@ -2,45 +2,12 @@ package enqueue
 
 import (
 	"runtime"
-
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
-
-func TestTimelineFromWALFile(t *testing.T) {
-	t.Parallel()
-	for name, want := range map[string]uint32{
-		"000000010000000000000001": 1,
-		"0000000A00000003000000FF": 10,
-		"FFFFFFFF0000000000000000": 0xFFFFFFFF,
-	} {
-		got, err := timelineFromWALFile(name)
-		require.NoError(t, err, name)
-		require.Equal(t, want, got, name)
-	}
-	for _, bad := range []string{"", "00000001", "000000000000000000000001", "0000000G0000000000000001", "0000000100000000000000011"} {
-		_, err := timelineFromWALFile(bad)
-		require.Error(t, err, bad)
-	}
-}
-
-func TestParseSystemID(t *testing.T) {
-	t.Parallel()
-	got, err := parseSystemID("7577386413392342042")
-	require.NoError(t, err)
-	require.Equal(t, uint64(7577386413392342042), got)
-	// bigint carries the uint64 bit pattern; negative values round-trip.
-	got, err = parseSystemID("-1")
-	require.NoError(t, err)
-	require.Equal(t, ^uint64(0), got)
-	for _, bad := range []string{"", "0", "x", "18446744073709551615"} {
-		_, err := parseSystemID(bad)
-		require.Error(t, err, bad)
-	}
-}
 
 func TestSysIDCache(t *testing.T) {
 	t.Parallel()

@@ -238,9 +238,9 @@ func (r *LogicalRelay) Run(ctx context.Context) error {
 			return nil
 		}
 		if progressed || time.Since(began) > r.cfg.MaxBackoff {
-			bo.reset()
+			bo.Reset()
 		}
-		wait := bo.next()
+		wait := bo.NextBackOff()
 		stage := "replication"
 		var re *RelayError
 		if errors.As(err, &re) {

@@ -1,12 +1,13 @@
 package outbox
 
 import (
+	"github.com/cenkalti/backoff/v4"
+
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -205,14 +206,14 @@ func (r *PollingRelay) Run(ctx context.Context) error {
 		wait := time.Duration(0)
 		switch {
 		case err != nil:
-			wait = bo.next()
+			wait = bo.NextBackOff()
 			r.cfg.Logger.WarnContext(ctx, "caughtup/outbox: polling relay batch failed; retrying",
 				"table", r.table.String(), "error", err, "retry_in", wait)
 		case n < r.cfg.BatchSize:
-			bo.reset()
+			bo.Reset()
 			wait = r.cfg.PollInterval
 		default:
-			bo.reset()
+			bo.Reset()
 		}
 		if wait > 0 && !sleepCtx(ctx, wait) {
 			return nil
@@ -331,7 +332,7 @@ func (r *PollingRelay) stampToken(ctx context.Context, tx pgx.Tx) (position.Toke
 		return position.Token{}, err
 	}
 	if sysID == 0 {
-		if sysID, err = parseSystemID(sysText); err != nil {
+		if sysID, err = position.ParseSystemIdentifier(sysText); err != nil {
 			return position.Token{}, err
 		}
 		r.mu.Lock()
@@ -342,7 +343,7 @@ func (r *PollingRelay) stampToken(ctx context.Context, tx pgx.Tx) (position.Toke
 	if err != nil {
 		return position.Token{}, err
 	}
-	tli, err := timelineFromWALFile(walfile)
+	tli, err := position.TimelineFromWALFileName(walfile)
 	if err != nil {
 		return position.Token{}, err
 	}
@@ -372,51 +373,18 @@ func parseHeaders(raw []byte) map[string]string {
 	return out
 }
 
-// parseSystemID reads pg_control_system().system_identifier, a uint64 the
-// server prints as a (possibly negative) bigint.
-func parseSystemID(s string) (uint64, error) {
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v == 0 {
-		u, uerr := strconv.ParseUint(s, 10, 64)
-		if uerr != nil || u == 0 {
-			return 0, fmt.Errorf("caughtup/outbox: unexpected system identifier %q", s)
-		}
-		return u, nil
-	}
-	return uint64(v), nil
+// newBackoff doubles from min to max without jitter: a handful of relay
+// instances do not stampede, and a predictable pause is easier to reason
+// about in logs. It never stops on its own (MaxElapsedTime 0).
+func newBackoff(min, max time.Duration) *backoff.ExponentialBackOff {
+	return backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(min),
+		backoff.WithMaxInterval(max),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0),
+		backoff.WithMaxElapsedTime(0),
+	)
 }
-
-// timelineFromWALFile reads the timeline from a WAL segment file name (24
-// hex digits: timeline, log, segment).
-func timelineFromWALFile(name string) (uint32, error) {
-	if len(name) != 24 {
-		return 0, fmt.Errorf("caughtup/outbox: unexpected WAL file name %q", name)
-	}
-	v, err := strconv.ParseUint(name[:8], 16, 32)
-	if err != nil || v == 0 {
-		return 0, fmt.Errorf("caughtup/outbox: unexpected WAL file name %q", name)
-	}
-	return uint32(v), nil
-}
-
-// backoff doubles from min to max; jitter is unnecessary with a handful of
-// relay instances.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func newBackoff(min, max time.Duration) *backoff { return &backoff{min: min, max: max} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else if b.cur *= 2; b.cur > b.max {
-		b.cur = b.max
-	}
-	return b.cur
-}
-
-func (b *backoff) reset() { b.cur = 0 }
 
 // sleepCtx waits d or until ctx is done; false means ctx is done.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
