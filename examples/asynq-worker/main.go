@@ -22,13 +22,14 @@
 package main
 
 import (
+	"github.com/caughtup/caughtup/internal/examplesvc"
+
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strconv"
@@ -45,7 +46,6 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/pgtest"
 )
 
 func main() {
@@ -87,16 +87,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("-tasks, -producers and -concurrency must be positive")
 	}
 
-	svc, err := services(ctx, stderr)
+	svc, err := examplesvc.Postgres(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	defer svc.close()
-	if _, err := svc.primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, val text NOT NULL)`); err != nil {
+	defer svc.Close()
+	redisAddr, err := svc.Redis(ctx, stderr)
+	if err != nil {
 		return err
 	}
-	if svc.cluster != nil {
-		if err := svc.cluster.WaitReplicasCaughtUp(ctx); err != nil {
+	redisOpt := asynq.RedisClientOpt{Addr: redisAddr}
+	if _, err := svc.Primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, val text NOT NULL)`); err != nil {
+		return err
+	}
+	if svc.Cluster != nil {
+		if err := svc.Cluster.WaitReplicasCaughtUp(ctx); err != nil {
 			return err
 		}
 	}
@@ -104,7 +109,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The worker side: one router per process, the hooks on the server,
 	// the middleware on the mux.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases: map[string]consume.Database{"main": {Primary: svc.primary, Replicas: consume.Replicas(svc.replicas...)}},
+		Databases: map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
 		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
@@ -113,7 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer router.Close()
 
 	st := newStats(o.tasks)
-	srv := asynq.NewServer(svc.redis, caughtupasynq.ServerConfig(asynq.Config{
+	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{
 		Concurrency:       o.concurrency,
 		Queues:            map[string]int{"default": 1},
 		TaskCheckInterval: 100 * time.Millisecond,
@@ -131,16 +136,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	// The producer side: commit, then enqueue with the context the commit
 	// returned; the client stamps the task with its token.
-	aq := asynq.NewClient(svc.redis)
+	aq := asynq.NewClient(redisOpt)
 	defer aq.Close()
 	client := caughtupasynq.NewClient(aq)
 
 	pauseCtx, stopPausing := context.WithCancel(ctx)
 	var pauser sync.WaitGroup
-	if svc.cluster != nil && o.maxPause > 0 {
-		pauser.Go(func() { pauseRandomly(pauseCtx, svc.cluster.Replicas(), o.maxPause, stderr) })
+	if svc.Cluster != nil && o.maxPause > 0 {
+		pauser.Go(func() {
+			svc.Cluster.PauseRandomly(pauseCtx, o.maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
+		})
 	}
-	err = produce(ctx, o, svc.primary, client)
+	err = produce(ctx, o, svc.Primary, client)
 	stopPausing()
 	pauser.Wait()
 	if err != nil {
@@ -272,106 +279,4 @@ func (s *stats) details() string {
 		}
 	}
 	return b.String()
-}
-
-// svc is the services the program runs against.
-type svc struct {
-	primary  *pgxpool.Pool
-	replicas []*pgxpool.Pool
-	redis    asynq.RedisClientOpt
-	cluster  *pgtest.Cluster // nil for external services
-	closers  []func()
-}
-
-func (s *svc) close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
-	}
-}
-
-// services connects to the services the environment names, or starts
-// its own.
-func services(ctx context.Context, stderr io.Writer) (s *svc, err error) {
-	s = &svc{}
-	defer func() {
-		if err != nil {
-			s.close()
-		}
-	}()
-	primaryURL := os.Getenv("CAUGHTUP_PRIMARY_URL")
-	var replicaURLs []string
-	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
-		replicaURLs = strings.Split(v, ",")
-	}
-	if primaryURL == "" {
-		fmt.Fprintln(stderr, "starting a primary with two streaming replicas (set CAUGHTUP_PRIMARY_URL to use your own)")
-		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2})
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, func() { _ = c.Close() })
-		s.cluster = c
-		if err := c.CreateDatabase(ctx, "example"); err != nil {
-			return nil, err
-		}
-		primaryURL = c.Primary().DSN("example")
-		replicaURLs = nil
-		for _, n := range c.Replicas() {
-			replicaURLs = append(replicaURLs, n.DSN("example"))
-		}
-	}
-	if s.primary, err = pgxpool.New(ctx, primaryURL); err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, s.primary.Close)
-	for _, u := range replicaURLs {
-		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, p.Close)
-		s.replicas = append(s.replicas, p)
-	}
-	addr := os.Getenv("REDIS_ADDR")
-	if addr == "" {
-		r, err := pgtest.StartRedis(ctx)
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, func() { _ = r.Close() })
-		addr = r.Addr()
-	}
-	s.redis = asynq.RedisClientOpt{Addr: addr}
-	return s, nil
-}
-
-// pauseRandomly pauses replay on one or both replicas for random spells
-// of up to maxPause until ctx ends, and leaves them resumed.
-func pauseRandomly(ctx context.Context, replicas []*pgtest.Node, maxPause time.Duration, stderr io.Writer) {
-	bg := context.Background()
-	for ctx.Err() == nil {
-		paused := replicas
-		if rand.IntN(3) > 0 {
-			i := rand.IntN(len(replicas))
-			paused = replicas[i : i+1]
-		}
-		for _, n := range paused {
-			if err := n.PauseReplay(bg); err != nil {
-				fmt.Fprintln(stderr, "pause:", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(rand.N(maxPause + 1)):
-		}
-		for _, n := range paused {
-			if err := n.ResumeReplay(bg); err != nil {
-				fmt.Fprintln(stderr, "resume:", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(rand.N(300 * time.Millisecond)):
-		}
-	}
 }

@@ -26,13 +26,14 @@
 package main
 
 import (
+	"github.com/caughtup/caughtup/internal/examplesvc"
+
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"slices"
@@ -45,11 +46,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
@@ -89,23 +88,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("-messages, -keys and -partitions must be positive")
 	}
 
-	svc, err := services(ctx, stderr)
+	svc, err := examplesvc.Postgres(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	defer svc.close()
-	if _, err := svc.primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, key text NOT NULL, seq int NOT NULL)`); err != nil {
+	defer svc.Close()
+	brokers, err := svc.Kafka(stderr)
+	if err != nil {
+		return err
+	}
+	if _, err := svc.Primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, key text NOT NULL, seq int NOT NULL)`); err != nil {
 		return err
 	}
 	topic := fmt.Sprintf("caughtup-kafka-example-%d", time.Now().UnixNano())
-	if err := createTopics(ctx, svc.brokers, o.partitions, topic, topic+".dlt"); err != nil {
+	if err := createTopics(ctx, brokers, o.partitions, topic, topic+".dlt"); err != nil {
 		return err
 	}
 
 	// The consumer side: one router per process, a consumer group whose
 	// handler reads from the pool the router chose for each message.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases: map[string]consume.Database{"main": {Primary: svc.primary, Replicas: consume.Replicas(svc.replicas...)}},
+		Databases: map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
 		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
@@ -115,7 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	st := newStats(o.messages)
 	consumer, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
-		Brokers:        svc.brokers,
+		Brokers:        brokers,
 		GroupID:        topic + "-group",
 		Topic:          topic,
 		Router:         router,
@@ -140,13 +143,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Lag: random replay pauses on our own cluster while producing.
 	pctx, stopPauses := context.WithCancel(ctx)
 	var pauses sync.WaitGroup
-	if svc.cluster != nil && o.maxPause > 0 {
-		pauses.Go(func() { pauseRandomly(pctx, svc.cluster.Replicas(), o.maxPause, stderr) })
+	if svc.Cluster != nil && o.maxPause > 0 {
+		pauses.Go(func() {
+			svc.Cluster.PauseRandomly(pctx, o.maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
+		})
 	}
 
 	// The producer side: commit, then write the message with the context
 	// the commit returned; the writer stamps the position on it.
-	err = produce(ctx, svc, topic, o)
+	err = produce(ctx, svc.Primary, brokers, topic, o)
 	stopPauses()
 	pauses.Wait()
 	if err != nil {
@@ -175,10 +180,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // produce inserts rows 1..messages one transaction each and writes each
 // row's message right after its commit. One goroutine per key keeps each
 // key's messages in order.
-func produce(ctx context.Context, svc *svc, topic string, o options) error {
+func produce(ctx context.Context, primary *pgxpool.Pool, brokers []string, topic string, o options) error {
 	tr := &kafkago.Transport{}
 	kw := &kafkago.Writer{
-		Addr:         kafkago.TCP(svc.brokers...),
+		Addr:         kafkago.TCP(brokers...),
 		Topic:        topic,
 		Balancer:     &kafkago.Hash{},      // one key, one partition: per-key order
 		RequiredAcks: kafkago.RequireAll,   // an acknowledged message survives a leader change
@@ -197,7 +202,7 @@ func produce(ctx context.Context, svc *svc, topic string, o options) error {
 		wg.Go(func() {
 			key := fmt.Sprintf("user-%d", k)
 			for id, seq := k+1, 0; id <= o.messages; id, seq = id+o.keys, seq+1 {
-				mctx, err := enqueue.InTx(ctx, svc.primary, func(tx pgx.Tx) error {
+				mctx, err := enqueue.InTx(ctx, primary, func(tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, key, seq) VALUES ($1, $2, $3)`, id, key, seq)
 					return err
 				})
@@ -305,77 +310,6 @@ func (s *stats) outcomes() string {
 	return strings.Join(parts, " ")
 }
 
-type svc struct {
-	primary  *pgxpool.Pool
-	replicas []*pgxpool.Pool
-	brokers  []string
-	cluster  *pgtest.Cluster // nil for an external database
-	closers  []func()
-}
-
-func (s *svc) close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
-	}
-}
-
-// services connects to the services the environment names, or starts its
-// own.
-func services(ctx context.Context, stderr io.Writer) (s *svc, err error) {
-	s = &svc{}
-	defer func() {
-		if err != nil {
-			s.close()
-		}
-	}()
-	primaryURL := os.Getenv("CAUGHTUP_PRIMARY_URL")
-	var replicaURLs []string
-	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
-		replicaURLs = strings.Split(v, ",")
-	}
-	if primaryURL == "" {
-		fmt.Fprintln(stderr, "starting a primary with two streaming replicas (set CAUGHTUP_PRIMARY_URL to use your own)")
-		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2})
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, func() { _ = c.Close() })
-		s.cluster = c
-		if err := c.CreateDatabase(ctx, "example"); err != nil {
-			return nil, err
-		}
-		primaryURL = c.Primary().DSN("example")
-		replicaURLs = nil
-		for _, n := range c.Replicas() {
-			replicaURLs = append(replicaURLs, n.DSN("example"))
-		}
-	}
-	if s.primary, err = pgxpool.New(ctx, primaryURL); err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, s.primary.Close)
-	for _, u := range replicaURLs {
-		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, p.Close)
-		s.replicas = append(s.replicas, p)
-	}
-	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
-		s.brokers = strings.Split(b, ",")
-	} else {
-		fmt.Fprintln(stderr, "starting an in-process Kafka broker (set KAFKA_BROKERS to use your own)")
-		c, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, c.Close)
-		s.brokers = c.ListenAddrs()
-	}
-	return s, nil
-}
-
 // createTopics creates the topics with partitions partitions each.
 func createTopics(ctx context.Context, brokers []string, partitions int, names ...string) error {
 	tr := &kafkago.Transport{}
@@ -427,35 +361,4 @@ func ready(md *kafkago.MetadataResponse, topics, partitions int) bool {
 		}
 	}
 	return true
-}
-
-// pauseRandomly pauses replay on one or both replicas for random spells
-// of up to maxPause until ctx ends, and leaves them resumed.
-func pauseRandomly(ctx context.Context, replicas []*pgtest.Node, maxPause time.Duration, stderr io.Writer) {
-	bg := context.Background()
-	for ctx.Err() == nil {
-		paused := replicas
-		if rand.IntN(3) > 0 {
-			i := rand.IntN(len(replicas))
-			paused = replicas[i : i+1]
-		}
-		for _, n := range paused {
-			if err := n.PauseReplay(bg); err != nil {
-				fmt.Fprintln(stderr, "pause:", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(rand.N(maxPause)):
-		}
-		for _, n := range paused {
-			if err := n.ResumeReplay(bg); err != nil {
-				fmt.Fprintln(stderr, "resume:", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(rand.N(300 * time.Millisecond)):
-		}
-	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -281,7 +280,7 @@ func FreshReads(t *testing.T, cfg Config) Report {
 	pauserDone := make(chan struct{})
 	go func() {
 		defer close(pauserDone)
-		pauseRandomly(pauseCtx, t, e.cluster.Replicas(), cfg.MaxPause)
+		e.cluster.PauseRandomly(pauseCtx, cfg.MaxPause, 500*time.Millisecond, t.Errorf)
 	}()
 
 	ids := make(chan int64)
@@ -354,39 +353,6 @@ func FreshReads(t *testing.T, cfg Config) Report {
 		}
 	}
 	return rep
-}
-
-// pauseRandomly pauses replay on one or both replicas for random spells of
-// up to maxPause until ctx ends, and leaves every replica resumed.
-func pauseRandomly(ctx context.Context, t *testing.T, replicas []*pgtest.Node, maxPause time.Duration) {
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	bg := context.Background()
-	for ctx.Err() == nil {
-		var paused []*pgtest.Node
-		if rng.IntN(3) == 0 {
-			paused = replicas
-		} else {
-			paused = []*pgtest.Node{replicas[rng.IntN(len(replicas))]}
-		}
-		for _, n := range paused {
-			if err := n.PauseReplay(bg); err != nil {
-				t.Errorf("pause %s: %v", n.Name(), err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(rng.Int64N(int64(maxPause) + 1))):
-		}
-		for _, n := range paused {
-			if err := n.ResumeReplay(bg); err != nil {
-				t.Errorf("resume %s: %v", n.Name(), err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(rng.Int64N(int64(500 * time.Millisecond)))):
-		}
-	}
 }
 
 // runOne produces one job with produce and returns its decision once the
