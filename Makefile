@@ -1,5 +1,6 @@
-# caughtup — every target works on a fresh machine once .ci/run (or the
-# README's requirements) installed PostgreSQL 15 and redis-server.
+# caughtup. `make test` and `make demo` work on a fresh Debian machine:
+# the deps target installs the PostgreSQL server and redis-server first
+# (as root, or with password-less sudo).
 
 GO        ?= go
 FUZZTIME  ?= 30s
@@ -7,9 +8,13 @@ FUZZTIME  ?= 30s
 # a time fits a 2-core machine.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 12m
 
-.PHONY: all build vet test unit fuzz bench demo chaos chaos-short clean
+.PHONY: all deps build vet test fuzz bench demo chaos chaos-short
 
 all: test
+
+# Installs the PostgreSQL server and redis-server when they are missing.
+deps:
+	@scripts/install-deps
 
 build:
 	$(GO) build ./...
@@ -19,12 +24,9 @@ vet:
 
 # All tests, including the integration tests on a real primary with
 # streaming replicas and a real redis-server, then a bounded fuzz run.
-test: build vet
+test: deps build vet
 	$(GO) test $(TESTFLAGS) ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
-
-unit:
-	$(GO) test -count=1 -short ./position/...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./position/
@@ -33,11 +35,11 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/
 
-demo:
+demo: deps
 	$(GO) run ./cmd/caughtup demo
 
-chaos:
+chaos: deps
 	$(GO) run ./chaos
 
-chaos-short:
+chaos-short: deps
 	$(GO) run ./chaos -short
