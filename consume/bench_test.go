@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
@@ -28,6 +29,29 @@ func BenchmarkRoute(b *testing.B) {
 			b.Fatal(d.Outcome, err)
 		}
 	}
+}
+
+// BenchmarkRouteSDKMetrics is BenchmarkRoute recording into an SDK
+// MeterProvider, as in production, from parallel workers.
+func BenchmarkRouteSDKMetrics(b *testing.B) {
+	e := setup(b, pgtest.Shared(b))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := e.router(b, func(c *Config) { c.Logger = nil; c.MeterProvider = mp })
+	_, tok := e.write(b)
+	seen(b, r, tok)
+	header, _ := tok.Encode()
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, d, err := r.Route(ctx, header, Delayed); err != nil || d.Outcome != OutcomeReplica {
+				b.Error(d.Outcome, err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkCatchUpLatency measures how soon a waiting job learns that its

@@ -334,12 +334,12 @@ func (t *tracker) logReplicaChange(p *replicaPoller, prev ReplicaState, err erro
 
 func (t *tracker) pollPrimary(p *primaryPoller) {
 	var (
-		lsnText  string
-		walfile  string
-		sysID    int64
+		lsnText         string
+		walfile         string
+		sysID           int64
 		align, blk, seg int64
-		tli      uint64
-		insertAt position.LSN
+		tli             uint64
+		insertAt        position.LSN
 	)
 	sent := t.cfg.Now()
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.StalenessBound)

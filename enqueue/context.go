@@ -7,6 +7,8 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
+// tokenKey's value is a position.Token, a TokenSource or a *lazyToken;
+// tokenOf turns any of them into the token.
 type tokenKey struct{}
 
 type sessionKey struct{}
@@ -45,8 +47,68 @@ func WithToken(ctx context.Context, tok position.Token) context.Context {
 		s.merge(tok)
 		return ctx
 	}
-	prev, _ := ctx.Value(tokenKey{}).(position.Token)
+	prev := tokenOf(ctx.Value(tokenKey{}))
 	return context.WithValue(ctx, tokenKey{}, prev.Merge(tok))
+}
+
+// A TokenSource supplies a token when it is first needed rather than when
+// the context is made: consume.Router.Route gives every handler the job's
+// token raised to what the replicas it reads had replayed, which only
+// handlers that enqueue ever look at.
+type TokenSource interface {
+	// Token returns the token. It is called whenever the token is needed,
+	// from any goroutine, and must return the same token every time.
+	Token() position.Token
+}
+
+// WithTokenSource is WithToken(ctx, src.Token()) with src.Token called
+// only when the token is needed: by TokenFrom, WithToken or WithSession on
+// the returned context or one derived from it. The result is the same,
+// since what ctx carries cannot change in between (inside a WithSession
+// context, where it can, src.Token is called at once and merged into the
+// session, and ctx itself is returned). A nil src adds nothing.
+func WithTokenSource(ctx context.Context, src TokenSource) context.Context {
+	if src == nil {
+		return ctx
+	}
+	if s, ok := ctx.Value(sessionKey{}).(*session); ok {
+		s.merge(src.Token())
+		return ctx
+	}
+	// src itself is the value when there is nothing to merge it with: no
+	// allocation but the context's.
+	var v any = src
+	if prev := ctx.Value(tokenKey{}); prev != nil {
+		v = &lazyToken{prev: prev, src: src}
+	}
+	return context.WithValue(ctx, tokenKey{}, v)
+}
+
+// lazyToken is a TokenSource's token merged with the token of the
+// context it was added to, computed once.
+type lazyToken struct {
+	prev any // a tokenKey value
+	src  TokenSource
+	once sync.Once
+	tok  position.Token
+}
+
+func (l *lazyToken) token() position.Token {
+	l.once.Do(func() { l.tok = tokenOf(l.prev).Merge(l.src.Token()) })
+	return l.tok
+}
+
+// tokenOf returns the token a tokenKey value stands for.
+func tokenOf(v any) position.Token {
+	switch v := v.(type) {
+	case position.Token:
+		return v
+	case *lazyToken:
+		return v.token()
+	case TokenSource:
+		return v.Token()
+	}
+	return position.Token{}
 }
 
 // TokenFrom returns the token ctx carries and whether it has any entries.
@@ -55,7 +117,7 @@ func TokenFrom(ctx context.Context) (position.Token, bool) {
 	if s, ok := ctx.Value(sessionKey{}).(*session); ok {
 		tok = s.token()
 	} else {
-		tok, _ = ctx.Value(tokenKey{}).(position.Token)
+		tok = tokenOf(ctx.Value(tokenKey{}))
 	}
 	return tok, !tok.IsZero()
 }
@@ -81,6 +143,6 @@ func WithSession(ctx context.Context) context.Context {
 		return ctx
 	}
 	s := &session{}
-	s.tok, _ = ctx.Value(tokenKey{}).(position.Token)
+	s.tok = tokenOf(ctx.Value(tokenKey{}))
 	return context.WithValue(ctx, sessionKey{}, s)
 }

@@ -146,3 +146,87 @@ func TestCaptureErrorMessages(t *testing.T) {
 	require.ErrorIs(t, err, enqueue.ErrPoolTx)
 	require.Contains(t, err.Error(), "nothing committed")
 }
+
+// fixedSource is a TokenSource that counts its calls.
+type fixedSource struct {
+	tok   position.Token
+	calls int
+}
+
+func (s *fixedSource) Token() position.Token { s.calls++; return s.tok }
+
+// The handler's token (enqueue.WithTokenSource) is what enqueue.WithToken
+// with the same token would have given, in every position of a context
+// chain, and computed only when asked for.
+func TestWithTokenSourceAsWithToken(t *testing.T) {
+	t.Parallel()
+	a := position.Of(t0, position.Entry{Database: "main", Epoch: epoch1, LSN: 0x3000})
+	b := position.Of(t0.Add(-time.Second), position.Entry{Database: "main", Epoch: epoch1, LSN: 0x2000}, position.Entry{Database: "ci", Epoch: epoch1, LSN: 0x10})
+	c := position.Of(t0.Add(time.Second), position.Entry{Database: "ci", Epoch: epoch1, LSN: 0x20})
+	check := func(t *testing.T, build func(add func(context.Context, position.Token) context.Context) context.Context) {
+		t.Helper()
+		eager := build(enqueue.WithToken)
+		var srcs []*fixedSource
+		lazy := build(func(ctx context.Context, tok position.Token) context.Context {
+			s := &fixedSource{tok: tok}
+			srcs = append(srcs, s)
+			return enqueue.WithTokenSource(ctx, s)
+		})
+		want, wantOK := enqueue.TokenFrom(eager)
+		got, ok := enqueue.TokenFrom(lazy)
+		require.Equal(t, wantOK, ok)
+		require.Equal(t, want, got)
+		for _, s := range srcs {
+			require.LessOrEqual(t, s.calls, 1)
+		}
+	}
+	bg := context.Background()
+	t.Run("alone", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context { return add(bg, a) })
+	})
+	t.Run("over a token", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context {
+			return add(enqueue.WithToken(bg, a), b)
+		})
+	})
+	t.Run("nested", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context {
+			return add(add(bg, a), b)
+		})
+	})
+	t.Run("under WithToken", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context {
+			return enqueue.WithToken(add(add(bg, a), b), c)
+		})
+	})
+	t.Run("under WithSession", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context {
+			ctx := enqueue.WithSession(add(bg, b))
+			_ = enqueue.WithToken(ctx, c)
+			return ctx
+		})
+	})
+	t.Run("in a session", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context {
+			ctx := enqueue.WithSession(enqueue.WithToken(bg, a))
+			_ = add(ctx, b) // dropped: the session keeps it
+			return ctx
+		})
+	})
+	t.Run("empty", func(t *testing.T) {
+		check(t, func(add func(context.Context, position.Token) context.Context) context.Context {
+			return add(enqueue.WithToken(bg, a), position.Token{})
+		})
+	})
+
+	// Not computed until asked for, then every time.
+	s := &fixedSource{tok: a}
+	ctx := enqueue.WithTokenSource(bg, s)
+	require.Zero(t, s.calls)
+	got, ok := enqueue.TokenFrom(ctx)
+	require.True(t, ok)
+	require.Equal(t, a, got)
+	require.Equal(t, 1, s.calls)
+	require.Equal(t, bg, enqueue.WithTokenSource(bg, nil))
+}
+
