@@ -1,0 +1,258 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+)
+
+// payload is what every job carries: the row its producer wrote and the
+// version that write produced, and when the write committed and the job
+// was handed to the queue.
+type payload struct {
+	ID        int64 `json:"id"`
+	Key       int64 `json:"k"`
+	Version   int64 `json:"v"`
+	Committed int64 `json:"c"` // Unix ns, right after COMMIT and the position capture
+	Enqueued  int64 `json:"e"` // Unix ns, right before the enqueue call
+}
+
+func (p payload) encode() []byte {
+	b, _ := json.Marshal(p)
+	return b
+}
+
+func decodePayload(b []byte) (payload, error) {
+	var p payload
+	err := json.Unmarshal(b, &p)
+	return p, err
+}
+
+// read is one handler run: where the job read and what it saw.
+type read struct {
+	job payload
+	// at is when the handler read, after routing (and, for the
+	// baselines, after their own checks and sleeps).
+	at time.Time
+	// decided is when the routing decision was made: for caughtup the
+	// Decision's clock (token capture time + Decision.TokenAge), for the
+	// baselines the read time.
+	decided  time.Time
+	replica  string // "" is the primary
+	fallback bool   // caughtup promoted the job for lag or unknown replica state
+	outcome  string
+	reason   string
+	got      int64 // version read; -1 when the row was missing
+	stale    bool
+}
+
+// stream is one consumer pipeline: a queue (asynq) or a consumer group
+// (Kafka) read with one routing policy. The checker keeps every read and
+// every completion of it.
+type stream struct {
+	name   string // "asynq", "kafka", "asynq/gitlab", ...
+	pipe   string // "asynq" or "kafka"
+	policy string // "caughtup", "gitlab", "window"
+
+	mu          sync.Mutex
+	produced    map[int64]payload
+	completed   map[int64]time.Time // first successful run
+	reads       []read
+	stale       []read
+	deferrals   int // the job did not run now: deferred for lag (caughtup) or retried through the queue (gitlab)
+	capped      int // refused by the fallback cap
+	errors      int // handler runs that failed (a replica killed under a read, a primary going away)
+	deadLetters int
+}
+
+func newStream(name, pipe, policy string) *stream {
+	return &stream{name: name, pipe: pipe, policy: policy, produced: map[int64]payload{}, completed: map[int64]time.Time{}}
+}
+
+func (s *stream) addProduced(p payload) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.produced[p.ID] = p
+}
+
+// record keeps a read and marks the job complete; the handler then
+// returns nil, so the queue considers the job done.
+func (s *stream) record(r read) {
+	r.stale = r.got < r.job.Version
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads = append(s.reads, r)
+	if r.stale {
+		s.stale = append(s.stale, r)
+	}
+	if _, ok := s.completed[r.job.ID]; !ok {
+		s.completed[r.job.ID] = r.at
+	}
+}
+
+func (s *stream) count(deferral, capped, failed, dead int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deferrals += deferral
+	s.capped += capped
+	s.errors += failed
+	s.deadLetters += dead
+}
+
+// pending is how many produced jobs have not completed yet.
+func (s *stream) pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for id := range s.produced {
+		if _, ok := s.completed[id]; !ok {
+			n++
+		}
+	}
+	return n
+}
+
+// streamResult is what one stream measured.
+type streamResult struct {
+	Stream       string  `json:"stream"`
+	Policy       string  `json:"policy"`
+	Jobs         int     `json:"jobs"`
+	Completed    int     `json:"completed"`
+	Lost         int     `json:"lost"`
+	Runs         int     `json:"runs"`
+	Stale        int     `json:"stale_reads"`
+	ReplicaRuns  int     `json:"replica_runs"`
+	ReplicaShare float64 `json:"replica_share"`
+	PrimaryRuns  int     `json:"primary_runs"`
+	Fallbacks    int     `json:"primary_fallbacks"`
+	Deferrals    int     `json:"deferrals"`
+	Capped       int     `json:"capped"`
+	HandlerErrs  int     `json:"handler_errors"`
+	DeadLetters  int     `json:"dead_letters"`
+	// Latency (the scenario tables' catch-up latency, the comparison's
+	// added latency) is enqueue → the handler's read, after routing and
+	// any waits, deferrals and retries, of the run that completed the job.
+	// CommitToRead starts at the producer's commit instead, which is
+	// earlier for jobs enqueued late on purpose. Milliseconds.
+	LatencyP50      float64 `json:"latency_p50_ms"`
+	LatencyP99      float64 `json:"latency_p99_ms"`
+	CommitToReadP50 float64 `json:"commit_to_read_p50_ms"`
+	CommitToReadP99 float64 `json:"commit_to_read_p99_ms"`
+	// MaxFallbackPerSec is the most fallback primary reads whose
+	// decisions fall in any window [t, t+1s); MaxPrimaryPerSec the same
+	// for every primary read.
+	MaxFallbackPerSec int            `json:"max_fallback_reads_per_1s"`
+	MaxPrimaryPerSec  int            `json:"max_primary_reads_per_1s"`
+	Outcomes          map[string]int `json:"outcomes"`
+	StaleExamples     []string       `json:"stale_examples,omitempty"`
+	LostExamples      []int64        `json:"lost_examples,omitempty"`
+}
+
+func (s *stream) result() streamResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := streamResult{
+		Stream: s.name, Policy: s.policy, Jobs: len(s.produced), Runs: len(s.reads), Stale: len(s.stale),
+		Deferrals: s.deferrals, Capped: s.capped, HandlerErrs: s.errors, DeadLetters: s.deadLetters,
+		Outcomes: map[string]int{},
+	}
+	var sinceCommit, latency []time.Duration
+	var fallbackAt, primaryAt []time.Time
+	first := map[int64]bool{}
+	for _, rd := range s.reads {
+		r.Outcomes[rd.outcome]++
+		if rd.replica != "" {
+			r.ReplicaRuns++
+		} else {
+			r.PrimaryRuns++
+			primaryAt = append(primaryAt, rd.decided)
+			if rd.fallback {
+				r.Fallbacks++
+				fallbackAt = append(fallbackAt, rd.decided)
+			}
+		}
+		if !first[rd.job.ID] && s.completed[rd.job.ID].Equal(rd.at) {
+			first[rd.job.ID] = true
+			sinceCommit = append(sinceCommit, rd.at.Sub(time.Unix(0, rd.job.Committed)))
+			latency = append(latency, rd.at.Sub(time.Unix(0, rd.job.Enqueued)))
+		}
+	}
+	if r.Runs > 0 {
+		r.ReplicaShare = float64(r.ReplicaRuns) / float64(r.Runs)
+	}
+	for id := range s.produced {
+		if _, ok := s.completed[id]; ok {
+			r.Completed++
+		} else {
+			r.Lost++
+			if len(r.LostExamples) < 10 {
+				r.LostExamples = append(r.LostExamples, id)
+			}
+		}
+	}
+	slices.Sort(r.LostExamples)
+	r.LatencyP50, r.LatencyP99 = ms(percentile(latency, 0.50)), ms(percentile(latency, 0.99))
+	r.CommitToReadP50, r.CommitToReadP99 = ms(percentile(sinceCommit, 0.50)), ms(percentile(sinceCommit, 0.99))
+	r.MaxFallbackPerSec = maxInWindow(fallbackAt, time.Second)
+	r.MaxPrimaryPerSec = maxInWindow(primaryAt, time.Second)
+	for i, rd := range s.stale {
+		if i == 10 {
+			break
+		}
+		where := rd.replica
+		if where == "" {
+			where = "primary"
+		}
+		r.StaleExamples = append(r.StaleExamples, fmt.Sprintf("job %d key %d: read version %d on %s, producer wrote %d (outcome %s, reason %s)",
+			rd.job.ID, rd.job.Key, rd.got, where, rd.job.Version, rd.outcome, rd.reason))
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// percentile is the nearest-rank percentile (0 for no samples).
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p+0.999999) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// maxInWindow is the largest number of times in any half-open window
+// [t, t+w). A token bucket of rate r and burst b admits at most b + r·w
+// in any such window, which is what the cap check compares it with.
+func maxInWindow(ts []time.Time, w time.Duration) int {
+	if len(ts) == 0 {
+		return 0
+	}
+	s := slices.Clone(ts)
+	sort.Slice(s, func(i, j int) bool { return s[i].Before(s[j]) })
+	best, lo := 0, 0
+	for hi := range s {
+		for s[hi].Sub(s[lo]) >= w {
+			lo++
+		}
+		best = max(best, hi-lo+1)
+	}
+	return best
+}
+
+// readsBetween returns the reads decided in (from, to).
+func (s *stream) readsBetween(from, to time.Time) []read {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []read
+	for _, r := range s.reads {
+		if r.decided.After(from) && r.decided.Before(to) {
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/fault"
+	"github.com/caughtup/caughtup/internal/pgtest"
+)
+
+// services are the real servers every scenario runs on: one replicated
+// PostgreSQL cluster (scenarios that promote a replica start their own),
+// one redis-server and one in-process Kafka broker.
+type services struct {
+	opts    options
+	cluster *pgtest.Cluster
+	redis   *pgtest.Redis
+	kafka   *kfake.Cluster
+	brokers []string
+	log     *slog.Logger
+	out     *progress
+}
+
+// clusterOptions are the settings of every cluster the suite starts.
+// max_standby_streaming_delay bounds the replay-conflict scenario's stall;
+// the short run shortens it so that the conflict is resolved by the server
+// within the run, as the full run's 30s default is.
+func clusterOptions(o options) pgtest.Options {
+	return pgtest.Options{
+		Replicas: 2,
+		Settings: map[string]string{
+			"max_standby_streaming_delay": fmt.Sprintf("%dms", o.scale.standbyDelay.Milliseconds()),
+		},
+	}
+}
+
+func startServices(ctx context.Context, o options, out *progress, logw io.Writer) (*services, error) {
+	s := &services{opts: o, out: out}
+	s.log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// go-redis logs each connection a Redis restart breaks; expected here.
+	redis.SetLogger(redisLog{s.log})
+	var err error
+	out.say("starting PostgreSQL (primary + 2 streaming replicas), redis-server and an in-process Kafka broker")
+	if s.cluster, err = pgtest.Start(ctx, clusterOptions(o)); err != nil {
+		return nil, fmt.Errorf("start PostgreSQL cluster: %w", err)
+	}
+	if s.redis, err = pgtest.StartRedis(ctx); err != nil {
+		s.close()
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	if err = s.redisPersistence(ctx); err != nil {
+		s.close()
+		return nil, err
+	}
+	// kfake refuses session timeouts under 6s by default, like Kafka; the
+	// consumer scenarios use 3s so that an abruptly killed member is
+	// expired within the short run's budget.
+	if s.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second)); err != nil {
+		s.close()
+		return nil, fmt.Errorf("start kfake: %w", err)
+	}
+	s.brokers = s.kafka.ListenAddrs()
+	return s, nil
+}
+
+func (s *services) close() {
+	if s.kafka != nil {
+		s.kafka.Close()
+	}
+	if s.redis != nil {
+		_ = s.redis.Close()
+	}
+	if s.cluster != nil {
+		_ = s.cluster.Close()
+	}
+}
+
+// redisPersistence makes a restart of redis-server keep its data.
+// pgtest starts redis-server with --save "" --appendonly no and has no
+// option to change that, so the settings are applied at runtime and again
+// after every Start. A save point makes the SIGTERM of Redis.Stop write
+// dump.rdb before exiting, and the restarted server loads it from its
+// unchanged --dir; appendonly/appendfsync always make every write durable
+// as it happens, but pgtest's command line (--appendonly no) means a
+// restarted server reads the RDB, not the AOF. So a clean Stop/Start loses
+// nothing, while a SIGKILL (Redis.Kill) would lose what came after the
+// last snapshot: the suite only uses Stop.
+func (s *services) redisPersistence(ctx context.Context) error {
+	c := redis.NewClient(&redis.Options{Addr: s.redis.Addr()})
+	defer c.Close()
+	for _, kv := range [][2]string{{"save", "3600 1"}, {"appendonly", "yes"}, {"appendfsync", "always"}} {
+		if err := c.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			return fmt.Errorf("redis CONFIG SET %s %s: %w", kv[0], kv[1], err)
+		}
+	}
+	return nil
+}
+
+// redisKeysLoaded is how many keys the running redis-server loaded from
+// disk when it started (-1 if unknown): the evidence that a restart kept
+// the queues.
+func (s *services) redisKeysLoaded(ctx context.Context) int64 {
+	c := redis.NewClient(&redis.Options{Addr: s.redis.Addr()})
+	defer c.Close()
+	info, err := c.Info(ctx, "persistence").Result()
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "rdb_last_load_keys_loaded:"); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// createTopics makes topics of n partitions on the in-process broker.
+func (s *services) createTopics(n int32, names ...string) error {
+	for _, name := range names {
+		if err := s.kafka.CreateTopic(name, n, nil); err != nil {
+			return fmt.Errorf("create topic %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// dbEnv is one scenario's database on one cluster: the application's pools
+// and the router built from them.
+type dbEnv struct {
+	cluster *pgtest.Cluster
+	name    string
+	// producer writes; handlers read the primary through primary. Both
+	// follow the primary across a promotion (see newDBEnv).
+	producer, primary *pgxpool.Pool
+	replicas          []consume.Replica
+	replicaNodes      []*pgtest.Node
+	// replicaDialer carries every connection to a replica, the router's
+	// tracker included, so that a fault can hold new ones.
+	replicaDialer *fault.Dialer
+	router        *consume.Router
+}
+
+// primaryDSN lists every node of the cluster with
+// target_session_attrs=read-write: a connection goes to whichever node is
+// the primary when it is made, as a multi-host libpq URL or a DNS name
+// that moves with the primary would, so producers and the router follow a
+// promotion without being rebuilt.
+func primaryDSN(c *pgtest.Cluster, db string) string {
+	var hosts []string
+	for _, n := range c.Nodes() {
+		hosts = append(hosts, fmt.Sprintf("127.0.0.1:%d", n.Port()))
+	}
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		strings.Join(hosts, ","), db)
+}
+
+var dbSeq atomic.Int64
+
+func newDBEnv(ctx context.Context, s *services, c *pgtest.Cluster, scenario string, rc consume.Config) (*dbEnv, error) {
+	e := &dbEnv{cluster: c, replicaDialer: fault.NewDialer(nil)}
+	e.name = fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), dbSeq.Add(1))
+	if err := c.CreateDatabase(ctx, e.name); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			e.close()
+		}
+	}()
+	var err error
+	if e.producer, err = newPool(ctx, primaryDSN(c, e.name), 12, nil); err != nil {
+		return nil, err
+	}
+	if e.primary, err = newPool(ctx, primaryDSN(c, e.name), 24, nil); err != nil {
+		return nil, err
+	}
+	if _, err = e.producer.Exec(ctx, `CREATE TABLE items (id bigint PRIMARY KEY, version bigint NOT NULL)`); err != nil {
+		return nil, err
+	}
+	if err = c.WaitReplicasCaughtUp(ctx); err != nil {
+		return nil, err
+	}
+	for _, n := range c.Replicas() {
+		p, err := newPool(ctx, n.DSN(e.name), 24, e.replicaDialer)
+		if err != nil {
+			return nil, err
+		}
+		e.replicas = append(e.replicas, consume.Replica{Name: n.Name(), Pool: p})
+		e.replicaNodes = append(e.replicaNodes, n)
+	}
+	rc.Databases = map[string]consume.Database{"main": {Primary: e.primary, Replicas: e.replicas}}
+	if rc.Logger == nil {
+		rc.Logger = s.log
+	}
+	if e.router, err = consume.NewRouter(ctx, rc); err != nil {
+		return nil, err
+	}
+	ok = true
+	return e, nil
+}
+
+// newPool opens a pool of size connections and, for pools a fault may
+// hold, opens all of them now: a held dial must only hit the connections
+// the tracker makes after its backend was stopped, not a handler pool that
+// happens to grow during the fault.
+func newPool(ctx context.Context, dsn string, size int32, d *fault.Dialer) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = size
+	if d != nil {
+		cfg.MinConns = size
+		cfg.ConnConfig.DialFunc = d.DialContext
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if d != nil {
+		conns := make([]*pgxpool.Conn, 0, size)
+		for range size {
+			c, err := p.Acquire(ctx)
+			if err != nil {
+				for _, c := range conns {
+					c.Release()
+				}
+				p.Close()
+				return nil, err
+			}
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			c.Release()
+		}
+	}
+	return p, nil
+}
+
+func (e *dbEnv) close() {
+	if e.router != nil {
+		_ = e.router.Close()
+	}
+	for _, r := range e.replicas {
+		r.Pool.Close()
+	}
+	for _, p := range []*pgxpool.Pool{e.producer, e.primary} {
+		if p != nil {
+			p.Close()
+		}
+	}
+	// Dropping keeps the shared cluster small for the scenarios after
+	// this one; a cluster that is being thrown away does not need it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if p := e.cluster.Primary(); p != nil && p.Running() {
+		_ = p.Exec(ctx, "", fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", e.name))
+	}
+}
+
+// progress prints timestamped lines to stderr (or the test log).
+type progress struct {
+	mu    sync.Mutex
+	start time.Time
+	w     func(string)
+}
+
+func (p *progress) say(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.w(fmt.Sprintf("[%6.1fs] ", time.Since(p.start).Seconds()) + fmt.Sprintf(format, args...))
+}
+
+type redisLog struct{ l *slog.Logger }
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, fmt.Sprintf(format, v...), "system", "go-redis")
+}
+
+// quietAsynq sends asynq's logs to the suite's log writer: during a Redis
+// restart it logs every failed poll, which is expected.
+type quietAsynq struct{ l *slog.Logger }
+
+func (q quietAsynq) Debug(args ...any) {}
+func (q quietAsynq) Info(args ...any)  {}
+func (q quietAsynq) Warn(args ...any)  { q.l.Warn(fmt.Sprint(args...), "system", "asynq") }
+func (q quietAsynq) Error(args ...any) { q.l.Error(fmt.Sprint(args...), "system", "asynq") }
+func (q quietAsynq) Fatal(args ...any) { q.l.Error(fmt.Sprint(args...), "system", "asynq") }

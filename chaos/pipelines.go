@@ -1,0 +1,261 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	kafkago "github.com/segmentio/kafka-go"
+
+	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/fault"
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/position"
+)
+
+const taskType = "chaos:read"
+
+// readRow is the job itself: read the row the producer wrote from the pool
+// the routing chose and compare the version with the producer's. A missing
+// row or a lower version is a stale read. Errors (a replica killed under
+// the read, a primary going away) go back to the queue, which runs the job
+// again.
+func readRow(ctx context.Context, st *stream, pool *pgxpool.Pool, rd read) error {
+	rd.at = time.Now()
+	if rd.decided.IsZero() {
+		rd.decided = rd.at
+	}
+	err := pool.QueryRow(ctx, `SELECT version FROM items WHERE id = $1`, rd.job.Key).Scan(&rd.got)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		rd.got = -1
+	case err != nil:
+		return err
+	}
+	st.record(rd)
+	return nil
+}
+
+// caughtupRead is the handler behind caughtup's middleware: the pool and
+// the decision come from the context the adapter built.
+func caughtupRead(ctx context.Context, st *stream, p payload, header string) error {
+	dec, ok := consume.DecisionFrom(ctx)
+	pool := consume.DB(ctx, "main")
+	if !ok || pool == nil {
+		return errors.New("chaos: the handler's context carries no routing decision")
+	}
+	rd := read{job: p, outcome: string(dec.Outcome), reason: string(dec.Reason), fallback: dec.Fallback}
+	if dd, ok := dec.Database("main"); ok {
+		rd.replica = dd.Replica
+	}
+	// The Decision's own clock: Route stamped TokenAge from the same now
+	// it decided and charged the fallback cap with.
+	if tok, err := position.Decode(header); err == nil && !tok.CapturedAt.IsZero() {
+		rd.decided = tok.CapturedAt.Add(dec.TokenAge)
+	}
+	return readRow(ctx, st, pool, rd)
+}
+
+// classify counts what a routed attempt that did not complete was.
+func classify(st *stream, err error) {
+	var de *consume.DeferError
+	switch {
+	case err == nil:
+	case errors.As(err, &de) && de.Capped():
+		st.count(0, 1, 0, 0)
+	case errors.As(err, &de), errors.Is(err, errRetryThroughQueue):
+		st.count(1, 0, 0, 0)
+	default:
+		st.count(0, 0, 1, 0)
+	}
+}
+
+// asynqPipe is the producer side of one asynq queue.
+type asynqPipe struct {
+	queue    string
+	client   *caughtupasynq.Client
+	maxRetry int
+}
+
+// send enqueues through caughtup's stamping client, which reads the token
+// of the write from ctx.
+func (a *asynqPipe) send(ctx context.Context, p payload) error {
+	_, err := a.client.EnqueueContext(ctx, asynq.NewTask(taskType, p.encode()), asynq.Queue(a.queue), asynq.MaxRetry(a.maxRetry))
+	return err
+}
+
+// asynqServerConfig is shared by every asynq server of the suite. A fast
+// DelayedTaskCheckInterval keeps deferrals (and baseline retries) close to
+// the delay they ask for; TaskCheckInterval keeps an idle queue from adding
+// up to a second to each job's latency. Task retries for real errors are
+// quick: a killed replica makes reads fail until the tracker notices.
+func (s *services) asynqServerConfig(queue string, concurrency int, retry time.Duration) asynq.Config {
+	return asynq.Config{
+		Concurrency:              concurrency,
+		Queues:                   map[string]int{queue: 1},
+		DelayedTaskCheckInterval: 200 * time.Millisecond,
+		TaskCheckInterval:        20 * time.Millisecond,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return retry },
+		Logger:                   quietAsynq{s.log},
+		LogLevel:                 asynq.WarnLevel,
+		ShutdownTimeout:          3 * time.Second,
+		HealthCheckInterval:      time.Second,
+	}
+}
+
+func (s *services) redisOpt() asynq.RedisClientOpt {
+	return asynq.RedisClientOpt{Addr: s.redis.Addr(), DialTimeout: time.Second, ReadTimeout: 2 * time.Second}
+}
+
+// startCaughtupAsynq runs an asynq server with caughtup's hooks and
+// middleware; the harness's own middleware outside it counts deferrals.
+func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream) (*asynq.Server, error) {
+	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(s.asynqServerConfig(queue, 12, 250*time.Millisecond)))
+	mux := asynq.NewServeMux()
+	mux.Use(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			err := next.ProcessTask(ctx, t)
+			classify(st, err)
+			return err
+		})
+	})
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log}))
+	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
+		p, err := decodePayload(t.Payload())
+		if err != nil {
+			return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
+		}
+		return caughtupRead(ctx, st, p, t.Headers()[position.HeaderName])
+	})
+	if err := srv.Start(mux); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// kafkaPipe is the producer side of one topic.
+type kafkaPipe struct {
+	topic string
+	raw   *kafkago.Writer
+	tr    *kafkago.Transport
+	w     *caughtupkafka.Writer
+}
+
+func (s *services) newKafkaPipe(topic string) *kafkaPipe {
+	tr := &kafkago.Transport{}
+	raw := &kafkago.Writer{
+		Addr:         kafkago.TCP(s.brokers...),
+		Topic:        topic,
+		Balancer:     &kafkago.Hash{},
+		RequiredAcks: kafkago.RequireAll,
+		BatchTimeout: 2 * time.Millisecond,
+		Transport:    tr,
+	}
+	return &kafkaPipe{topic: topic, raw: raw, tr: tr, w: caughtupkafka.NewWriter(raw)}
+}
+
+// send writes through caughtup's stamping writer, keyed by row so that the
+// jobs of one row stay in order.
+func (k *kafkaPipe) send(ctx context.Context, p payload) error {
+	return k.w.WriteMessages(ctx, kafkago.Message{Key: strconv.AppendInt(nil, p.Key, 10), Value: p.encode()})
+}
+
+func (k *kafkaPipe) close() {
+	_ = k.raw.Close()
+	k.tr.CloseIdleConnections()
+}
+
+// kafkaMember is one consumer of a group. Its connections go through a
+// fault dialer so that it can be killed the way a crashed process dies:
+// no final commit, no LeaveGroup, its session left to expire.
+type kafkaMember struct {
+	name   string
+	dialer *fault.Dialer
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+type kafkaTuning struct {
+	retryInitial, retryMax time.Duration
+}
+
+func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, h caughtupkafka.Handler) (*kafkaMember, error) {
+	m := &kafkaMember{name: name, dialer: fault.NewDialer(nil), done: make(chan error, 1)}
+	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+		Brokers:             s.brokers,
+		GroupID:             group,
+		Topic:               topic,
+		Mode:                caughtupkafka.InPlace,
+		MaxAttempts:         50,
+		RetryBackoffInitial: tune.retryInitial,
+		RetryBackoffMax:     tune.retryMax,
+		CommitInterval:      200 * time.Millisecond,
+		HeartbeatInterval:   300 * time.Millisecond,
+		SessionTimeout:      3 * time.Second,
+		RebalanceTimeout:    3 * time.Second,
+		JoinGroupBackoff:    200 * time.Millisecond,
+		MaxWait:             100 * time.Millisecond,
+		Dialer:              &kafkago.Dialer{DialFunc: m.dialer.DialContext, Timeout: 5 * time.Second},
+		Logger:              s.log,
+		DeadLetter: func(ctx context.Context, msg kafkago.Message, err error) error {
+			// A dead letter is a job that never completed: the
+			// checker reports it lost.
+			st.count(0, 0, 0, 1)
+			s.log.Error("chaos: message dead-lettered", "topic", msg.Topic, "offset", msg.Offset, "error", err)
+			return nil
+		},
+	}, func(ctx context.Context, msg kafkago.Message) error {
+		err := h(ctx, msg)
+		classify(st, err)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	go func() { m.done <- c.Run(ctx) }()
+	return m, nil
+}
+
+// caughtupKafkaHandler routes with caughtup's decorator before reading.
+func caughtupKafkaHandler(router *consume.Router, policy consume.Policy, st *stream) caughtupkafka.Handler {
+	return caughtupkafka.Middleware(router, policy)(func(ctx context.Context, msg kafkago.Message) error {
+		p, err := decodePayload(msg.Value)
+		if err != nil {
+			return nil // not ours; nothing to check
+		}
+		return caughtupRead(ctx, st, p, caughtupkafka.TokenHeader(msg))
+	})
+}
+
+// stop leaves the group cleanly: offsets of finished messages committed.
+func (m *kafkaMember) stop() error {
+	m.once.Do(m.cancel)
+	select {
+	case err := <-m.done:
+		m.done <- err
+		return err
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("kafka consumer %s did not stop within 30s", m.name)
+	}
+}
+
+// kill makes the member vanish as a crashed process would: every
+// connection reset and no new one possible, so the last offsets are not
+// committed and the group is not told; the coordinator expires the member
+// after its session timeout and hands its partitions to the others, which
+// redeliver what it had done since its last commit.
+func (m *kafkaMember) kill() error {
+	m.dialer.Refuse(true)
+	m.dialer.Cut()
+	return m.stop()
+}

@@ -1,0 +1,413 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/pgtest"
+)
+
+// scale is how big and how long a run is.
+type scale struct {
+	jobs         int           // per scenario, half through asynq and half through Kafka
+	lead         time.Duration // production before the fault
+	tail         time.Duration // production after the fault
+	pause        time.Duration // the long replay pause
+	down         time.Duration // a crashed replica stays down this long
+	wedge        time.Duration // tracker wedge
+	redisDown    time.Duration
+	capPause     time.Duration // lag spike under the fallback cap
+	holdLong     time.Duration // replay-conflict hold beyond max_standby_streaming_delay
+	holdShort    time.Duration // replay-conflict hold released by the client
+	standbyDelay time.Duration // max_standby_streaming_delay of the clusters
+	consumers    time.Duration // spacing of the consumer kills and joins
+	maxPause     time.Duration // comparison: longest random pause
+	compareFor   time.Duration // comparison: production span
+	drain        time.Duration // how long to wait for the last jobs after production
+}
+
+var (
+	fullScale = scale{
+		jobs: 10000, lead: 5 * time.Second, tail: 5 * time.Second,
+		pause: 30 * time.Second, down: 8 * time.Second, wedge: 10 * time.Second, redisDown: 5 * time.Second,
+		capPause: 10 * time.Second, holdLong: 35 * time.Second, holdShort: 10 * time.Second, standbyDelay: 30 * time.Second,
+		consumers: 5 * time.Second, maxPause: 5 * time.Second, compareFor: 40 * time.Second, drain: 3 * time.Minute,
+	}
+	shortScale = scale{
+		jobs: 800, lead: 1500 * time.Millisecond, tail: 1500 * time.Millisecond,
+		pause: 3 * time.Second, down: 2 * time.Second, wedge: 3 * time.Second, redisDown: 2 * time.Second,
+		capPause: 3 * time.Second, holdLong: 6 * time.Second, holdShort: 3 * time.Second, standbyDelay: 4 * time.Second,
+		consumers: 2 * time.Second, maxPause: 3 * time.Second, compareFor: 8 * time.Second, drain: 90 * time.Second,
+	}
+)
+
+// maxRate is the production rate scenarios are planned for: what this
+// 2-core machine sustains with room to spare while it also runs three
+// PostgreSQL servers, Redis, the broker and both consumers (it managed
+// 350-750 jobs/s flat out, depending on what else ran).
+const maxRate = 300
+
+// span is how long production runs for a fault timeline of length t: at
+// least long enough that jobs arrive at no more than maxRate.
+func (s scale) span(t time.Duration) time.Duration {
+	return max(t, time.Duration(s.jobs)*time.Second/maxRate)
+}
+
+type options struct {
+	short bool
+	scale scale
+	only  *regexp.Regexp
+}
+
+// scenario is one fault timeline run against both adapters at once.
+type scenario struct {
+	name  string
+	about string
+	// fresh: the scenario promotes a replica, so it gets its own cluster.
+	fresh  bool
+	policy consume.Policy
+	router func(*consume.Config)
+	// span is how long production runs; fault runs alongside it.
+	span func(s scale) time.Duration
+	// delay, if set, enqueues jobs that long after their write.
+	delay func(r *rand.Rand) time.Duration
+	fault func(ctx context.Context, r *run) error
+	check func(r *run, res *scenarioResult)
+}
+
+// run is one scenario in progress.
+type run struct {
+	s       *services
+	sc      *scenario
+	sl      scale
+	cluster *pgtest.Cluster
+	env     *dbEnv
+	start   time.Time
+
+	queue, topic, group string
+	asynqPipe           *asynqPipe
+	kafkaPipe           *kafkaPipe
+	asynqClient         *asynq.Client
+	ast, kst            *stream
+	work                *workload
+
+	// What the fault timelines measured, for their checks.
+	failoverStart, failoverEnd time.Time
+	wedgeFrom, wedgeTo         time.Time
+	stalls                     []time.Duration
+	redisHeld                  int
+	crashesSeen                int
+
+	mu       sync.Mutex
+	srvs     []*asynq.Server
+	members  []*kafkaMember
+	events   []event
+	notes    []string
+	failures []string
+}
+
+type event struct {
+	At   float64 `json:"at_s"`
+	What string  `json:"what"`
+}
+
+func (r *run) event(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	r.events = append(r.events, event{At: time.Since(r.start).Seconds(), What: msg})
+	r.mu.Unlock()
+	r.s.out.say("%s: %s", r.sc.name, msg)
+}
+
+func (r *run) note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
+
+func (r *run) fail(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+}
+
+// at sleeps until d after the scenario started.
+func (r *run) at(ctx context.Context, d time.Duration) error {
+	if w := time.Until(r.start.Add(d)); w > 0 {
+		if !sleepCtx(ctx, w) {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// scenarioResult is one scenario's table.
+type scenarioResult struct {
+	Name           string         `json:"name"`
+	About          string         `json:"about"`
+	Policy         string         `json:"policy"`
+	Jobs           int            `json:"jobs"`
+	Split          string         `json:"split"`
+	Streams        []streamResult `json:"streams"`
+	CapRate        float64        `json:"cap_rate_per_s"`
+	CapBurst       int            `json:"cap_burst"`
+	CapWindowLimit int            `json:"cap_limit_per_1s_window"`
+	WriteRetries   int64          `json:"producer_write_retries"`
+	SendRetries    int64          `json:"producer_enqueue_retries"`
+	ProduceSeconds float64        `json:"production_s"`
+	WriteMeanMS    float64        `json:"producer_write_mean_ms"`
+	SendMeanMS     float64        `json:"producer_enqueue_mean_ms"`
+	Seconds        float64        `json:"elapsed_s"`
+	Events         []event        `json:"events"`
+	Notes          []string       `json:"notes,omitempty"`
+	Failures       []string       `json:"failures,omitempty"`
+}
+
+var runSeq atomic.Int64
+
+// runScenario sets a scenario up on its cluster, produces its jobs while
+// its fault runs, waits for every job to complete, and checks the result.
+func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioResult) {
+	sl := s.opts.scale
+	res = scenarioResult{Name: sc.name, About: sc.about, Policy: policyName(sc.policy)}
+	began := time.Now()
+	defer func() { res.Seconds = time.Since(began).Seconds() }()
+	r := &run{s: s, sc: sc, sl: sl, cluster: s.cluster}
+	seq := runSeq.Add(1)
+	r.queue = fmt.Sprintf("chaos-%s-%d", sc.name, seq)
+	r.topic = r.queue
+	r.group = r.queue
+	r.ast = newStream("asynq", "asynq", "caughtup")
+	r.kst = newStream("kafka", "kafka", "caughtup")
+
+	if sc.fresh {
+		s.out.say("%s: starting a cluster of its own (the scenario promotes a replica)", sc.name)
+		c, err := pgtest.Start(ctx, clusterOptions(s.opts))
+		if err != nil {
+			res.Failures = append(res.Failures, fmt.Sprintf("start cluster: %v", err))
+			return res
+		}
+		defer c.Close()
+		r.cluster = c
+	}
+	rc := consume.Config{DefaultPolicy: sc.policy}
+	if sc.router != nil {
+		sc.router(&rc)
+	}
+	env, err := newDBEnv(ctx, s, r.cluster, sc.name, rc)
+	if err != nil {
+		res.Failures = append(res.Failures, fmt.Sprintf("set up database and router: %v", err))
+		return res
+	}
+	r.env = env
+	cfg := env.router.Config()
+	res.CapRate, res.CapBurst = float64(cfg.PrimaryRate), cfg.PrimaryBurst
+	res.CapWindowLimit = int(float64(cfg.PrimaryRate)) + cfg.PrimaryBurst
+
+	if err := r.startPipelines(); err != nil {
+		r.stopPipelines()
+		env.close()
+		res.Failures = append(res.Failures, fmt.Sprintf("start pipelines: %v", err))
+		return res
+	}
+	span := sc.span(sl)
+	r.work = &workload{
+		pool: env.producer, jobs: sl.jobs, over: span, workers: 8, keys: int64(max(sl.jobs/4, 50)), delay: sc.delay,
+		lanes: []*lane{
+			{name: "asynq", sinks: []sink{{send: r.asynqPipe.send, streams: []*stream{r.ast}}}},
+			{name: "kafka", sinks: []sink{{send: r.kafkaPipe.send, streams: []*stream{r.kst}}}},
+		},
+	}
+	s.out.say("%s: %s", sc.name, sc.about)
+	s.out.say("%s: producing %d jobs over %s (%d asynq + %d kafka, concurrently)", sc.name, sl.jobs, span.Round(100*time.Millisecond), sl.jobs/2, sl.jobs-sl.jobs/2)
+
+	// The whole scenario is bounded; a wedged fault or consumer must not
+	// hang the suite.
+	sctx, cancel := context.WithTimeout(ctx, span+sl.drain+2*time.Minute)
+	defer cancel()
+	r.start = time.Now()
+	var wg sync.WaitGroup
+	var faultErr error
+	wg.Go(func() { faultErr = sc.fault(sctx, r) })
+	r.work.run(sctx)
+	res.ProduceSeconds = time.Since(r.start).Seconds()
+	wg.Wait()
+	if faultErr != nil {
+		r.fail("fault: %v", faultErr)
+	}
+	r.event("production done: %d jobs in %.1fs", r.work.produced.Load(), res.ProduceSeconds)
+	r.drain(sctx, []*stream{r.ast, r.kst})
+	r.stopPipelines()
+
+	res.Jobs = int(r.work.produced.Load())
+	res.Split = fmt.Sprintf("%d asynq + %d kafka, concurrently", r.work.lanes[0].jobs.Load(), r.work.lanes[1].jobs.Load())
+	res.WriteRetries, res.SendRetries = r.work.writeRetries.Load(), r.work.sendRetries.Load()
+	res.WriteMeanMS, res.SendMeanMS = r.work.meanMS()
+	all := mergeStreams("all", "caughtup", r.ast, r.kst)
+	for _, st := range []*stream{r.ast, r.kst, all} {
+		res.Streams = append(res.Streams, st.result())
+	}
+	r.checkCaughtup(&res, res.CapWindowLimit)
+	if sc.check != nil {
+		sc.check(r, &res)
+	}
+	env.close()
+	r.mu.Lock()
+	res.Events, res.Notes = r.events, r.notes
+	res.Failures = append(res.Failures, r.failures...)
+	r.mu.Unlock()
+	return res
+}
+
+func policyName(p consume.Policy) string {
+	if p == consume.PolicyDefault {
+		return "delayed (default)"
+	}
+	return p.String()
+}
+
+// checkCaughtup applies the acceptance criteria to caughtup's streams:
+// no stale read, no lost job, and never more fallback reads on the
+// primary in one second than the cap admits.
+func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
+	for _, sr := range res.Streams {
+		if sr.Stale > 0 {
+			r.fail("%s: %d stale reads, e.g. %v", sr.Stream, sr.Stale, sr.StaleExamples)
+		}
+		if sr.Lost > 0 {
+			r.fail("%s: %d of %d jobs never completed (dead-lettered %d), e.g. ids %v", sr.Stream, sr.Lost, sr.Jobs, sr.DeadLetters, sr.LostExamples)
+		}
+		if sr.MaxFallbackPerSec > capLimit {
+			r.fail("%s: %d fallback reads on the primary within one second; the cap admits %d", sr.Stream, sr.MaxFallbackPerSec, capLimit)
+		}
+	}
+	if res.Jobs < r.sl.jobs {
+		r.fail("only %d of %d jobs were produced", res.Jobs, r.sl.jobs)
+	}
+}
+
+// drain waits until every produced job has completed on every stream, or
+// the drain time runs out.
+func (r *run) drain(ctx context.Context, streams []*stream) {
+	deadline := time.Now().Add(r.sl.drain)
+	last := time.Now()
+	for {
+		left := 0
+		for _, st := range streams {
+			left += st.pending()
+		}
+		if left == 0 {
+			r.event("every job completed")
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			r.event("gave up waiting: %d jobs not completed after %s", left, r.sl.drain)
+			return
+		}
+		if time.Since(last) > 10*time.Second {
+			r.s.out.say("%s: waiting for %d jobs", r.sc.name, left)
+			last = time.Now()
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+func (r *run) startPipelines() error {
+	s := r.s
+	r.asynqClient = asynq.NewClient(s.redisOpt())
+	// MaxRetry is high because a refusal by the fallback cap counts as a
+	// failed attempt (see caughtupasynq.ServerConfig): a task refused on
+	// every try of a long lag spike must not reach its last attempt, where
+	// the middleware would read the primary past the cap rather than
+	// archive it.
+	r.asynqPipe = &asynqPipe{queue: r.queue, client: caughtupasynq.NewClient(r.asynqClient), maxRetry: 1000}
+	if err := s.createTopics(8, r.topic); err != nil {
+		return err
+	}
+	r.kafkaPipe = s.newKafkaPipe(r.topic)
+	if _, err := r.startAsynqServer(); err != nil {
+		return err
+	}
+	if _, err := r.startKafkaMember("kafka-1"); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (r *run) startAsynqServer() (*asynq.Server, error) {
+	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.srvs = append(r.srvs, srv)
+	r.mu.Unlock()
+	return srv, nil
+}
+
+func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
+	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, kafkaTuning{100 * time.Millisecond, time.Second},
+		caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst))
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.members = append(r.members, m)
+	r.mu.Unlock()
+	return m, nil
+}
+
+func (r *run) stopPipelines() {
+	r.mu.Lock()
+	srvs, members := r.srvs, r.members
+	r.srvs, r.members = nil, nil
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, srv := range srvs {
+		wg.Go(srv.Shutdown)
+	}
+	for _, m := range members {
+		wg.Go(func() {
+			if err := m.stop(); err != nil {
+				r.fail("%v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if r.kafkaPipe != nil {
+		r.kafkaPipe.close()
+	}
+	if r.asynqClient != nil {
+		_ = r.asynqClient.Close()
+	}
+}
+
+// mergeStreams is the union of streams whose job ids do not overlap (the
+// lanes of one scenario), for the totals row: the fallback cap is one per
+// router, shared by both pipelines.
+func mergeStreams(name, policy string, sts ...*stream) *stream {
+	out := newStream(name, "", policy)
+	for _, st := range sts {
+		st.mu.Lock()
+		maps.Copy(out.produced, st.produced)
+		maps.Copy(out.completed, st.completed)
+		out.reads = append(out.reads, st.reads...)
+		out.stale = append(out.stale, st.stale...)
+		out.deferrals += st.deferrals
+		out.capped += st.capped
+		out.errors += st.errors
+		out.deadLetters += st.deadLetters
+		st.mu.Unlock()
+	}
+	return out
+}
