@@ -2,9 +2,25 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
+
+	"github.com/caughtup/caughtup/internal/chaos"
 )
 
+// errChaosFailed reports a failed chaos run; the suite has already printed
+// which check failed.
+type errChaosFailed int
+
+func (e errChaosFailed) Error() string { return fmt.Sprintf("the suite failed (status %d); see the tables above", int(e)) }
+
 func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return usageError{"chaos: not built yet"}
+	code := chaos.Main(ctx, args, stdout, stderr)
+	switch code {
+	case 0:
+		return nil
+	case 2:
+		return usageError{"bad flags; see 'caughtup chaos --help'"}
+	}
+	return errChaosFailed(code)
 }

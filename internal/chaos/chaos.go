@@ -1,0 +1,205 @@
+// Package chaos runs caughtup through faults on real services and checks
+// that no job reads stale data and none is lost; it also compares caughtup
+// with two baseline policies and prints the capacity simulation.
+//
+// It is the program behind `go run ./chaos`, `make chaos` and `caughtup chaos`:
+//
+//	go run ./chaos             # every scenario, 10,000 jobs each (make chaos)
+//	go run ./chaos -short      # the same with fewer jobs and shorter faults
+//	go run ./chaos -run 'wedge|cap' -json out.json -v
+//
+// Services: one PostgreSQL 15 cluster (a primary and two streaming
+// replicas, from internal/pgtest), one redis-server and one in-process
+// Kafka broker (kfake). Each scenario gets its own database, asynq queue,
+// Kafka topic and consumer group, and one consume.Router shared by both
+// pipelines, as one worker process would have.
+//
+// Workload: eight producer goroutines each write a row in its own
+// transaction (an upsert that bumps the row's version) with
+// enqueue.InTx, and enqueue a job carrying the row and the version written,
+// alternately through caughtup's stamping asynq client and its stamping
+// kafka-go writer, so each scenario's jobs are split evenly between an
+// asynq pipeline and a Kafka pipeline running concurrently. Consumers are
+// the adapters' own: an asynq server with caughtupasynq.ServerConfig and
+// Middleware, and a caughtupkafka.Consumer (in-place deferral) with
+// caughtupkafka.Middleware. The handler reads the row from
+// consume.DB(ctx, "main").
+//
+// Checker and columns: every handler run is a read, recorded with where
+// it ran and the version it saw.
+//
+//   - stale: the version read is lower than the one the job's producer
+//     wrote, or the row is missing.
+//   - lost: produced (the enqueue returned nil) and never completed (no
+//     handler run returned nil) by the end of the drain; Kafka dead
+//     letters count as lost.
+//   - replica share: handler runs that read a replica / all runs.
+//   - primary fallbacks: runs the router promoted to the primary for lag
+//     or unknown replica state (Decision.Fallback), what the cap limits.
+//   - deferrals: attempts that did not run because no replica had caught
+//     up (asynq: rescheduled without spending a retry; Kafka: slept in
+//     place); capped: attempts the fallback cap refused.
+//   - catch-up p50/p99 (the comparison's "added" latency): enqueue to the
+//     handler's read, after routing, waits, deferrals and retries, of the
+//     run that completed the job.
+//   - max fallback/1s (cap): the most fallback reads whose decision time
+//     (the token's capture time plus Decision.TokenAge, the router's own
+//     clock) falls in any half-open window [t, t+1s), against
+//     PrimaryRate x 1s + PrimaryBurst, the most a token bucket admits in
+//     such a window.
+//
+// Scenarios, each with its fault in the middle of production:
+//
+//   - replay-pause: replay paused on both replicas for 30s.
+//   - replica-crash: each replica SIGKILLed and restarted in turn.
+//   - failover: on a cluster of its own, replica1 is promoted (clean
+//     switchover). The producers' and the router's primary pools use a
+//     multi-host URL with target_session_attrs=read-write, so they follow
+//     the primary to its new node (as a DNS name or proxy would) without a
+//     rebuild; writes that fail during the switch are retried. The
+//     router's tracker sees the new timeline and the promoted node leave
+//     recovery, which excludes it as a replica; the other replica follows
+//     the new timeline, and jobs written on timeline 1 must still read
+//     their rows.
+//   - tracker-wedge: the backends serving the tracker's replica query are
+//     found in pg_stat_activity and SIGSTOPped (and any new one, until the
+//     end). A stopped backend alone does not wedge the tracker: its query
+//     times out, it reconnects and its new backend answers before it can be
+//     found, so new connections to the replicas are also held by a fault
+//     dialer (internal/fault) that the replica pools dial through; the
+//     handlers' connections were all opened beforehand. Once the last
+//     observation is older than the staleness bound, no job may read a
+//     replica until the wedge ends.
+//   - redis-restart: redis-server stopped and started while deferred tasks
+//     sit in asynq's retry set (replay is paused for a moment just
+//     before); persistence is switched on at runtime because pgtest starts
+//     redis-server without it.
+//   - consumers: asynq Server.Shutdown mid-run and new servers; a Kafka
+//     member killed (connections reset, no commit, no LeaveGroup), a
+//     replacement, and a third member joining and leaving (rebalances).
+//   - replay-conflict: a snapshot held on each replica while the primary
+//     deletes and vacuums rows it can see; replay stalls until
+//     max_standby_streaming_delay cancels the query (replica1) or the hold
+//     is released (replica2).
+//   - lag-spike-cap: sticky policy with the fallback cap at 20/s, burst 20,
+//     and replay paused on both replicas: at most 40 primary reads in any
+//     window [t, t+1s).
+//
+// Then a comparison: one workload consumed by caughtup and by two
+// baselines implemented here, a GitLab-style check (live replay query per
+// replica, 3 sleeps of 0.5s, one retry through the queue, then the primary)
+// and a 2s time window, under random replay pauses.
+//
+// The run exits 1 if caughtup read stale data, lost a job, or let more
+// primary reads through than the cap admits, or if a fault did not take
+// effect. Baselines' stale reads are the point of the comparison and do
+// not fail it.
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"time"
+)
+
+// Main runs the suite with command-line args (without the program name),
+// printing tables to stdout and progress to stderr, and returns the exit
+// status: 0 when every check held, 1 when one did not, 2 for bad flags.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap), compares it with GitLab-style and\ntime-window policies, prints a table per scenario and exits 1 on any stale read\nor lost job.")
+		fs.PrintDefaults()
+	}
+	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
+	jsonPath := fs.String("json", "chaos-results.json", "write the results as JSON to this file")
+	verbose := fs.Bool("v", false, "log the services' warnings (caughtup, asynq, kafka) to stderr")
+	capacityOnly := fs.Bool("capacity", false, "run only the capacity simulation")
+	only := fs.String("run", "", "run only the scenarios whose name matches this regular expression (\"compare\" is the comparison)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+
+	rows := simulateCapacity(defaultReadDelays, capacityLags)
+	printCapacity(stdout, rows)
+	if *capacityOnly {
+		return 0
+	}
+	o := options{short: *short, scale: fullScale}
+	if o.short {
+		o.scale = shortScale
+	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintf(stderr, "chaos: -run: %v\n", err)
+			return 2
+		}
+		o.only = re
+	}
+	var logw io.Writer = io.Discard
+	if *verbose {
+		logw = stderr
+	}
+	out := &progress{start: time.Now(), w: func(s string) { fmt.Fprintln(stderr, s) }}
+	res := runSuite(ctx, o, out, logw, stdout)
+	res.Capacity = rows
+	path, err := filepath.Abs(*jsonPath)
+	if err != nil {
+		path = *jsonPath
+	}
+	if err := writeJSON(path, res); err != nil {
+		fmt.Fprintf(stderr, "chaos: writing %s: %v\n", path, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "\nresults written to %s\n", path)
+	if len(res.Failures) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// runSuite starts the services, runs every selected scenario and the
+// comparison, printing each table as it finishes.
+func runSuite(ctx context.Context, o options, out *progress, logw, w io.Writer) *suiteResult {
+	began := time.Now()
+	res := &suiteResult{Mode: "full", Interpretation: interpretation, Started: began.Format(time.RFC3339)}
+	if o.short {
+		res.Mode = "short"
+	}
+	defer func() {
+		res.Seconds = time.Since(began).Seconds()
+		res.collectFailures()
+		printSummary(w, res)
+	}()
+	s, err := startServices(ctx, o, out, logw)
+	if err != nil {
+		res.Scenarios = append(res.Scenarios, scenarioResult{Name: "services", Failures: []string{err.Error()}})
+		return res
+	}
+	defer s.close()
+	fmt.Fprintf(w, "\nchaos (%s): %s\n", res.Mode, interpretation)
+	for _, sc := range scenarios(o.scale) {
+		if o.only != nil && !o.only.MatchString(sc.name) {
+			continue
+		}
+		r := runScenario(ctx, s, sc)
+		printScenario(w, r)
+		res.Scenarios = append(res.Scenarios, r)
+	}
+	if o.only == nil || o.only.MatchString("compare") {
+		c := runComparison(ctx, s)
+		printComparison(w, &c)
+		res.Comparison = &c
+	}
+	return res
+}
