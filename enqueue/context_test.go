@@ -229,4 +229,3 @@ func TestWithTokenSourceAsWithToken(t *testing.T) {
 	require.Equal(t, 1, s.calls)
 	require.Equal(t, bg, enqueue.WithTokenSource(bg, nil))
 }
-

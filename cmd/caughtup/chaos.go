@@ -12,7 +12,9 @@ import (
 // which check failed.
 type errChaosFailed int
 
-func (e errChaosFailed) Error() string { return fmt.Sprintf("the suite failed (status %d); see the tables above", int(e)) }
+func (e errChaosFailed) Error() string {
+	return fmt.Sprintf("the suite failed (status %d); see the tables above", int(e))
+}
 
 func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	code := chaos.Main(ctx, args, stdout, stderr)

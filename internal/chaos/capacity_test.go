@@ -20,7 +20,9 @@ func TestCapacityMatchesReferenceFigures(t *testing.T) {
 		require.Equal(t, 3000, r.WindowPrimary, "the window's primary load is flat")
 		require.LessOrEqual(t, r.WaitPrimary, r.TokensPrimary, "waiting can only take load off the primary")
 	}
-	near := func(want, got int) { require.InDelta(t, want, got, float64(want)*0.02+2, "want about %d, got %d", want, got) }
+	near := func(want, got int) {
+		require.InDelta(t, want, got, float64(want)*0.02+2, "want about %d, got %d", want, got)
+	}
 	near(200, byLag[0.1].TokensPrimary)
 	near(3000, byLag[2].TokensPrimary)
 	near(5000, byLag[30].TokensPrimary)
