@@ -62,8 +62,17 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			}
 			// InPlace: keep the partition's order and wait here. Route
 			// bounds this loop: once the token is older than the router's
-			// MaxAge it sends the message to the primary.
+			// MaxAge it sends the message to the primary. When Route has
+			// just waited for a replica, that wait woke on the tracker's
+			// observations; asking again at once keeps waking within
+			// milliseconds of the catch-up rather than sleeping out a
+			// deferral step that may be seconds long. Otherwise (the cap,
+			// waiting disabled or a tiny budget) sleep the delay, so the
+			// loop never spins.
 			tc.add(waited)
+			if de.Decision.Waited >= minDeferDelay {
+				continue
+			}
 			if !sleep(ctx, delay) {
 				return false
 			}
