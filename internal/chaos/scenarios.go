@@ -131,6 +131,12 @@ func names(nodes []*pgtest.Node) string {
 }
 
 func replayPause(ctx context.Context, r *run) error {
+	return pauseAllFor(ctx, r, r.sl.pause, "")
+}
+
+// pauseAllFor pauses replay on every replica from the scenario's lead time
+// for d, then resumes it.
+func pauseAllFor(ctx context.Context, r *run, d time.Duration, why string) error {
 	nodes := r.cluster.Replicas()
 	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
@@ -139,8 +145,8 @@ func replayPause(ctx context.Context, r *run) error {
 	if err := pauseAll(ctx, nodes); err != nil {
 		return err
 	}
-	r.event("paused replay on %s", names(nodes))
-	if err := r.at(ctx, r.sl.lead+r.sl.pause); err != nil {
+	r.event("paused replay on %s%s", names(nodes), why)
+	if err := r.at(ctx, r.sl.lead+d); err != nil {
 		return err
 	}
 	if err := resumeAll(nodes); err != nil {
@@ -693,23 +699,7 @@ func (m *replayMonitor) stop() []time.Duration {
 }
 
 func capSpike(ctx context.Context, r *run) error {
-	nodes := r.cluster.Replicas()
-	if err := r.at(ctx, r.sl.lead); err != nil {
-		return err
-	}
-	defer resumeAll(nodes)
-	if err := pauseAll(ctx, nodes); err != nil {
-		return err
-	}
-	r.event("paused replay on %s: every job needs the primary", names(nodes))
-	if err := r.at(ctx, r.sl.lead+r.sl.capPause); err != nil {
-		return err
-	}
-	if err := resumeAll(nodes); err != nil {
-		return err
-	}
-	r.event("resumed replay on %s", names(nodes))
-	return nil
+	return pauseAllFor(ctx, r, r.sl.capPause, ": every job needs the primary")
 }
 
 // checkCap: every primary read of this scenario is a promotion the cap
