@@ -173,6 +173,24 @@ func (c *Capturer) Capture(ctx context.Context, conn *pgx.Conn) (position.Token,
 	if err := checkIdle(conn); err != nil {
 		return position.Token{}, err
 	}
+	return c.capture(ctx, conn)
+}
+
+// CaptureCommitted returns a token for every row that tx's snapshot shows
+// as committed by other transactions: the insert position read now, inside
+// tx, is at or past each of their commit records, because they committed
+// before the snapshot was taken. Relays that read an outbox call it after
+// the statement that claimed the rows. It says nothing about tx's own
+// writes, whose commit record does not exist yet: for those, use Commit.
+func (c *Capturer) CaptureCommitted(ctx context.Context, tx pgx.Tx) (position.Token, error) {
+	if tx == nil || tx.Conn() == nil {
+		return position.Token{}, errors.New("caughtup/enqueue: CaptureCommitted on a nil transaction")
+	}
+	return c.capture(ctx, tx.Conn())
+}
+
+// capture reads the position and the epoch on conn; see Capture.
+func (c *Capturer) capture(ctx context.Context, conn *pgx.Conn) (position.Token, error) {
 	now := c.cfg.Now()
 	pc := conn.PgConn()
 	srv, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)

@@ -759,3 +759,35 @@ func TestTimelineAfterPromotion(t *testing.T) {
 	require.Equal(t, position.SourcePrimary, reread.Entries[0].Source, "no longer in recovery")
 	require.Equal(t, ae.Epoch, reread.Entries[0].Epoch)
 }
+
+// CaptureCommitted, read inside a transaction after it saw another
+// session's committed row, covers that row's commit: a replica that has
+// replayed the token shows the row.
+func TestCaptureCommittedCoversRowsTheSnapshotSees(t *testing.T) {
+	e := setup(t)
+	capt := enqueue.NewCapturer(enqueue.Config{})
+	writer := e.conn(t, e.c.Primary())
+	written, err := capt.InTx(e.ctx, e.pool(t, e.c.Primary()), func(tx pgx.Tx) error {
+		_, err := tx.Exec(e.ctx, "INSERT INTO items VALUES (1)")
+		return err
+	})
+	require.NoError(t, err)
+	want, _ := enqueue.TokenFrom(written)
+
+	tx, err := writer.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var n int
+	require.NoError(t, tx.QueryRow(e.ctx, "SELECT count(*) FROM items WHERE id = 1").Scan(&n))
+	require.Equal(t, 1, n)
+	tok, err := capt.CaptureCommitted(e.ctx, tx)
+	require.NoError(t, err, "a transaction reading others' commits may capture")
+	got, ok := tok.Entry("main")
+	require.True(t, ok)
+	wantEntry, _ := want.Entry("main")
+	require.Equal(t, wantEntry.Epoch, got.Epoch)
+	require.GreaterOrEqual(t, got.LSN, wantEntry.LSN)
+
+	_, err = capt.CaptureCommitted(e.ctx, nil)
+	require.Error(t, err)
+}

@@ -8,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -130,9 +130,9 @@ type PollingRelay struct {
 	mark    string
 	metrics *relayMetrics
 
-	mu      sync.Mutex
-	sysID   uint64
-	sysRead time.Time
+	// capturer reads the token inside the claiming transaction, with the
+	// same query, caching and page-boundary handling as producers use.
+	capturer *enqueue.Capturer
 
 	// hooks let tests crash the relay between its steps.
 	hooks relayHooks
@@ -165,7 +165,9 @@ func NewPollingRelay(cfg PollingConfig) (*PollingRelay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &PollingRelay{cfg: cfg, table: t, metrics: m}
+	r := &PollingRelay{cfg: cfg, table: t, metrics: m, capturer: enqueue.NewCapturer(enqueue.Config{
+		Database: cfg.Database, SystemIDRefresh: cfg.SystemIDRefresh, Now: cfg.Now,
+	})}
 	r.claim = "SELECT id, event_id, topic, key, payload, headers, created_at FROM " + t.ident() +
 		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
 	if cfg.KeepPublished {
@@ -251,7 +253,7 @@ func (r *PollingRelay) relayOnce(ctx context.Context) (int, string, error) {
 	}
 	// The next statement's reads happen after the claim's snapshot: see
 	// the type's doc for why that makes the token safe.
-	tok, err := r.stampToken(ctx, tx)
+	tok, err := r.capturer.CaptureCommitted(ctx, tx)
 	if err != nil {
 		return 0, "stamp", err
 	}
@@ -302,52 +304,6 @@ func (r *PollingRelay) claimBatch(ctx context.Context, tx pgx.Tx) ([]Event, erro
 		events = append(events, ev)
 	}
 	return events, rows.Err()
-}
-
-// The position and the timeline come from one statement; the WAL file
-// name's first eight hex digits are the primary's current timeline, exact
-// even right after a promotion, unlike pg_control_checkpoint().
-const (
-	stampQuery      = "SELECT pg_current_wal_insert_lsn()::text, pg_walfile_name(pg_current_wal_lsn())"
-	stampQuerySysID = stampQuery + ", (SELECT system_identifier FROM pg_control_system())::text"
-)
-
-func (r *PollingRelay) stampToken(ctx context.Context, tx pgx.Tx) (position.Token, error) {
-	now := r.cfg.Now()
-	r.mu.Lock()
-	sysID := r.sysID
-	if now.Sub(r.sysRead) > r.cfg.SystemIDRefresh {
-		sysID = 0
-	}
-	r.mu.Unlock()
-
-	var lsnText, walfile, sysText string
-	var err error
-	if sysID != 0 {
-		err = tx.QueryRow(ctx, stampQuery, pgx.QueryExecModeSimpleProtocol).Scan(&lsnText, &walfile)
-	} else {
-		err = tx.QueryRow(ctx, stampQuerySysID, pgx.QueryExecModeSimpleProtocol).Scan(&lsnText, &walfile, &sysText)
-	}
-	if err != nil {
-		return position.Token{}, err
-	}
-	if sysID == 0 {
-		if sysID, err = position.ParseSystemIdentifier(sysText); err != nil {
-			return position.Token{}, err
-		}
-		r.mu.Lock()
-		r.sysID, r.sysRead = sysID, now
-		r.mu.Unlock()
-	}
-	lsn, err := position.ParseLSN(lsnText)
-	if err != nil {
-		return position.Token{}, err
-	}
-	tli, err := position.TimelineFromWALFileName(walfile)
-	if err != nil {
-		return position.Token{}, err
-	}
-	return position.New(r.cfg.Database, position.Epoch{SystemID: sysID, Timeline: tli}, lsn, position.SourcePrimary, now), nil
 }
 
 // parseHeaders reads the headers column leniently: a row written by hand
