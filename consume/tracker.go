@@ -218,40 +218,35 @@ func (t *tracker) sleep(timer *time.Timer, d time.Duration, kick chan struct{}) 
 }
 
 func (t *tracker) runReplica(p *replicaPoller) {
-	defer t.wg.Done()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	first := true
-	for {
-		start := time.Now()
-		t.pollReplica(p)
-		if first {
-			first = false
-			t.initialized()
-		}
-		interval := t.cfg.PollInterval
+	t.run(func() { t.pollReplica(p) }, func() time.Duration {
 		if p.waiters.Load() > 0 {
-			interval = t.cfg.WaitPollInterval
+			return t.cfg.WaitPollInterval
 		}
-		if !t.sleep(timer, interval-time.Since(start), p.kick) {
-			return
-		}
-	}
+		return t.cfg.PollInterval
+	}, p.kick)
 }
 
 func (t *tracker) runPrimary(p *primaryPoller) {
+	t.run(func() { t.pollPrimary(p) }, func() time.Duration { return t.cfg.PollInterval }, nil)
+}
+
+// run polls once per interval (measured from the start of each poll, so
+// a slow query does not stretch the period) until the tracker stops, and
+// marks the node initialized after its first poll. kick cuts a sleep
+// short.
+func (t *tracker) run(poll func(), interval func() time.Duration, kick chan struct{}) {
 	defer t.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	first := true
 	for {
 		start := time.Now()
-		t.pollPrimary(p)
+		poll()
 		if first {
 			first = false
 			t.initialized()
 		}
-		if !t.sleep(timer, t.cfg.PollInterval-time.Since(start), nil) {
+		if !t.sleep(timer, interval()-time.Since(start), kick) {
 			return
 		}
 	}
