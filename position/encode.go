@@ -115,8 +115,14 @@ func (t Token) AppendText(b []byte) ([]byte, error) {
 // MarshalText implements encoding.TextMarshaler.
 func (t Token) MarshalText() ([]byte, error) { return t.AppendText(nil) }
 
-// UnmarshalText implements encoding.TextUnmarshaler.
+// UnmarshalText implements encoding.TextUnmarshaler. Empty text is the
+// zero Token, which MarshalText writes, so a struct holding an unset Token
+// round-trips through JSON.
 func (t *Token) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*t = Token{}
+		return nil
+	}
 	v, err := Decode(string(b))
 	if err != nil {
 		return err
@@ -128,8 +134,39 @@ func (t *Token) UnmarshalText(b []byte) error {
 // Decode parses a token's text form. It never panics; anything but a
 // well-formed token of a known version returns a *DecodeError wrapping
 // ErrMalformed, ErrUnknownVersion, ErrTooLarge or ErrDuplicateDatabase.
-// Entries are returned sorted by database.
+// Entries are returned sorted by database. The error's Input holds a
+// bounded excerpt of s, so that a log line can show what the producer at
+// fault sent.
 func Decode(s string) (Token, error) {
+	t, err := decode(s)
+	if err != nil {
+		err.Input = excerpt(s, err.Offset)
+		return Token{}, err
+	}
+	return t, nil
+}
+
+// maxExcerpt bounds DecodeError.Input.
+const maxExcerpt = 64
+
+// excerpt returns at most maxExcerpt bytes of s around offset, with "…"
+// where it was cut.
+func excerpt(s string, offset int) string {
+	if len(s) <= maxExcerpt {
+		return s
+	}
+	from := min(max(offset-maxExcerpt/2, 0), len(s)-maxExcerpt)
+	out := s[from : from+maxExcerpt]
+	if from > 0 {
+		out = "…" + out
+	}
+	if from+maxExcerpt < len(s) {
+		out += "…"
+	}
+	return out
+}
+
+func decode(s string) (Token, *DecodeError) {
 	if len(s) > MaxEncodedLen {
 		return Token{}, &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
 	}
@@ -240,7 +277,7 @@ func digit(c byte) (uint64, bool) {
 	return 0, false
 }
 
-func (d *decoder) entry() (Entry, error) {
+func (d *decoder) entry() (Entry, *DecodeError) {
 	var e Entry
 	start := d.pos
 	for d.pos < len(d.s) && isNameByte(d.s[d.pos]) {

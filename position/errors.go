@@ -29,12 +29,19 @@ type DecodeError struct {
 	Err error
 	// Detail says what was expected there.
 	Detail string
+	// Input is a bounded excerpt (at most 64 bytes, around Offset) of
+	// the rejected text, as Decode received it; Error prints it escaped.
+	// Empty for errors of Encode.
+	Input string
 }
 
 func (e *DecodeError) Error() string {
 	s := "caughtup/position: " + e.Err.Error() + " at byte " + strconv.Itoa(e.Offset)
 	if e.Detail != "" {
 		s += ": " + e.Detail
+	}
+	if e.Input != "" {
+		s += " in " + strconv.QuoteToASCII(e.Input)
 	}
 	return s
 }
