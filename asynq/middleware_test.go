@@ -187,7 +187,7 @@ func TestDeferralKeepsRetries(t *testing.T) {
 	info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("defer", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
 	require.NoError(t, err)
 
-	deferred := map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}
+	deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
 	eventually(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 2 },
 		"the task was not deferred twice while replay was paused")
 	got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
@@ -268,7 +268,7 @@ func TestLastAttemptNeverDefers(t *testing.T) {
 		require.Equal(t, consume.ReasonReplicaBehind, runs[0].decision.Reason)
 		require.Equal(t, consume.Sticky, runs[0].decision.Policy)
 		require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides", lastAttempt))
-		require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}),
+		require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}),
 			"the router counted the deferral the middleware then overrode")
 		require.GreaterOrEqual(t, runs[0].decision.Waited, time.Duration(0))
 		eventually(t, 10*time.Second, func() bool {
@@ -360,7 +360,7 @@ func TestCapOnLastAttemptReadsPrimary(t *testing.T) {
 	require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
 	require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides",
 		map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideCapped)}))
-	require.Equal(t, int64(2), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomeCapped)}),
+	require.Equal(t, int64(2), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomeCapped.String()}),
 		"both attempts of the second task were refused")
 }
 
@@ -402,8 +402,8 @@ func TestBadHeadersReadPrimary(t *testing.T) {
 		require.Equal(t, consume.OutcomePrimaryNoToken, runs[0].decision.Outcome)
 		require.Empty(t, replicaOf(runs[0].decision))
 	}
-	require.Equal(t, int64(3), e.sum(t, "caughtup.consume.tokens.missing", map[string]string{"caughtup.reason": string(consume.ReasonNoToken)}))
-	require.Equal(t, int64(len(headers)-3), e.sum(t, "caughtup.consume.tokens.missing", map[string]string{"caughtup.reason": string(consume.ReasonMalformedToken)}))
+	require.Equal(t, int64(3), e.sum(t, "caughtup.consume.tokens.missing", map[string]string{"caughtup.reason": consume.ReasonNoToken.String()}))
+	require.Equal(t, int64(len(headers)-3), e.sum(t, "caughtup.consume.tokens.missing", map[string]string{"caughtup.reason": consume.ReasonMalformedToken.String()}))
 }
 
 // TestPoliciesPerTaskType calls the middleware directly (no server): the
@@ -439,7 +439,7 @@ func TestPoliciesPerTaskType(t *testing.T) {
 	}
 	require.NoError(t, h.ProcessTask(context.Background(), hasynq.NewTask("other", nil)))
 	require.Equal(t, consume.OutcomePrimaryNoToken, got.Outcome)
-	require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomePrimaryNoToken)}))
+	require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomePrimaryNoToken.String()}))
 }
 
 // TestUniqueDuplicateSeesLaterWrite: a unique task already queued stands
@@ -485,7 +485,7 @@ func TestUniqueDuplicateSeesLaterWrite(t *testing.T) {
 	require.Equal(t, value(1), runs[0].val, "the control task read a replica without the second write")
 	require.NotEmpty(t, replicaOf(runs[0].decision))
 
-	deferred := map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}
+	deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
 	eventually(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 1 },
 		"the unique task was not deferred while no replica had the duplicate's write")
 	require.Empty(t, rec.get(info.ID))
@@ -583,6 +583,6 @@ func TestDeferralEndsAtMaxAge(t *testing.T) {
 	require.Zero(t, runs[0].retried, "deferrals counted as failed attempts")
 	require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
 	require.Equal(t, consume.ReasonDeadline, runs[0].decision.Reason)
-	require.GreaterOrEqual(t, e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": string(consume.OutcomeDeferred)}), int64(1))
+	require.GreaterOrEqual(t, e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}), int64(1))
 	require.Zero(t, e.sum(t, "caughtup.asynq.overrides", nil))
 }

@@ -112,75 +112,23 @@ func systemSet(kv []attribute.KeyValue) attribute.Set {
 	return attribute.NewSet(append([]attribute.KeyValue{semconv.DBSystemNamePostgreSQL}, kv...)...)
 }
 
-// The slots' index spaces. Outcome and Reason are strings for logs and
-// metrics; these tables number the values Decide produces.
-var (
-	outcomeSlots = [...]Outcome{OutcomeReplica, OutcomeReplicaWaited, OutcomeDeferred, OutcomePrimary,
-		OutcomePrimaryNoToken, OutcomePrimaryEpoch, OutcomeCapped, outcomeWait}
-	reasonSlots = [...]Reason{ReasonNone, ReasonNoToken, ReasonMalformedToken, ReasonPolicyAlways,
-		ReasonReplicaBehind, ReasonDeadline, ReasonUnknownAge, ReasonEpoch, ReasonNoHealthyReplica,
-		ReasonTrackerStale, ReasonNoReplicas, ReasonUnknownDatabase, ReasonCapped}
-)
-
 const (
 	numPolicies     = len(policyNames)
-	numOutcomes     = len(outcomeSlots)
-	numReasons      = len(reasonSlots)
 	numIncomparable = int(position.PastSwitchpoint) + 1
 )
 
-// outcomeSlot numbers o as outcomeSlots does; -1 for anything else.
+// outcomeSlot numbers o; -1 for anything else.
 func outcomeSlot(o Outcome) int {
-	switch o {
-	case OutcomeReplica:
-		return 0
-	case OutcomeReplicaWaited:
-		return 1
-	case OutcomeDeferred:
-		return 2
-	case OutcomePrimary:
-		return 3
-	case OutcomePrimaryNoToken:
-		return 4
-	case OutcomePrimaryEpoch:
-		return 5
-	case OutcomeCapped:
-		return 6
-	case outcomeWait:
-		return 7
+	if int(o) < numOutcomes {
+		return int(o)
 	}
 	return -1
 }
 
-// reasonSlot numbers r as reasonSlots does; -1 for anything else.
+// reasonSlot numbers r; -1 for anything else.
 func reasonSlot(r Reason) int {
-	switch r {
-	case ReasonNone:
-		return 0
-	case ReasonNoToken:
-		return 1
-	case ReasonMalformedToken:
-		return 2
-	case ReasonPolicyAlways:
-		return 3
-	case ReasonReplicaBehind:
-		return 4
-	case ReasonDeadline:
-		return 5
-	case ReasonUnknownAge:
-		return 6
-	case ReasonEpoch:
-		return 7
-	case ReasonNoHealthyReplica:
-		return 8
-	case ReasonTrackerStale:
-		return 9
-	case ReasonNoReplicas:
-		return 10
-	case ReasonUnknownDatabase:
-		return 11
-	case ReasonCapped:
-		return 12
+	if int(r) < numReasons {
+		return int(r)
 	}
 	return -1
 }
@@ -197,16 +145,16 @@ func incomparableSlot(r position.Incomparable) int {
 func decisionAttrs(p Policy, o Outcome, r Reason) []attribute.KeyValue {
 	return []attribute.KeyValue{
 		attribute.String(attrPolicy, p.String()),
-		attribute.String(attrOutcome, string(o)),
-		attribute.String(attrReason, string(r)),
+		attribute.String(attrOutcome, o.String()),
+		attribute.String(attrReason, r.String()),
 	}
 }
 
 func routeAttrs(database, replica string, o Outcome, r Reason) []attribute.KeyValue {
 	kv := []attribute.KeyValue{
 		attribute.String(attrDatabase, database),
-		attribute.String(attrOutcome, string(o)),
-		attribute.String(attrReason, string(r)),
+		attribute.String(attrOutcome, o.String()),
+		attribute.String(attrReason, r.String()),
 	}
 	if replica != "" {
 		kv = append(kv, attribute.String(attrReplica, replica))
@@ -253,10 +201,10 @@ func newMetrics(mp metric.MeterProvider, tr *tracker) (*metrics, error) {
 	}
 
 	m.decisions = newCounterSet(numPolicies*numOutcomes*numReasons, func(slot int) []attribute.KeyValue {
-		return decisionAttrs(Policy(slot/(numOutcomes*numReasons)), outcomeSlots[slot/numReasons%numOutcomes], reasonSlots[slot%numReasons])
+		return decisionAttrs(Policy(slot/(numOutcomes*numReasons)), Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
 	})
 	m.missing = newCounterSet(numReasons, func(slot int) []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String(attrReason, string(reasonSlots[slot]))}
+		return []attribute.KeyValue{attribute.String(attrReason, Reason(slot).String())}
 	})
 	for _, ds := range tr.snapshot().Databases {
 		dc := dbCounters{replicas: make([]string, len(ds.Replicas))}
@@ -269,7 +217,7 @@ func newMetrics(mp metric.MeterProvider, tr *tracker) (*metrics, error) {
 			if j := slot / (numOutcomes * numReasons); j > 0 {
 				replica = dc.replicas[j-1]
 			}
-			return routeAttrs(name, replica, outcomeSlots[slot/numReasons%numOutcomes], reasonSlots[slot%numReasons])
+			return routeAttrs(name, replica, Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
 		})
 		dc.crossEpoch = newCounterSet(numIncomparable, func(slot int) []attribute.KeyValue {
 			return crossEpochAttrs(name, position.Incomparable(slot))
@@ -406,7 +354,7 @@ func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
 		if r := reasonSlot(d.Reason); r >= 0 {
 			m.missing.n[r].Add(1)
 		} else {
-			m.addOther(instMissing, []attribute.KeyValue{attribute.String(attrReason, string(d.Reason))})
+			m.addOther(instMissing, []attribute.KeyValue{attribute.String(attrReason, d.Reason.String())})
 		}
 	}
 	for i := range d.Databases {

@@ -23,14 +23,14 @@ import (
 
 func TestMetricSlots(t *testing.T) {
 	t.Parallel()
-	for i, o := range outcomeSlots {
-		require.Equal(t, i, outcomeSlot(o), o)
+	for i := range numOutcomes {
+		require.Equal(t, i, outcomeSlot(Outcome(i)))
 	}
-	for i, r := range reasonSlots {
-		require.Equal(t, i, reasonSlot(r), r)
+	for i := range numReasons {
+		require.Equal(t, i, reasonSlot(Reason(i)))
 	}
-	require.Equal(t, -1, outcomeSlot("other"))
-	require.Equal(t, -1, reasonSlot("other"))
+	require.Equal(t, -1, outcomeSlot(Outcome(200)))
+	require.Equal(t, -1, reasonSlot(Reason(200)))
 	for v := range 256 {
 		r := position.Incomparable(v)
 		require.Equal(t, r.String(), position.Incomparable(incomparableSlot(r)).String(), v)
@@ -101,7 +101,7 @@ func (m *syncMetrics) record(ctx context.Context, d *Decision, waited bool) {
 		m.wait.Record(ctx, d.Waited.Seconds(), job)
 	}
 	if d.Outcome == OutcomePrimaryNoToken {
-		m.missing.Add(ctx, 1, with([]attribute.KeyValue{attribute.String(attrReason, string(d.Reason))}))
+		m.missing.Add(ctx, 1, with([]attribute.KeyValue{attribute.String(attrReason, d.Reason.String())}))
 	}
 	for _, dd := range d.Databases {
 		if dd.Reason == ReasonEpoch {
@@ -168,8 +168,14 @@ func TestMetricsAsSynchronousCounters(t *testing.T) {
 	ref := newSyncMetrics(t, refMP)
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	outcomes := append(outcomeSlots[:], "odd")
-	reasons := append(reasonSlots[:], "odd")
+	var outcomes []Outcome
+	for i := range numOutcomes + 1 {
+		outcomes = append(outcomes, Outcome(i))
+	}
+	var reasons []Reason
+	for i := range numReasons + 1 {
+		reasons = append(reasons, Reason(i))
+	}
 	replicas := map[string][]string{"main": {"r1", "r2"}}
 	ctx := context.Background()
 	for round := range 3 {

@@ -83,81 +83,138 @@ func (p *Policy) UnmarshalText(b []byte) error {
 func (p Policy) valid() bool { return int(p) < len(policyNames) }
 
 // Outcome names what happened to a job, for metrics (caughtup.outcome) and
-// logs. It follows GitLab's strategy log field where one exists.
-type Outcome string
+// logs. It follows GitLab's strategy log field where one exists. String
+// gives the name metrics and logs use.
+type Outcome uint8
 
 const (
 	// OutcomeReplica: every database the token names is read from a
 	// replica that had already caught up.
-	OutcomeReplica Outcome = "replica"
+	OutcomeReplica Outcome = iota
 	// OutcomeReplicaWaited: as OutcomeReplica, after waiting for a replica
 	// to catch up.
-	OutcomeReplicaWaited Outcome = "replica_waited"
+	OutcomeReplicaWaited
 	// OutcomeDeferred: the job does not run now; run it again after
 	// Decision.Delay.
-	OutcomeDeferred Outcome = "deferred"
+	OutcomeDeferred
 	// OutcomePrimary: at least one database is read from the primary
 	// because of the policy, replica lag or unknown replica state; Reason
 	// says which.
-	OutcomePrimary Outcome = "primary"
+	OutcomePrimary
 	// OutcomePrimaryNoToken: the job carries no usable token (none, or
 	// malformed), so it cannot be checked against any replica.
-	OutcomePrimaryNoToken Outcome = "primary_no_token"
+	OutcomePrimaryNoToken
 	// OutcomePrimaryEpoch: the token's position belongs to a history the
 	// replicas cannot be compared with (another cluster, a timeline past
 	// its switchpoint, an unknown epoch).
-	OutcomePrimaryEpoch Outcome = "primary_epoch"
+	OutcomePrimaryEpoch
 	// OutcomeCapped: the job needs the primary but the fallback cap is
 	// exhausted and it may not be deferred any longer (Sticky, or Delayed
 	// past Config.MaxAge). It does not run now; adapters return a
 	// retryable error. Never a stale read.
-	OutcomeCapped Outcome = "capped"
+	OutcomeCapped
 
 	// outcomeWait is Decide's "wait for the tracker" result; the Router
 	// never reports it.
-	outcomeWait Outcome = "wait"
+	outcomeWait
+
+	numOutcomes = int(outcomeWait) + 1
 )
 
-// Reason explains an outcome (caughtup.reason).
-type Reason string
+var outcomeNames = [numOutcomes]string{
+	OutcomeReplica:        "replica",
+	OutcomeReplicaWaited:  "replica_waited",
+	OutcomeDeferred:       "deferred",
+	OutcomePrimary:        "primary",
+	OutcomePrimaryNoToken: "primary_no_token",
+	OutcomePrimaryEpoch:   "primary_epoch",
+	OutcomeCapped:         "capped",
+	outcomeWait:           "wait",
+}
+
+// String is the outcome's name in metrics and logs ("replica",
+// "primary_no_token", …).
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// MarshalText implements encoding.TextMarshaler, so that JSON logs and
+// reports carry the name.
+func (o Outcome) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// Reason explains an outcome (caughtup.reason). String gives the name
+// metrics and logs use.
+type Reason uint8
 
 const (
 	// ReasonNone: nothing to explain (a replica was used).
-	ReasonNone Reason = "none"
+	ReasonNone Reason = iota
 	// ReasonNoToken: the job carries no token.
-	ReasonNoToken Reason = "no_token"
+	ReasonNoToken
 	// ReasonMalformedToken: the job's token could not be decoded.
-	ReasonMalformedToken Reason = "malformed_token"
+	ReasonMalformedToken
 	// ReasonPolicyAlways: the policy is Always.
-	ReasonPolicyAlways Reason = "policy_always"
+	ReasonPolicyAlways
 	// ReasonReplicaBehind: healthy replicas exist but none has replayed
 	// the token's position yet.
-	ReasonReplicaBehind Reason = "replica_behind"
+	ReasonReplicaBehind
 	// ReasonDeadline: the token is older than Config.MaxAge, so the job
 	// stops waiting for replicas.
-	ReasonDeadline Reason = "deadline"
+	ReasonDeadline
 	// ReasonUnknownAge: the token has no capture time, so a Delayed job
 	// cannot be deferred (its deferral would have no bound) and goes to
 	// the primary after the wait.
-	ReasonUnknownAge Reason = "unknown_age"
+	ReasonUnknownAge
 	// ReasonEpoch: the token's epoch cannot be compared with the
 	// replicas' (DatabaseDecision.Incomparable says how).
-	ReasonEpoch Reason = "epoch"
+	ReasonEpoch
 	// ReasonNoHealthyReplica: no replica's state is known and usable: all
 	// are failing, not in recovery, of unknown epoch or over the lag
 	// thresholds.
-	ReasonNoHealthyReplica Reason = "no_healthy_replica"
+	ReasonNoHealthyReplica
 	// ReasonTrackerStale: every replica's last observation is older than
 	// Config.StalenessBound.
-	ReasonTrackerStale Reason = "tracker_stale"
+	ReasonTrackerStale
 	// ReasonNoReplicas: the database is configured without replicas.
-	ReasonNoReplicas Reason = "no_replicas"
+	ReasonNoReplicas
 	// ReasonUnknownDatabase: the token names a database missing from
-	// Config.Databases; DB returns nil for it.
-	ReasonUnknownDatabase Reason = "unknown_database"
+	// Config.Databases; that database cannot be read through the router.
+	ReasonUnknownDatabase
 	// ReasonCapped: the fallback cap refused a promotion to the primary.
-	ReasonCapped Reason = "capped"
+	ReasonCapped
+
+	numReasons = int(ReasonCapped) + 1
 )
+
+var reasonNames = [numReasons]string{
+	ReasonNone:             "none",
+	ReasonNoToken:          "no_token",
+	ReasonMalformedToken:   "malformed_token",
+	ReasonPolicyAlways:     "policy_always",
+	ReasonReplicaBehind:    "replica_behind",
+	ReasonDeadline:         "deadline",
+	ReasonUnknownAge:       "unknown_age",
+	ReasonEpoch:            "epoch",
+	ReasonNoHealthyReplica: "no_healthy_replica",
+	ReasonTrackerStale:     "tracker_stale",
+	ReasonNoReplicas:       "no_replicas",
+	ReasonUnknownDatabase:  "unknown_database",
+	ReasonCapped:           "capped",
+}
+
+// String is the reason's name in metrics and logs ("replica_behind", …).
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 
 // fallback reports whether a primary read for this reason is a promotion
 // caused by lag or unknown replica state, the only kind the fallback cap

@@ -42,7 +42,25 @@ func TestRouteCaughtUp(t *testing.T) {
 	got, ok := DecisionFrom(hctx)
 	require.True(t, ok)
 	require.Equal(t, d.Outcome, got.Outcome)
-	require.Nil(t, DB(hctx, "other"), "a database the router does not know")
+	_, err = Pool(hctx, "other")
+	require.ErrorIs(t, err, ErrUnknownDatabase, "a database the router does not know")
+	require.ErrorContains(t, err, `"main"`, "the error names the configured databases")
+	require.PanicsWithError(t, err.Error(), func() { DB(hctx, "other") })
+	_, err = Pool(ctx, "main")
+	require.ErrorIs(t, err, ErrNotRouted)
+	require.Panics(t, func() { DB(ctx, "main") }, "an unrouted context")
+
+	// database/sql over the same chosen pool.
+	sdb, err := SQLDB(hctx, "main")
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, sdb.QueryRowContext(hctx, `SELECT count(*) FROM items WHERE id = $1`, id).Scan(&n))
+	require.Equal(t, 1, n, "the *sql.DB reads the replica chosen, which has the row")
+	var inRecovery bool
+	require.NoError(t, sdb.QueryRowContext(hctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery))
+	require.True(t, inRecovery, "SQLDB hands out the replica, not the primary")
+	_, err = SQLDB(ctx, "main")
+	require.ErrorIs(t, err, ErrNotRouted)
 
 	// Jobs the handler enqueues must see at least what it read.
 	child, ok := enqueue.TokenFrom(hctx)

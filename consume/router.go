@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel"
 	"golang.org/x/time/rate"
 
@@ -30,6 +32,8 @@ type Router struct {
 	log    *slog.Logger
 	spread atomic.Uint32
 	pools  map[string]*Database
+	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
+	sqlDBs map[*pgxpool.Pool]*sql.DB
 
 	warnMu sync.Mutex
 	warns  map[Reason]*rate.Sometimes
@@ -57,11 +61,18 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 		pools[name] = &db
 	}
 	r := &Router{
-		cfg:   cfg,
-		lim:   rate.NewLimiter(cfg.PrimaryRate, cfg.PrimaryBurst),
-		log:   cfg.Logger,
-		pools: pools,
-		warns: make(map[Reason]*rate.Sometimes),
+		cfg:    cfg,
+		lim:    rate.NewLimiter(cfg.PrimaryRate, cfg.PrimaryBurst),
+		log:    cfg.Logger,
+		pools:  pools,
+		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
+		warns:  make(map[Reason]*rate.Sometimes),
+	}
+	for _, db := range pools {
+		r.openSQL(db.Primary)
+		for _, rep := range db.Replicas {
+			r.openSQL(rep.Pool)
+		}
 	}
 	if r.log == nil {
 		r.log = slog.Default()
@@ -104,8 +115,19 @@ func (r *Router) Close() error {
 	r.closeOnce.Do(func() {
 		err = r.met.reg.Unregister()
 		r.tr.close()
+		for _, db := range r.sqlDBs {
+			err = errors.Join(err, db.Close())
+		}
 	})
 	return err
+}
+
+// openSQL opens the *sql.DB that SQLDB hands out for p. Opening one
+// connects nothing: connections come from p as they are used.
+func (r *Router) openSQL(p *pgxpool.Pool) {
+	if _, ok := r.sqlDBs[p]; !ok {
+		r.sqlDBs[p] = stdlib.OpenDBFromPool(p)
+	}
 }
 
 // Snapshot returns the tracker's current state. It is shared and
@@ -187,6 +209,18 @@ func (r *Router) Route(ctx context.Context, header string, policy Policy) (conte
 // position directly).
 func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Policy) (context.Context, Decision, error) {
 	return r.route(ctx, tok, nil, policy)
+}
+
+// RouteDecoded is Route for a token decoded by the caller, typically with
+// position.DecodeHeaders from a message's header values, together with the
+// error of that decoding. A non-nil decodeErr routes the job to the
+// primary as malformed (ReasonMalformedToken) whatever tok holds, and the
+// warning names the error.
+func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr error, policy Policy) (context.Context, Decision, error) {
+	if decodeErr != nil {
+		tok = position.Token{}
+	}
+	return r.route(ctx, tok, decodeErr, policy)
 }
 
 // routed is the handler's context: the parent's, with the decision and,
@@ -429,8 +463,8 @@ func (r *Router) logDecision(ctx context.Context, d *Decision) {
 		attrs = append(attrs,
 			slog.String("db.system.name", "postgresql"),
 			slog.String(attrPolicy, d.Policy.String()),
-			slog.String(attrOutcome, string(d.Outcome)),
-			slog.String(attrReason, string(d.Reason)),
+			slog.String(attrOutcome, d.Outcome.String()),
+			slog.String(attrReason, d.Reason.String()),
 			slog.Duration("caughtup.token_age", d.TokenAge),
 		)
 		if d.Waited > 0 {
@@ -441,8 +475,8 @@ func (r *Router) logDecision(ctx context.Context, d *Decision) {
 		}
 		for _, dd := range d.Databases {
 			g := []any{
-				slog.String(attrOutcome, string(dd.Outcome)),
-				slog.String(attrReason, string(dd.Reason)),
+				slog.String(attrOutcome, dd.Outcome.String()),
+				slog.String(attrReason, dd.Reason.String()),
 			}
 			if dd.Replica != "" {
 				g = append(g, slog.String(attrReplica, dd.Replica))
@@ -473,25 +507,66 @@ func (r *Router) logDecision(ctx context.Context, d *Decision) {
 	s.Do(emit)
 }
 
-// DB returns the pool a routed handler reads database from: the replica
+// ErrNotRouted is returned by Pool and SQLDB for a context that did not
+// come from Router.Route (or RouteToken, RouteDecoded): a handler that is
+// not wrapped in an adapter's middleware, or a context made elsewhere.
+var ErrNotRouted = errors.New("caughtup/consume: the context was not routed: wrap the handler in the adapter's middleware (caughtupasynq.Middleware, caughtupkafka.NewConsumer with a Router) or call Router.Route")
+
+// ErrUnknownDatabase is returned by Pool and SQLDB for a database name
+// that is not in the router's Config.Databases.
+var ErrUnknownDatabase = errors.New("caughtup/consume: unknown database")
+
+// Pool returns the pool a routed handler reads database from: the replica
 // chosen for it, or the primary when the decision put it there or the
-// token did not name it. It returns nil for a database missing from
-// Config.Databases and for a context that did not come from Route.
-func DB(ctx context.Context, database string) *pgxpool.Pool {
+// token did not name it. ctx must come from Route; otherwise the error is
+// ErrNotRouted. A database missing from Config.Databases returns an error
+// wrapping ErrUnknownDatabase that names the configured ones.
+func Pool(ctx context.Context, database string) (*pgxpool.Pool, error) {
 	rc, _ := ctx.Value(routedKey{}).(*routed)
 	if rc == nil {
-		return nil
+		return nil, ErrNotRouted
 	}
 	db := rc.r.pools[database]
 	if db == nil {
-		return nil
+		return nil, rc.r.unknownDatabase(database)
 	}
 	for _, dd := range rc.d.Databases {
 		if dd.Database == database && dd.replica >= 0 && int(dd.replica) < len(db.Replicas) {
-			return db.Replicas[dd.replica].Pool
+			return db.Replicas[dd.replica].Pool, nil
 		}
 	}
-	return db.Primary
+	return db.Primary, nil
+}
+
+// DB is Pool for handlers that treat a missing pool as a programming
+// error: it never returns nil, and panics with a message that names the
+// database and the configured ones, or says that ctx was not routed.
+// Handlers that would rather fail the job than the process call Pool.
+func DB(ctx context.Context, database string) *pgxpool.Pool {
+	p, err := Pool(ctx, database)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// SQLDB is Pool for code written against database/sql (GORM, sqlx, ent,
+// bun, sqlc's database/sql mode): a *sql.DB over the same chosen pool,
+// through pgx's stdlib. The router opens one per pool when it starts and
+// closes them on Close; they never close the application's pools, and
+// keep no idle connections of their own (the pgx pool holds them).
+func SQLDB(ctx context.Context, database string) (*sql.DB, error) {
+	p, err := Pool(ctx, database)
+	if err != nil {
+		return nil, err
+	}
+	rc := ctx.Value(routedKey{}).(*routed)
+	return rc.r.sqlDBs[p], nil
+}
+
+func (r *Router) unknownDatabase(database string) error {
+	names := slices.Sorted(maps.Keys(r.pools))
+	return fmt.Errorf("%w %q: the router knows %q (consume.Config.Databases)", ErrUnknownDatabase, database, names)
 }
 
 // DecisionFrom returns the decision of a context that came from Route.

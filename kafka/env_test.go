@@ -246,12 +246,12 @@ func (l *ledger) handle(ctx context.Context, msg kafkago.Message) error {
 			stale = fmt.Sprintf("message %d: read (%s,%d), want (%s,%d)", id, gotKey, gotSeq, key, seq)
 		}
 	}
-	dec, _ := consume.DecisionFrom(ctx)
-	l.record(id, key, seq, dec.Outcome, stale)
+	dec, routed := consume.DecisionFrom(ctx)
+	l.record(id, key, seq, dec.Outcome, routed, stale)
 	return nil
 }
 
-func (l *ledger) record(id int64, key string, seq int, outcome consume.Outcome, stale string) {
+func (l *ledger) record(id int64, key string, seq int, outcome consume.Outcome, routed bool, stale string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if stale != "" {
@@ -267,7 +267,7 @@ func (l *ledger) record(id int64, key string, seq int, outcome consume.Outcome, 
 	if l.runs[id] == 1 {
 		l.distinct++
 	}
-	if outcome != "" {
+	if routed {
 		l.outcomes[outcome]++
 	}
 	select {

@@ -265,7 +265,7 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 		return err // a real error: the consumer retries
 	}
 	dec, _ := consume.DecisionFrom(ctx)
-	where := string(dec.Outcome)
+	where := dec.Outcome.String()
 	if dd, ok := dec.Database("main"); ok && dd.Replica != "" {
 		where += "@" + dd.Replica
 	}

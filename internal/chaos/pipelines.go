@@ -47,11 +47,11 @@ func readRow(ctx context.Context, st *stream, pool *pgxpool.Pool, rd read) error
 // the decision come from the context the adapter built.
 func caughtupRead(ctx context.Context, st *stream, p payload, header string) error {
 	dec, ok := consume.DecisionFrom(ctx)
-	pool := consume.DB(ctx, "main")
-	if !ok || pool == nil {
+	pool, err := consume.Pool(ctx, "main")
+	if !ok || err != nil {
 		return errors.New("chaos: the handler's context carries no routing decision")
 	}
-	rd := read{job: p, outcome: string(dec.Outcome), reason: string(dec.Reason), fallback: dec.Fallback}
+	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback}
 	if dd, ok := dec.Database("main"); ok {
 		rd.replica = dd.Replica
 	}

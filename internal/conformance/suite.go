@@ -166,7 +166,7 @@ func (e *env) outcomeCount(t *testing.T, outcome consume.Outcome) int64 {
 				continue
 			}
 			for _, dp := range sum.DataPoints {
-				if v, ok := dp.Attributes.Value("caughtup.outcome"); ok && v.AsString() == string(outcome) {
+				if v, ok := dp.Attributes.Value("caughtup.outcome"); ok && v.AsString() == outcome.String() {
 					n += dp.Value
 				}
 			}

@@ -106,7 +106,7 @@ type Result struct {
 	Caughtup  Side
 	Without   Side
 	Failover  bool
-	Outcomes  map[consume.Outcome]int64
+	Outcomes  map[string]int64 // by caughtup.outcome name
 	Elapsed   time.Duration
 	TimelineB uint32 // primary timeline at the end
 }
@@ -310,7 +310,7 @@ func (a *app) run(ctx context.Context, start time.Time) (Result, error) {
 	res := Result{Requests: int(a.requests.Load()), Failover: a.opts.FailoverAt >= 0, Outcomes: a.outcomes(), Elapsed: time.Since(start)}
 	res.Committed = a.fresh.committed()
 	res.Caughtup = a.fresh.side(res.Requests)
-	res.Caughtup.Deferred = res.Outcomes[consume.OutcomeDeferred]
+	res.Caughtup.Deferred = res.Outcomes[consume.OutcomeDeferred.String()]
 	res.Without = a.direct.side(res.Requests)
 	if tl, err := a.cluster.Primary().Timeline(context.Background()); err == nil {
 		res.TimelineB = tl
@@ -517,8 +517,8 @@ func (a *app) injectFaults(ctx context.Context, began time.Time) error {
 }
 
 // outcomes sums the router's decisions counter by outcome.
-func (a *app) outcomes() map[consume.Outcome]int64 {
-	out := map[consume.Outcome]int64{}
+func (a *app) outcomes() map[string]int64 {
+	out := map[string]int64{}
 	var rm metricdata.ResourceMetrics
 	if err := a.reader.Collect(context.Background(), &rm); err != nil {
 		return out
@@ -531,7 +531,7 @@ func (a *app) outcomes() map[consume.Outcome]int64 {
 			}
 			for _, dp := range sum.DataPoints {
 				if v, ok := dp.Attributes.Value("caughtup.outcome"); ok {
-					out[consume.Outcome(v.AsString())] += dp.Value
+					out[v.AsString()] += dp.Value
 				}
 			}
 		}

@@ -61,8 +61,8 @@ func (a *app) summaryLine() string {
 	dh, ds := a.direct.counts()
 	out := a.outcomes()
 	return fmt.Sprintf("requests=%d  with caughtup: handled=%d stale=%d (replica=%d waited=%d deferred=%d primary=%d)  without: handled=%d stale=%d",
-		a.requests.Load(), fh, fs, out[consume.OutcomeReplica], out[consume.OutcomeReplicaWaited], out[consume.OutcomeDeferred],
-		out[consume.OutcomePrimary]+out[consume.OutcomePrimaryNoToken]+out[consume.OutcomePrimaryEpoch], dh, ds)
+		a.requests.Load(), fh, fs, out[consume.OutcomeReplica.String()], out[consume.OutcomeReplicaWaited.String()], out[consume.OutcomeDeferred.String()],
+		out[consume.OutcomePrimary.String()]+out[consume.OutcomePrimaryNoToken.String()]+out[consume.OutcomePrimaryEpoch.String()], dh, ds)
 }
 
 func (a *app) render(w io.Writer, elapsed time.Duration) {
@@ -90,12 +90,12 @@ func (a *app) render(w io.Writer, elapsed time.Duration) {
 	out := a.outcomes()
 	keys := make([]string, 0, len(out))
 	for k := range out {
-		keys = append(keys, string(k))
+		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	fmt.Fprint(w, "\ndecisions:")
 	for _, k := range keys {
-		fmt.Fprintf(w, "  %s=%d", k, out[consume.Outcome(k)])
+		fmt.Fprintf(w, "  %s=%d", k, out[k])
 	}
 	fh, fs := a.fresh.counts()
 	dh, ds := a.direct.counts()
