@@ -30,7 +30,7 @@ test: deps build vet
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./position/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./outbox/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./cdc/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/caughtup/caughtup/cdc"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -517,17 +518,6 @@ func (r *LogicalRelay) session(ctx context.Context) (progressed bool, err error)
 	return s.published, err
 }
 
-// CDCToken is the token for a transaction seen in a pgoutput stream: its
-// TransactionEndLSN, the end of its commit record. Not CommitLSN (nor
-// BeginMessage.FinalLSN), which is where the commit record starts: a
-// replica can have replayed up to it without the commit, and replay >=
-// token must mean the transaction is visible. epoch is the stream's
-// (IDENTIFY_SYSTEM's system identifier and timeline); CapturedAt is the
-// commit time, by the primary's clock.
-func CDCToken(database string, epoch position.Epoch, commit *pglogrepl.CommitMessage) position.Token {
-	return position.New(database, epoch, position.LSN(commit.TransactionEndLSN), position.SourceCDC, commit.CommitTime)
-}
-
 // crashError marks a hook's simulated crash.
 type crashError struct{ err error }
 
@@ -644,7 +634,7 @@ func (s *stream) handleWAL(ctx context.Context, wal []byte) error {
 	case *pglogrepl.CommitMessage:
 		s.inTx = false
 		if len(s.txEvents) > 0 {
-			st := newStamper(CDCToken(s.r.cfg.Database, s.epoch, m))
+			st := newStamper(cdc.TransactionToken(s.r.cfg.Database, s.epoch, position.LSN(m.TransactionEndLSN), m.CommitTime))
 			for _, ev := range s.txEvents {
 				s.pending = append(s.pending, st.stamp(ev))
 			}

@@ -21,8 +21,6 @@ const (
 	attrRelay    = "caughtup.relay"
 	attrDatabase = "caughtup.database"
 	attrStage    = "caughtup.stage"
-	attrStatus   = "caughtup.cdc.status"
-	attrReason   = "caughtup.reason"
 )
 
 type relayMetrics struct {
@@ -95,37 +93,3 @@ func errorType(err error) string {
 	}
 }
 
-type cdcMetrics struct {
-	checks  metric.Int64Counter
-	primary metric.Int64Counter
-}
-
-func newCDCMetrics(mp metric.MeterProvider) (*cdcMetrics, error) {
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	meter := mp.Meter(ScopeName)
-	m := &cdcMetrics{}
-	var err error
-	if m.checks, err = meter.Int64Counter("caughtup.outbox.cdc.checks",
-		metric.WithUnit("{check}"),
-		metric.WithDescription("Freshness checks of CDC events against a replica, by status (fresh, not_yet, unknown) and reason.")); err != nil {
-		return nil, err
-	}
-	if m.primary, err = meter.Int64Counter("caughtup.outbox.cdc.primary",
-		metric.WithUnit("{event}"),
-		metric.WithDescription("CDC events for which no commit-safe rule applies (malformed envelope, missing lsn or txId, not PostgreSQL, snapshot read, …): they must read the primary.")); err != nil {
-		return nil, err
-	}
-	return m, nil
-}
-
-func (m *cdcMetrics) record(ctx context.Context, r CDCResult) {
-	ctx = context.WithoutCancel(ctx)
-	set := metric.WithAttributes(semconv.DBSystemNamePostgreSQL,
-		attribute.String(attrStatus, r.Status.String()), attribute.String(attrReason, r.Reason.String()))
-	m.checks.Add(ctx, 1, set)
-	if r.Status == CDCUnknown {
-		m.primary.Add(ctx, 1, metric.WithAttributes(semconv.DBSystemNamePostgreSQL, attribute.String(attrReason, r.Reason.String())))
-	}
-}

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/internal/fault"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -121,17 +123,13 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := e.primary.Exec(ctx, "CREATE TABLE cdc (id bigint PRIMARY KEY)")
-	require.NoError(t, err)
-	require.NoError(t, e.c.WaitReplicasCaughtUp(ctx))
-	t.Cleanup(func() { _ = e.replicaNode.ResumeReplay(context.Background()) })
-	checker, err := NewCDCChecker(CDCConfig{})
+	checker, err := NewChecker(Config{QueryTimeout: time.Minute})
 	require.NoError(t, err)
 
 	for _, savepoint := range []bool{false, true} {
 		t.Run(fmt.Sprintf("savepoint=%v", savepoint), func(t *testing.T) {
 			id := int64(map[bool]int{false: 1, true: 2}[savepoint])
-			state := func(wantStatus CDCStatus, wantReason CDCReason, wantVisible bool, c *openChange) CDCResult {
+			state := func(wantStatus Status, wantReason Reason, wantVisible bool, c *openChange) Result {
 				t.Helper()
 				_, res := checker.CheckEnvelope(ctx, e.replica, c.envelope(e.db))
 				vis, err := e.visibleOnReplica(ctx, id)
@@ -146,7 +144,7 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 			require.NoError(t, e.pauseReplay(ctx))
 			c, err := e.beginChange(ctx, id, savepoint)
 			require.NoError(t, err)
-			res := state(CDCNotYet, ReasonReplayBehind, false, c)
+			res := state(StatusNotYet, ReasonReplayBehind, false, c)
 			require.Less(t, res.ReplayLSN, c.lsn)
 
 			// 2. Replay runs past the change while the transaction is
@@ -155,27 +153,27 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 			require.NoError(t, e.flushWAL(ctx))
 			require.NoError(t, e.replicaNode.WaitReplay(ctx, c.lsn.String()))
 			require.NoError(t, e.pauseReplay(ctx))
-			res = state(CDCNotYet, ReasonInProgress, false, c)
+			res = state(StatusNotYet, ReasonInProgress, false, c)
 			require.GreaterOrEqual(t, res.ReplayLSN, c.lsn, "replay >= source.lsn would call this fresh")
 			require.Equal(t, c.xid8, res.XID, "widened xid is the transaction's xid8")
 			require.Equal(t, "in progress", res.XactStatus)
 
 			// 3. Committed on the primary, commit not replayed.
 			require.NoError(t, c.finish(ctx, true))
-			res = state(CDCNotYet, ReasonInProgress, false, c)
+			res = state(StatusNotYet, ReasonInProgress, false, c)
 			require.Less(t, res.ReplayLSN, c.after)
 
 			// 4. Commit replayed.
 			require.NoError(t, e.replicaNode.ResumeReplay(ctx))
 			require.NoError(t, e.replicaNode.WaitReplay(ctx, c.after.String()))
-			res = state(CDCFresh, ReasonNone, true, c)
+			res = state(StatusFresh, ReasonNone, true, c)
 			require.Equal(t, "committed", res.XactStatus)
 
 			// The same event with a wrong epoch names an xid the standby has
 			// never seen: "in the future", not yet.
-			src := DebeziumSource{Connector: "postgresql", LSN: c.lsn, TxID: c.xid8 + 1<<32}
+			src := Source{Connector: "postgresql", LSN: c.lsn, TxID: c.xid8 + 1<<32}
 			res = checker.Check(ctx, e.replica, src)
-			require.Equal(t, CDCNotYet, res.Status)
+			require.Equal(t, StatusNotYet, res.Status)
 			require.Equal(t, ReasonFuture, res.Reason)
 		})
 	}
@@ -188,7 +186,7 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 		require.NoError(t, e.primary.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&now))
 		require.NoError(t, e.replicaNode.WaitReplay(ctx, now))
 		_, res := checker.CheckEnvelope(ctx, e.replica, c.envelope(e.db))
-		require.Equal(t, CDCUnknown, res.Status)
+		require.Equal(t, StatusUnknown, res.Status)
 		require.Equal(t, ReasonAborted, res.Reason)
 	})
 
@@ -197,7 +195,7 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, c.finish(ctx, true))
 		_, res := checker.CheckEnvelope(ctx, e.primary, c.envelope(e.db))
-		require.Equal(t, CDCUnknown, res.Status)
+		require.Equal(t, StatusUnknown, res.Status)
 		require.Equal(t, ReasonNotStandby, res.Reason)
 	})
 }
@@ -216,10 +214,7 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	_, err := e.primary.Exec(ctx, "CREATE TABLE cdc (id bigint PRIMARY KEY)")
-	require.NoError(t, err)
-	require.NoError(t, e.c.WaitReplicasCaughtUp(ctx))
-	checker, err := NewCDCChecker(CDCConfig{})
+	checker, err := NewChecker(Config{QueryTimeout: time.Minute})
 	require.NoError(t, err)
 
 	type published struct {
@@ -231,6 +226,9 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		queue []published
+		// first is closed when queue gets its first envelope.
+		first     = make(chan struct{})
+		firstOnce sync.Once
 	)
 	stopToggling := e.toggleReplay(t, ctx)
 	const writers, perWriter = 4, 40
@@ -250,8 +248,10 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 				mu.Lock()
 				queue = append(queue, published{envelope: c.envelope(e.db), id: id, lsn: c.lsn, aborted: shape == 3})
 				mu.Unlock()
+				firstOnce.Do(func() { close(first) })
 				if shape == 2 {
-					time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
+					// Hold the transaction open between change and commit.
+					pause(ctx, time.Duration(5+rand.IntN(20))*time.Millisecond)
 				}
 				if !assert.NoError(t, c.finish(ctx, shape != 3)) {
 					return
@@ -272,12 +272,16 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 		cwg.Add(1)
 		go func() {
 			defer cwg.Done()
+			select {
+			case <-first:
+			case <-ctx.Done():
+				return
+			}
 			for ctx.Err() == nil {
 				mu.Lock()
 				n := len(queue)
 				var p published
 				switch {
-				case n == 0:
 				case rand.IntN(2) == 0:
 					// Recent envelopes, whose transactions may still be
 					// open: where the change-versus-commit window is.
@@ -286,10 +290,6 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 					p = queue[rand.IntN(n)]
 				}
 				mu.Unlock()
-				if n == 0 {
-					time.Sleep(time.Millisecond)
-					continue
-				}
 				_, res := checker.CheckEnvelope(ctx, e.replica, p.envelope)
 				// Read right after the check, on the same replica, as a
 				// consumer would.
@@ -305,7 +305,7 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 					v.(*atomic.Int64).Add(1)
 				}
 				switch res.Status {
-				case CDCFresh:
+				case StatusFresh:
 					fresh.Add(1)
 					if !vis {
 						stale.Add(1)
@@ -313,7 +313,7 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 					if p.aborted {
 						freshAborted.Add(1)
 					}
-				case CDCNotYet:
+				case StatusNotYet:
 					notYet.Add(1)
 				default:
 					unknown.Add(1)
@@ -346,4 +346,39 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 	require.Zero(t, freshAborted.Load())
 	require.NotZero(t, fresh.Load(), "the rule never said fresh: the test proves nothing")
 	require.NotZero(t, notYet.Load())
+}
+
+// TestCheckerBoundsItsQueries: a replica that does not answer is unknown
+// after Config.QueryTimeout, even when the caller's context has no
+// deadline, and unknown reads the primary. The replica's pool dials
+// through a fault.Dialer that holds every new connection, as an
+// unreachable host would.
+func TestCheckerBoundsItsQueries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg, err := pgxpool.ParseConfig(e.replicaNode.DSN(e.db))
+	require.NoError(t, err)
+	d := fault.NewDialer(nil)
+	cfg.ConnConfig.DialFunc = d.DialContext
+	d.Hold()
+	defer d.Release()
+	wedged, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer wedged.Close()
+
+	checker, err := NewChecker(Config{QueryTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	res := checker.Check(context.Background(), wedged, Source{Connector: "postgresql", LSN: 0x100, TxID: 1000})
+	require.Equal(t, StatusUnknown, res.Status)
+	require.Equal(t, ReasonReplicaError, res.Reason)
+	require.ErrorIs(t, res.Err, context.DeadlineExceeded)
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, Config{}.WithDefaults().Validate())
+	require.Equal(t, DefaultQueryTimeout, Config{}.WithDefaults().QueryTimeout)
+	_, err := NewChecker(Config{QueryTimeout: -time.Second})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "QueryTimeout")
 }

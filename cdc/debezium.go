@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"bytes"
@@ -10,10 +10,10 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-// DebeziumEvent is a Debezium change event for PostgreSQL, with or
-// without the {"schema": …, "payload": …} wrapper of the JSON converter's
+// Event is a Debezium change event for PostgreSQL, with or without the
+// {"schema": …, "payload": …} wrapper of the JSON converter's
 // schemas.enable.
-type DebeziumEvent struct {
+type Event struct {
 	// Op is "c" (create), "u" (update), "d" (delete), "r" (snapshot read),
 	// "t" (truncate) or "m" (logical decoding message).
 	Op string
@@ -21,12 +21,12 @@ type DebeziumEvent struct {
 	TsMs int64
 	// Before and After are the row images, untouched.
 	Before, After json.RawMessage
-	Source        DebeziumSource
+	Source        Source
 }
 
-// DebeziumSource is the envelope's source block. Zero means absent for
-// every numeric field: PostgreSQL never uses LSN 0 or transaction ID 0.
-type DebeziumSource struct {
+// Source is the envelope's source block. Zero means absent for every
+// numeric field: PostgreSQL never uses LSN 0 or transaction ID 0.
+type Source struct {
 	Version   string
 	Connector string
 	Name      string
@@ -42,124 +42,14 @@ type DebeziumSource struct {
 	// above 2^32-1 is taken as an epoch-qualified xid8).
 	TxID uint64
 	// LSN is the position of the change record, not of its commit: a
-	// replica can have replayed it while the row is still invisible.
+	// replica can have replayed it while the row is still invisible, so
+	// it is no token (use Checker, or a relay that stamps
+	// TransactionToken).
 	LSN  position.LSN
 	Xmin uint64
 	// Sequence is the raw ["<last commit lsn>","<lsn>"] text.
 	Sequence string
 }
-
-// CDCReason says why a CDC freshness check came out as it did.
-type CDCReason uint8
-
-const (
-	// ReasonNone: the check found the event fresh.
-	ReasonNone CDCReason = iota
-
-	// Reasons of CDCUnknown (read the primary): no commit-safe rule.
-
-	// ReasonMalformed: not JSON, or not a Debezium envelope.
-	ReasonMalformed
-	// ReasonNotPostgreSQL: source.connector is not "postgresql"; LSNs and
-	// transaction IDs of other databases mean nothing here.
-	ReasonNotPostgreSQL
-	// ReasonMissingLSN: no usable source.lsn.
-	ReasonMissingLSN
-	// ReasonMissingTxID: no usable source.txId, so the commit status
-	// cannot be asked.
-	ReasonMissingTxID
-	// ReasonSnapshot: a row read by a snapshot carries the snapshot's
-	// position, not its writer's transaction.
-	ReasonSnapshot
-	// ReasonNotStandby: the server checked is not in recovery; the rule
-	// is only proven for hot standbys.
-	ReasonNotStandby
-	// ReasonReplayUnknown: pg_last_wal_replay_lsn() is NULL.
-	ReasonReplayUnknown
-	// ReasonStatusUnknown: pg_xact_status returned NULL (the transaction
-	// ID is older than the commit log keeps) or the widened ID is invalid.
-	ReasonStatusUnknown
-	// ReasonAborted: the replica reports the transaction aborted although
-	// it replayed the change; the envelope does not belong to this
-	// history (another cluster, a lost timeline).
-	ReasonAborted
-	// ReasonReplicaError: the replica could not be asked.
-	ReasonReplicaError
-
-	// Reasons of CDCNotYet (wait, re-check, or read the primary).
-
-	// ReasonReplayBehind: the replica has not replayed source.lsn.
-	ReasonReplayBehind
-	// ReasonInProgress: the change is replayed but the commit is not.
-	ReasonInProgress
-	// ReasonFuture: the replica has not seen the transaction ID at all.
-	ReasonFuture
-)
-
-var reasonNames = [...]string{
-	ReasonNone:          "none",
-	ReasonMalformed:     "malformed",
-	ReasonNotPostgreSQL: "not_postgresql",
-	ReasonMissingLSN:    "missing_lsn",
-	ReasonMissingTxID:   "missing_txid",
-	ReasonSnapshot:      "snapshot",
-	ReasonNotStandby:    "not_standby",
-	ReasonReplayUnknown: "replay_unknown",
-	ReasonStatusUnknown: "status_unknown",
-	ReasonAborted:       "aborted",
-	ReasonReplicaError:  "replica_error",
-	ReasonReplayBehind:  "replay_behind",
-	ReasonInProgress:    "in_progress",
-	ReasonFuture:        "future_xid",
-}
-
-// String is the reason as metrics and logs name it (caughtup.reason).
-func (r CDCReason) String() string {
-	if int(r) < len(reasonNames) {
-		return reasonNames[r]
-	}
-	return "unknown"
-}
-
-// Sentinels for errors.Is on a *CDCError.
-var (
-	// ErrMalformedEnvelope: the bytes are not a Debezium JSON envelope.
-	ErrMalformedEnvelope = errors.New("malformed Debezium envelope")
-	// ErrNoCommitSafeRule: the envelope parsed, but nothing in it can
-	// prove a replica shows the change; read the primary.
-	ErrNoCommitSafeRule = errors.New("no commit-safe freshness rule for this CDC event")
-)
-
-// CDCError reports an envelope that cannot be checked against a replica.
-// The event is still processable: on the primary.
-type CDCError struct {
-	Reason CDCReason
-	Detail string
-}
-
-// Error says what is wrong and that the event should read the primary.
-func (e *CDCError) Error() string {
-	s := "caughtup/outbox: "
-	if e.Reason == ReasonMalformed {
-		s += ErrMalformedEnvelope.Error()
-	} else {
-		s += ErrNoCommitSafeRule.Error() + " (" + e.Reason.String() + ")"
-	}
-	if e.Detail != "" {
-		s += ": " + e.Detail
-	}
-	return s + "; read the primary"
-}
-
-// Unwrap returns ErrMalformedEnvelope or ErrNoCommitSafeRule.
-func (e *CDCError) Unwrap() error {
-	if e.Reason == ReasonMalformed {
-		return ErrMalformedEnvelope
-	}
-	return ErrNoCommitSafeRule
-}
-
-func malformed(detail string) *CDCError { return &CDCError{Reason: ReasonMalformed, Detail: detail} }
 
 // MaxEnvelopeSize bounds what ParseDebezium accepts; Kafka's default
 // message limit is 1 MiB, and anything far larger is not an envelope.
@@ -167,10 +57,10 @@ const MaxEnvelopeSize = 16 << 20
 
 // ParseDebezium parses a Debezium JSON change event. It never panics;
 // anything that is not an object with a source block (or a payload
-// holding one) returns a *CDCError with ReasonMalformed. Missing or
+// holding one) returns an *EnvelopeError with ReasonMalformed. Missing or
 // unusable lsn and txId are not parse errors: Validate reports them.
-func ParseDebezium(data []byte) (DebeziumEvent, error) {
-	var ev DebeziumEvent
+func ParseDebezium(data []byte) (Event, error) {
+	var ev Event
 	if len(data) > MaxEnvelopeSize {
 		return ev, malformed("larger than " + strconv.Itoa(MaxEnvelopeSize) + " bytes")
 	}
@@ -232,25 +122,25 @@ func ParseDebezium(data []byte) (DebeziumEvent, error) {
 }
 
 // Validate reports why no commit-safe rule applies to the event, or nil
-// when CDCChecker can decide it.
-func (s DebeziumSource) Validate() error {
+// when Checker can decide it.
+func (s Source) Validate() error {
 	switch {
 	case !strings.EqualFold(s.Connector, "postgresql"):
-		return &CDCError{Reason: ReasonNotPostgreSQL, Detail: "connector " + strconv.Quote(s.Connector)}
+		return &EnvelopeError{Reason: ReasonNotPostgreSQL, Detail: "connector " + strconv.Quote(s.Connector)}
 	case s.Snapshot != "" && s.Snapshot != "false":
-		return &CDCError{Reason: ReasonSnapshot, Detail: "snapshot " + strconv.Quote(s.Snapshot)}
+		return &EnvelopeError{Reason: ReasonSnapshot, Detail: "snapshot " + strconv.Quote(s.Snapshot)}
 	case s.LSN == 0:
-		return &CDCError{Reason: ReasonMissingLSN}
+		return &EnvelopeError{Reason: ReasonMissingLSN}
 	case s.TxID == 0:
-		return &CDCError{Reason: ReasonMissingTxID}
+		return &EnvelopeError{Reason: ReasonMissingTxID}
 	}
 	return nil
 }
 
 // Validate is the source's Validate, plus the snapshot read op "r".
-func (e DebeziumEvent) Validate() error {
+func (e Event) Validate() error {
 	if e.Op == "r" {
-		return &CDCError{Reason: ReasonSnapshot, Detail: `op "r"`}
+		return &EnvelopeError{Reason: ReasonSnapshot, Detail: `op "r"`}
 	}
 	return e.Source.Validate()
 }

@@ -1,4 +1,4 @@
-package outbox
+package cdc
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func TestParseDebezium(t *testing.T) {
 	assert.Equal(t, "c", ev.Op)
 	assert.Equal(t, int64(1700000000123), ev.TsMs)
 	assert.JSONEq(t, `{"id": 42, "note": "n"}`, string(ev.After))
-	assert.Equal(t, DebeziumSource{
+	assert.Equal(t, Source{
 		Version: "2.5.0.Final", Connector: "postgresql", Name: "srv", TsMs: 1700000000000, Snapshot: "false",
 		DB: "app", Schema: "public", Table: "orders", TxID: 747, LSN: 24023184,
 		Sequence: `["24023128","24023184"]`,
@@ -66,7 +66,7 @@ func TestDebeziumEnvelopesWithoutASafeRule(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, in string
-		reason   CDCReason
+		reason   Reason
 	}{
 		{"not json", `not json`, ReasonMalformed},
 		{"empty", ``, ReasonMalformed},
@@ -95,7 +95,7 @@ func TestDebeziumEnvelopesWithoutASafeRule(t *testing.T) {
 	}
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	checker, err := NewCDCChecker(CDCConfig{MeterProvider: mp})
+	checker, err := NewChecker(Config{MeterProvider: mp})
 	require.NoError(t, err)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,7 +103,7 @@ func TestDebeziumEnvelopesWithoutASafeRule(t *testing.T) {
 			if perr == nil {
 				perr = ev.Validate()
 			}
-			var cerr *CDCError
+			var cerr *EnvelopeError
 			require.ErrorAs(t, perr, &cerr)
 			require.Equal(t, tt.reason, cerr.Reason, "%v", perr)
 			if tt.reason == ReasonMalformed {
@@ -114,7 +114,7 @@ func TestDebeziumEnvelopesWithoutASafeRule(t *testing.T) {
 			require.Contains(t, perr.Error(), "read the primary")
 			// The checker never touches the replica for these.
 			_, res := checker.CheckEnvelope(context.Background(), nil, []byte(tt.in))
-			require.Equal(t, CDCUnknown, res.Status)
+			require.Equal(t, StatusUnknown, res.Status)
 			require.Equal(t, tt.reason, res.Reason)
 			require.True(t, errors.Is(res.Err, ErrMalformedEnvelope) || errors.Is(res.Err, ErrNoCommitSafeRule))
 		})
@@ -125,7 +125,7 @@ func TestDebeziumEnvelopesWithoutASafeRule(t *testing.T) {
 	for _, sm := range rm.ScopeMetrics {
 		require.Equal(t, ScopeName, sm.Scope.Name)
 		for _, m := range sm.Metrics {
-			if m.Name != "caughtup.outbox.cdc.primary" {
+			if m.Name != "caughtup.cdc.primary" {
 				continue
 			}
 			require.Equal(t, "{event}", m.Unit)
@@ -176,27 +176,27 @@ func FuzzParseDebezium(f *testing.F) {
 	for _, s := range []string{wrappedEnvelope, bareEnvelope, `{}`, `{"payload":{}}`, `{"source":{"lsn":"0/0"}}`, `null`, `{"source":{"connector":"postgresql","lsn":1e3,"txId":"-1"}}`} {
 		f.Add([]byte(s))
 	}
-	checker, err := NewCDCChecker(CDCConfig{})
+	checker, err := NewChecker(Config{})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ev, err := ParseDebezium(data)
 		if err != nil {
-			var cerr *CDCError
+			var cerr *EnvelopeError
 			if !errors.As(err, &cerr) || cerr.Reason != ReasonMalformed || !strings.Contains(err.Error(), "read the primary") {
-				t.Fatalf("ParseDebezium error %v is not a malformed *CDCError", err)
+				t.Fatalf("ParseDebezium error %v is not a malformed *EnvelopeError", err)
 			}
 			return
 		}
 		if verr := ev.Validate(); verr != nil {
-			var cerr *CDCError
+			var cerr *EnvelopeError
 			if !errors.As(verr, &cerr) || cerr.Reason == ReasonNone {
 				t.Fatalf("Validate error %v has no reason", verr)
 			}
 			// Unsafe envelopes never reach a replica (nil would panic).
 			_, res := checker.CheckEnvelope(context.Background(), nil, data)
-			if res.Status != CDCUnknown || res.Reason != cerr.Reason {
+			if res.Status != StatusUnknown || res.Reason != cerr.Reason {
 				t.Fatalf("CheckEnvelope = %+v, want unknown/%v", res, cerr.Reason)
 			}
 			return
