@@ -3,12 +3,14 @@ package outbox
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/fault"
 )
 
 var errCrash = errors.New("relay process killed")
@@ -19,31 +21,36 @@ var errCrash = errors.New("relay process killed")
 // relay at one point once, restarts it, and checks that every event was
 // published at least once — and that the batch caught between publish and
 // mark was published again, which shows the kill landed where intended.
+//
+// The kills are injected by wrapping the real things: the publisher
+// (fault.Publisher, around the in-memory broker) and, for the logical
+// relay, its connections (fault.Dialer, which drops the replication
+// socket without a goodbye, as a dead process would).
 
 func TestPollingRelayCrashLosesNothing(t *testing.T) {
 	t.Parallel()
-	for _, at := range []string{"after-claim", "after-publish"} {
-		t.Run(at, func(t *testing.T) {
+	for _, at := range []fault.Point{fault.BeforePublish, fault.AfterPublish} {
+		t.Run(map[fault.Point]string{fault.BeforePublish: "after-claim", fault.AfterPublish: "after-publish"}[at], func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			ids := e.writeOrders(t, ctx, 1, 30)
 			pub := newMemPublisher()
-			crashing, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 10, Logger: quiet})
+			fp := fault.NewPublisher(pub.Publish)
+			// The crash ends the relay's transaction without COMMIT, as a
+			// dead process's would: the rows are neither deleted nor
+			// marked, and their locks are released.
+			fp.Inject(fault.Fault[Event]{At: at, Err: errCrash})
+			crashing, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: fp, BatchSize: 10, Logger: quiet})
 			require.NoError(t, err)
-			var crashed []Event
-			hook := func(_ context.Context, events []Event) error { crashed = events; return errCrash }
-			if at == "after-claim" {
-				crashing.hooks.afterClaim = hook
-			} else {
-				crashing.hooks.afterPublish = hook
-			}
 			_, err = crashing.RelayOnce(ctx)
 			require.ErrorIs(t, err, errCrash)
+			require.Len(t, fp.Hit(), 1)
+			crashed := fp.Hit()[0]
 			require.Len(t, crashed, 10)
 
-			restarted, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 10, Logger: quiet})
+			restarted, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 10, Logger: quiet})
 			require.NoError(t, err)
 			for {
 				n, err := restarted.RelayOnce(ctx)
@@ -55,11 +62,14 @@ func TestPollingRelayCrashLosesNothing(t *testing.T) {
 			got := pub.waitFor(t, ctx, ids)
 			for _, ev := range crashed {
 				want := 1
-				if at == "after-publish" {
+				if at == fault.AfterPublish {
 					want = 2
 				}
 				require.Len(t, got[ev.ID], want, "event %s", ev.ID)
 			}
+			var left int
+			require.NoError(t, e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left))
+			require.Zero(t, left)
 		})
 	}
 }
@@ -76,45 +86,35 @@ func TestPollingRelayConnectionKilled(t *testing.T) {
 	require.NoError(t, err)
 	defer relayPool.Close()
 	ids := e.writeOrders(t, ctx, 1, 30)
-	kill := func() error {
+	kill := func([]Event) {
 		// Wait until the backend is really gone: the kill must land before
 		// the relay's next statement.
 		_, err := e.primary.Exec(ctx, "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = 'doomed_relay' AND datname = current_database()")
-		return err
+		assert.NoError(t, err)
 	}
 	pub := newMemPublisher()
-	var firstAfterPublish atomic.Pointer[[]Event]
-	pub.fail = func(call int, events []Event) error {
-		switch call {
-		case 1: // killed after the claim, before the publish
-			if err := kill(); err != nil {
-				return err
-			}
-			return errCrash
-		}
-		return nil
-	}
-	r, err := NewPollingRelay(PollingConfig{DB: relayPool, Publisher: pub, BatchSize: 10, PollInterval: 5 * time.Millisecond, MinBackoff: time.Millisecond, Logger: quiet})
+	fp := fault.NewPublisher(pub.Publish)
+	fp.Inject(
+		// Killed after the claim, before the publish.
+		fault.Fault[Event]{At: fault.BeforePublish, Do: kill, Err: errCrash},
+		// Published and acknowledged; the mark will hit a dead connection.
+		fault.Fault[Event]{At: fault.AfterPublish, Do: kill},
+	)
+	r, err := NewPollingRelay(PollingConfig{Primary: relayPool, Publisher: fp, BatchSize: 10, PollInterval: 5 * time.Millisecond, MinBackoff: time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
-	var calls atomic.Int32
-	r.hooks.afterPublish = func(_ context.Context, events []Event) error {
-		if calls.Add(1) == 1 { // published; the mark will hit a dead connection
-			firstAfterPublish.Store(&events)
-			return kill()
-		}
-		return nil
-	}
 	runInBackground(t, ctx, r.Run)
+	waitSpent(t, ctx, fp)
 	pub.waitFor(t, ctx, ids)
+	afterPublish := fp.Hit()[1]
+	require.Len(t, afterPublish, 10)
+	pub.waitFor(t, ctx, eventIDs(afterPublish), 2) // republished after the kill
 	require.Eventually(t, func() bool {
 		var n int
 		return e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n) == nil && n == 0
 	}, 10*time.Second, 10*time.Millisecond)
 	got := pub.byID()
-	require.NotNil(t, firstAfterPublish.Load())
-	require.Len(t, *firstAfterPublish.Load(), 10)
-	for _, ev := range *firstAfterPublish.Load() {
-		require.Len(t, got[ev.ID], 2, "republished after the kill")
+	for _, ev := range afterPublish {
+		require.Len(t, got[ev.ID], 2, "republished once after the kill, and only once")
 	}
 }
 
@@ -128,20 +128,19 @@ func TestPollingRelayCancelledMidBatch(t *testing.T) {
 	ids := e.writeOrders(t, ctx, 1, 25)
 	pub := newMemPublisher()
 	runCtx, stop := context.WithCancel(ctx)
-	pub.fail = func(call int, _ []Event) error {
-		if call == 2 {
-			stop() // the broker acknowledged; the mark will see a cancelled context
-		}
-		return nil
-	}
-	r, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 10, Logger: quiet})
+	fp := fault.NewPublisher(pub.Publish)
+	fp.Inject(
+		fault.Fault[Event]{At: fault.AfterPublish}, // lets the first batch through
+		// The broker acknowledged; the mark will see a cancelled context.
+		fault.Fault[Event]{At: fault.AfterPublish, Do: func([]Event) { stop() }},
+	)
+	r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: fp, BatchSize: 10, Logger: quiet})
 	require.NoError(t, err)
 	require.NoError(t, r.Run(runCtx))
 	var left int
 	require.NoError(t, e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left))
 	require.Equal(t, 15, left, "the second batch was published but not marked")
-	pub.fail = nil
-	r2, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 10, PollInterval: 5 * time.Millisecond, Logger: quiet})
+	r2, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 10, PollInterval: 5 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	runInBackground(t, ctx, r2.Run)
 	pub.waitFor(t, ctx, ids)
@@ -154,54 +153,39 @@ func TestPollingRelayCancelledMidBatch(t *testing.T) {
 
 func TestLogicalRelayCrashLosesNothing(t *testing.T) {
 	t.Parallel()
-	for _, at := range []string{"after-receive", "after-publish"} {
-		t.Run(at, func(t *testing.T) {
+	for _, at := range []fault.Point{fault.BeforePublish, fault.AfterPublish} {
+		t.Run(map[fault.Point]string{fault.BeforePublish: "after-receive", fault.AfterPublish: "after-publish"}[at], func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			pub := newMemPublisher()
-			r := newLogical(t, e, LogicalConfig{Publisher: pub})
+			fp := fault.NewPublisher(pub.Publish)
+			d := fault.NewDialer(nil)
+			r := newLogical(t, e, LogicalConfig{Publisher: fp, DialFunc: d.DialContext})
 			require.NoError(t, r.Setup(ctx))
-			var crashes atomic.Int32
-			var crashedP atomic.Pointer[[]Event]
-			hook := func(_ context.Context, events []Event) error {
-				if crashes.Add(1) == 1 {
-					c := append([]Event(nil), events...)
-					crashedP.Store(&c)
-					return errCrash // the relay drops its socket without confirming
-				}
-				return nil
-			}
-			if at == "after-receive" {
-				r.hooks.afterClaim = hook
-			} else {
-				r.hooks.afterPublish = hook
-			}
+			// The relay dies: its sockets are reset without a goodbye and
+			// nothing is confirmed. Run reconnects: the restart.
+			fp.Inject(fault.Fault[Event]{At: at, Err: errCrash, Do: func([]Event) {
+				assert.NotZero(t, d.Cut(), "the replication connection was live")
+			}})
 			ids := e.writeOrders(t, ctx, 1, 20)
-			runInBackground(t, ctx, r.Run) // Run reconnects: the restart
+			runInBackground(t, ctx, r.Run)
 			pub.waitFor(t, ctx, ids)
-			// The crash comes after the first publish, which already
+			waitSpent(t, ctx, fp)
+			crashed := fp.Hit()[0]
+			require.NotEmpty(t, crashed)
+			// The crash may come after the first publish, which already
 			// satisfies waitFor: wait for the republish too.
 			want := 1
-			if at == "after-publish" {
+			if at == fault.AfterPublish {
 				want = 2
 			}
-			require.Eventually(t, func() bool {
-				p := crashedP.Load()
-				if p == nil {
-					return false
-				}
-				got := pub.byID()
-				for _, ev := range *p {
-					if len(got[ev.ID]) < want {
-						return false
-					}
-				}
-				return true
-			}, 10*time.Second, 5*time.Millisecond)
+			pub.waitFor(t, ctx, eventIDs(crashed), want)
+			dialed, _, _ := d.Stats()
+			require.GreaterOrEqual(t, dialed, 2, "Run reconnected through the dialer after the crash")
 			got := pub.byID()
-			for _, ev := range *crashedP.Load() {
+			for _, ev := range crashed {
 				require.Len(t, got[ev.ID], want, "event %s", ev.ID)
 			}
 		})
@@ -218,50 +202,41 @@ func TestLogicalRelayWalsenderKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pub := newMemPublisher()
-	r := newLogical(t, e, LogicalConfig{Publisher: pub})
+	fp := fault.NewPublisher(pub.Publish)
+	r := newLogical(t, e, LogicalConfig{Publisher: fp})
 	require.NoError(t, r.Setup(ctx))
-	var firstP atomic.Pointer[[]Event]
-	pub.fail = func(call int, events []Event) error {
-		if call != 1 {
-			return nil
-		}
-		first := append([]Event(nil), events...)
-		firstP.Store(&first)
-		// Acknowledge the batch, but kill the walsender first and wait
-		// until the slot is free, so the confirm cannot reach it.
+	// Acknowledge the batch, but kill the walsender first and wait until
+	// the slot is free, so the confirm cannot reach it.
+	fp.Inject(fault.Fault[Event]{At: fault.AfterPublish, Do: func([]Event) {
 		_, err := e.primary.Exec(ctx, "SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Slot)
-		return err
-	}
+		assert.NoError(t, err)
+	}})
 	ids := e.writeOrders(t, ctx, 1, 20)
 	stop := runInBackground(t, ctx, r.Run)
 	pub.waitFor(t, ctx, ids)
-	first := *firstP.Load()
+	waitSpent(t, ctx, fp)
+	first := fp.Hit()[0]
 	require.NotEmpty(t, first)
-	require.Eventually(t, func() bool {
-		got := pub.byID()
-		for _, ev := range first {
-			if len(got[ev.ID]) < 2 {
-				return false
-			}
-		}
-		return true
-	}, 10*time.Second, 5*time.Millisecond, "the batch acknowledged but not confirmed before the kill is republished")
+	pub.waitFor(t, ctx, eventIDs(first), 2) // acknowledged but not confirmed before the kill: republished
 
 	// Phase 2: stop between receive and publish, then a new instance.
 	runCtx, cancelRun := context.WithCancel(ctx)
 	stop()
-	var stopped atomic.Bool
-	pub.fail = func(int, []Event) error {
-		if stopped.CompareAndSwap(false, true) {
-			cancelRun()
-			return context.Canceled
-		}
-		return nil
-	}
+	fp.Inject(fault.Fault[Event]{At: fault.BeforePublish, Do: func([]Event) { cancelRun() }, Err: context.Canceled})
 	more := e.writeOrders(t, ctx, 100, 20)
 	require.NoError(t, r.Run(runCtx))
-	require.True(t, stopped.Load())
+	waitSpent(t, ctx, fp)
 	r2 := newLogical(t, e, LogicalConfig{Publisher: pub, Slot: r.cfg.Slot})
 	runInBackground(t, ctx, r2.Run)
 	pub.waitFor(t, ctx, more)
+}
+
+// waitSpent waits until every fault injected into fp has landed.
+func waitSpent(t *testing.T, ctx context.Context, fp *fault.Publisher[Event]) {
+	t.Helper()
+	select {
+	case <-fp.Spent():
+	case <-ctx.Done():
+		t.Fatalf("injected faults never landed (%d publish calls): %v", fp.Calls(), ctx.Err())
+	}
 }

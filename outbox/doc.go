@@ -1,6 +1,6 @@
 // Package outbox is caughtup's transactional outbox: a table the producer
-// writes events into inside its business transaction, two relays that
-// publish them stamped with a token, and freshness checks for CDC events.
+// writes events into inside its business transaction, and two relays that
+// publish them stamped with a token.
 //
 // An outbox row cannot carry its own commit position — the commit record
 // does not exist while the row is being inserted — so the relays stamp it
@@ -13,13 +13,17 @@
 //     between.
 //   - LogicalRelay streams the table's inserts over logical replication
 //     (pgoutput) and stamps each transaction's events with that
-//     transaction's exact end position, CommitMessage.TransactionEndLSN.
+//     transaction's exact end position (cdc.TransactionToken of
+//     CommitMessage.TransactionEndLSN).
 //
-// Both publish through a Publisher (KafkaPublisher, AsynqPublisher, or
-// your own) and mark rows done only after the publish was acknowledged, so
-// delivery is at least once: consumers dedupe on HeaderEventID. The token
-// travels in position.HeaderName as an ordinary caughtup token
-// (TokenFromHeaders), so consumers compare it as they compare any job's.
+// Both publish through a Publisher and mark rows done only after the
+// publish was acknowledged, so delivery is at least once: consumers dedupe
+// on HeaderEventID. The queue adapters provide the publishers
+// (caughtupkafka.NewOutboxPublisher, caughtupasynq.NewOutboxPublisher);
+// this package imports no queue library, and PublisherFunc adapts anything
+// else. The token travels in position.HeaderName as an ordinary caughtup
+// token (TokenFromHeaders), so consumers compare it as they compare any
+// job's.
 //
 //	// Once, at startup or in a migration:
 //	err := outbox.Migrate(ctx, pool)
@@ -31,24 +35,27 @@
 //	err = tx.Commit(ctx)
 //
 //	// In the relay process:
-//	pub, _ := outbox.NewKafkaPublisher(&kafka.Writer{Addr: kafka.TCP(brokers...),
-//		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll})
-//	relay, _ := outbox.NewPollingRelay(outbox.PollingConfig{DB: pool, Publisher: pub})
+//	pub, _ := caughtupkafka.NewOutboxPublisher(&kafka.Writer{Addr: kafka.TCP(brokers...),
+//		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond})
+//	relay, _ := outbox.NewPollingRelay(outbox.PollingConfig{Primary: pool, Publisher: pub})
 //	go relay.Run(ctx)
+//
+// # Headers
+//
+// Relays merge their token into a token header the producer may have put
+// on the event by the rule every caughtup stamper follows
+// (position.MergeHeader): entries for other databases are kept, and a
+// header that does not decode is published as it is, so its consumer reads
+// the primary. Unknown stays unknown.
 //
 // # CDC events
 //
-// A pgoutput consumer of your own stamps as LogicalRelay does, with
-// CDCToken: the transaction's TransactionEndLSN. Debezium's source.lsn is
-// the position of the change, not of its commit, and is no token.
-// CDCChecker applies a commit-safe rule instead: replay past the change,
-// and the transaction reported committed by the standby itself
-// (pg_xact_status). Envelopes it cannot vouch for (malformed, not
-// PostgreSQL, no lsn or txId, snapshot reads) come back as CDCUnknown with
-// a reason, counted, for the primary.
+// Debezium's envelopes and the commit-safe rule that checks them against
+// a replica are in package cdc.
 //
 // # Migrating a hand-written relay
 //
-// Stamp decorates an existing publish function; MIGRATING.md gives the
-// rollout order (consumers first, then producers, then enforcement).
+// Stamping decorates an existing publish function; MIGRATING.md gives the
+// rollout order (consumers first, then producers, then enforcement) and a
+// table of the names this package had before.
 package outbox

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/outbox"
 )
 
@@ -36,8 +37,9 @@ func Example_relay() {
 		log.Fatal(err)
 	}
 
-	// Relay: acknowledged writes only, keyed order per partition.
-	pub, err := outbox.NewKafkaPublisher(&kafka.Writer{Addr: kafka.TCP("kafka:9092"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll})
+	// Relay: acknowledged writes only, keyed order per partition. The
+	// publisher comes from the kafka adapter; outbox imports no queue.
+	pub, err := caughtupkafka.NewOutboxPublisher(&kafka.Writer{Addr: kafka.TCP("kafka:9092"), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,24 +15,19 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-// pauseReplay pauses replay on the replica. A pause takes effect at the
-// next WAL record, and pgtest waits for that; on an idle cluster the next
-// record may be 15 s away (the periodic running-xacts record), so this
-// commits tiny transactions until the pause has landed.
+// pauseReplay pauses replay on the replica. A pause takes effect when the
+// replica next replays a record, so the request is made first and then a
+// transaction on the primary provides that record; PauseReplay then waits
+// for the pause state (on an idle cluster the next record could be 15 s
+// away: the periodic running-xacts record).
 func (e *env) pauseReplay(ctx context.Context) error {
-	nudge, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for nudge.Err() == nil {
-			_ = e.flushWAL(nudge)
-			sleepCtx(nudge, 2*time.Millisecond)
-		}
-	}()
-	err := e.replicaNode.PauseReplay(ctx)
-	stop()
-	<-done
-	return err
+	if _, err := e.replica.Exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
+		return err
+	}
+	if err := e.flushWAL(ctx); err != nil {
+		return err
+	}
+	return e.replicaNode.PauseReplay(ctx)
 }
 
 // flushWAL commits a transaction that writes a commit record, which
@@ -43,8 +39,9 @@ func (e *env) flushWAL(ctx context.Context) error {
 	return err
 }
 
-// toggleReplay pauses and resumes replay on the replica at random short
-// intervals until ctx is done, and leaves it resumed.
+// toggleReplay injects lag: it pauses and resumes replay on the replica
+// at random short intervals until stopped, and leaves it resumed. The
+// pauses between steps are the fault's schedule, not waits.
 func (e *env) toggleReplay(t *testing.T, ctx context.Context) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -52,9 +49,9 @@ func (e *env) toggleReplay(t *testing.T, ctx context.Context) (stop func()) {
 		defer close(done)
 		for ctx.Err() == nil {
 			_ = e.pauseReplay(ctx)
-			sleepCtx(ctx, time.Duration(rand.IntN(40))*time.Millisecond)
+			pause(ctx, time.Duration(rand.IntN(40))*time.Millisecond)
 			_ = e.replicaNode.ResumeReplay(context.Background())
-			sleepCtx(ctx, time.Duration(rand.IntN(15))*time.Millisecond)
+			pause(ctx, time.Duration(rand.IntN(15))*time.Millisecond)
 		}
 	}()
 	var once sync.Once
@@ -85,7 +82,7 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 			pub := newMemPublisher()
 			switch kind {
 			case "polling":
-				r, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 20, PollInterval: 2 * time.Millisecond, Logger: quiet})
+				r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 20, PollInterval: 2 * time.Millisecond, Logger: quiet})
 				require.NoError(t, err)
 				runInBackground(t, ctx, r.Run)
 			case "logical":
@@ -125,13 +122,20 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 			var res readResult
 			var checked atomic.Int64
 			consumerDone := make(chan struct{})
-			var wantIDs sync.Map
+			// This phase's orders have ids from 1000 up; the consumer
+			// checks each of their events once, as soon as it is
+			// published.
+			phase3 := func(ev Event) bool {
+				id, err := strconv.Atoi(string(ev.Key))
+				return err == nil && id >= 1000
+			}
 			go func() {
 				defer close(consumerDone)
 				seen := map[string]bool{}
 				for ctx.Err() == nil {
-					for _, ev := range pub.snapshot() {
-						if _, mine := wantIDs.Load(ev.ID); !mine || seen[ev.ID] {
+					events, changed := pub.next()
+					for _, ev := range events {
+						if !phase3(ev) || seen[ev.ID] {
 							continue
 						}
 						seen[ev.ID] = true
@@ -157,8 +161,8 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 						return
 					}
 					select {
-					case <-pub.notify:
-					case <-time.After(5 * time.Millisecond):
+					case <-changed:
+					case <-ctx.Done():
 					}
 				}
 			}()
@@ -168,11 +172,12 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for i := range 60 {
-						id, _, err := e.writeOrder(ctx, int64(1000*(w+1)+i))
+						_, _, err := e.writeOrder(ctx, int64(1000*(w+1)+i))
 						if !assert.NoError(t, err) {
 							return
 						}
-						wantIDs.Store(id, true)
+						// Writers pace themselves unevenly against the
+						// random pauses.
 						time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 					}
 				}()
@@ -186,3 +191,6 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 		})
 	}
 }
+
+// pause is one step of a fault schedule, not a wait for a condition.
+func pause(ctx context.Context, d time.Duration) { sleepCtx(ctx, d) }

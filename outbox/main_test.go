@@ -152,16 +152,17 @@ func (e *env) consumeCheck(ctx context.Context, ev Event) (onReplica, stale bool
 }
 
 // memPublisher records every published event; fail, when set, runs first
-// and can refuse a batch.
+// and can refuse a batch. It is the broker of these tests: the relays'
+// faults come from fault.Publisher wrapped around it.
 type memPublisher struct {
-	mu     sync.Mutex
-	events []Event
-	calls  int
-	fail   func(call int, events []Event) error
-	notify chan struct{}
+	mu      sync.Mutex
+	events  []Event
+	calls   int
+	fail    func(call int, events []Event) error
+	changed chan struct{} // closed and replaced on every publish
 }
 
-func newMemPublisher() *memPublisher { return &memPublisher{notify: make(chan struct{}, 1)} }
+func newMemPublisher() *memPublisher { return &memPublisher{changed: make(chan struct{})} }
 
 func (p *memPublisher) Publish(ctx context.Context, events []Event) error {
 	p.mu.Lock()
@@ -175,12 +176,16 @@ func (p *memPublisher) Publish(ctx context.Context, events []Event) error {
 	}
 	p.mu.Lock()
 	p.events = append(p.events, events...)
+	close(p.changed)
+	p.changed = make(chan struct{})
 	p.mu.Unlock()
-	select {
-	case p.notify <- struct{}{}:
-	default:
-	}
 	return nil
+}
+
+func (p *memPublisher) setFail(f func(call int, events []Event) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fail = f
 }
 
 func (p *memPublisher) snapshot() []Event {
@@ -189,41 +194,79 @@ func (p *memPublisher) snapshot() []Event {
 	return slices.Clone(p.events)
 }
 
-// byID groups published events by event ID.
-func (p *memPublisher) byID() map[string][]Event {
+// next returns the events published so far and a channel closed at the
+// next publish: a reader that checks the first and then waits on the
+// second cannot miss one.
+func (p *memPublisher) next() ([]Event, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.events), p.changed
+}
+
+// wait blocks until cond holds for the published events or ctx ends.
+func (p *memPublisher) wait(ctx context.Context, cond func(events []Event) bool) error {
+	for {
+		events, changed := p.next()
+		if cond(events) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// byID groups events by event ID.
+func byID(events []Event) map[string][]Event {
 	out := map[string][]Event{}
-	for _, ev := range p.snapshot() {
+	for _, ev := range events {
 		out[ev.ID] = append(out[ev.ID], ev)
 	}
 	return out
 }
 
-// waitFor waits until every id has been published at least once.
-func (p *memPublisher) waitFor(t *testing.T, ctx context.Context, ids []string) map[string][]Event {
+// byID groups the published events by event ID.
+func (p *memPublisher) byID() map[string][]Event { return byID(p.snapshot()) }
+
+// waitFor waits until every id has been published at least n times
+// (once when n is omitted).
+func (p *memPublisher) waitFor(t testing.TB, ctx context.Context, ids []string, n ...int) map[string][]Event {
 	t.Helper()
-	for {
-		got := p.byID()
-		missing := 0
+	want := 1
+	if len(n) > 0 {
+		want = n[0]
+	}
+	var got map[string][]Event
+	missing := 0
+	err := p.wait(ctx, func(events []Event) bool {
+		got = byID(events)
+		missing = 0
 		for _, id := range ids {
-			if len(got[id]) == 0 {
+			if len(got[id]) < want {
 				missing++
 			}
 		}
-		if missing == 0 {
-			return got
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%d of %d events never published: %v", missing, len(ids), ctx.Err())
-		case <-p.notify:
-		case <-time.After(20 * time.Millisecond):
-		}
+		return missing == 0
+	})
+	if err != nil {
+		t.Fatalf("%d of %d events not published %d times: %v", missing, len(ids), want, err)
 	}
+	return got
+}
+
+func eventIDs(events []Event) []string {
+	ids := make([]string, len(events))
+	for i, ev := range events {
+		ids[i] = ev.ID
+	}
+	return ids
 }
 
 // runInBackground runs f until the test ends (or cancel is called) and
 // waits for it to return.
-func runInBackground(t *testing.T, ctx context.Context, f func(ctx context.Context) error) (cancel func()) {
+func runInBackground(t testing.TB, ctx context.Context, f func(ctx context.Context) error) (cancel func()) {
 	ctx, cancelCtx := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- f(ctx) }()

@@ -1,102 +1,16 @@
 package outbox
 
 import (
-	"github.com/cenkalti/backoff/v4"
-
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/position"
 )
-
-// DefaultDatabase is the logical database name relays stamp when their
-// Config names none (enqueue's default too).
-const DefaultDatabase = "main"
-
-// PollingConfig configures a PollingRelay. Zero fields take the documented
-// defaults.
-type PollingConfig struct {
-	// DB connects to the primary that holds the outbox table: a
-	// *pgxpool.Pool in production (each batch is one transaction on one
-	// connection). Required.
-	DB DB
-	// Publisher delivers stamped batches. Required.
-	Publisher Publisher
-	// Database is the logical database name in the tokens, the key
-	// consumers use to find this database's replicas. Default "main".
-	Database string
-	// Table is the outbox table, "name" or "schema.name". Default
-	// DefaultTable.
-	Table string
-	// BatchSize is how many rows one transaction claims. Default 100: large
-	// enough to amortize the transaction and the LSN read, small enough
-	// that row locks are held only for one publish round trip.
-	BatchSize int
-	// PollInterval is the pause after a batch that was not full. Default
-	// 100ms: an event waits at most that long in an idle outbox, at ten
-	// cheap index scans per second.
-	PollInterval time.Duration
-	// KeepPublished sets published_at instead of deleting published rows,
-	// for audit trails; prune them yourself. Default false (delete): the
-	// table stays small and the claim query fast.
-	KeepPublished bool
-	// MinBackoff and MaxBackoff bound the exponential pause after a failed
-	// batch. Defaults 100ms and 5s.
-	MinBackoff, MaxBackoff time.Duration
-	// SystemIDRefresh is how long the system identifier, which is fixed at
-	// initdb, is reused before it is read again. Default 1 minute.
-	SystemIDRefresh time.Duration
-	// Logger receives failed batches (the relay retries them). Default
-	// slog.Default().
-	Logger *slog.Logger
-	// MeterProvider for the relay's instruments. Default: the global one.
-	MeterProvider metric.MeterProvider
-	// Now stamps Token.CapturedAt. Default time.Now.
-	Now func() time.Time
-}
-
-// WithDefaults returns c with every zero field set to its default.
-func (c PollingConfig) WithDefaults() PollingConfig {
-	if c.Database == "" {
-		c.Database = DefaultDatabase
-	}
-	if c.Table == "" {
-		c.Table = DefaultTable
-	}
-	if c.BatchSize <= 0 {
-		c.BatchSize = 100
-	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = 100 * time.Millisecond
-	}
-	if c.MinBackoff <= 0 {
-		c.MinBackoff = 100 * time.Millisecond
-	}
-	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = 5 * time.Second
-	}
-	if c.MaxBackoff < c.MinBackoff {
-		c.MaxBackoff = c.MinBackoff
-	}
-	if c.SystemIDRefresh <= 0 {
-		c.SystemIDRefresh = time.Minute
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
 
 // PollingRelay publishes outbox rows by polling: it claims committed rows
 // with SELECT … FOR UPDATE SKIP LOCKED, reads the primary's insert LSN,
@@ -111,8 +25,8 @@ func (c PollingConfig) WithDefaults() PollingConfig {
 // of every such commit record: replay >= token on a replica means the
 // replica shows every row of the batch. The price is over-approximation:
 // the token also covers whatever else was written before the read, so a
-// consumer may wait for WAL it does not need (measured in this package's
-// tests).
+// consumer may wait for WAL it does not need (BenchmarkPollingTokenOverApproximation
+// measures by how much; LogicalRelay's tokens are exact).
 //
 // # Several instances
 //
@@ -133,38 +47,26 @@ type PollingRelay struct {
 	// capturer reads the token inside the claiming transaction, with the
 	// same query, caching and page-boundary handling as producers use.
 	capturer *enqueue.Capturer
-
-	// hooks let tests crash the relay between its steps.
-	hooks relayHooks
 }
 
-// relayHooks run between relay steps; an error aborts the batch as a crash
-// would (no mark, no confirm).
-type relayHooks struct {
-	afterClaim   func(ctx context.Context, events []Event) error
-	afterPublish func(ctx context.Context, events []Event) error
-}
-
-// NewPollingRelay validates cfg and returns a relay; Run starts it.
+// NewPollingRelay validates cfg and returns a relay; Run starts it. An
+// invalid cfg returns an error wrapping ErrInvalidConfig.
 func NewPollingRelay(cfg PollingConfig) (*PollingRelay, error) {
 	cfg = cfg.WithDefaults()
-	if cfg.DB == nil {
-		return nil, errors.New("caughtup/outbox: PollingConfig.DB is required")
-	}
-	if cfg.Publisher == nil {
-		return nil, errors.New("caughtup/outbox: PollingConfig.Publisher is required")
-	}
-	if !position.ValidDatabaseName(cfg.Database) {
-		return nil, fmt.Errorf("caughtup/outbox: PollingConfig.Database %q must be 1 to %d of [A-Za-z0-9_-]", cfg.Database, position.MaxDatabaseNameLen)
-	}
-	t, err := parseTable(cfg.Table)
-	if err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	m, err := newRelayMetrics(cfg.MeterProvider, "polling", cfg.Database)
 	if err != nil {
 		return nil, err
 	}
+	return newPollingRelay(cfg, m), nil
+}
+
+// newPollingRelay builds a relay from a validated cfg, counting into m
+// (the logical relay's drain shares its own).
+func newPollingRelay(cfg PollingConfig, m *relayMetrics) *PollingRelay {
+	t, _ := parseTable(cfg.Table)
 	r := &PollingRelay{cfg: cfg, table: t, metrics: m, capturer: enqueue.NewCapturer(enqueue.Config{
 		Database: cfg.Database, SystemIDRefresh: cfg.SystemIDRefresh, Now: cfg.Now,
 	})}
@@ -175,13 +77,15 @@ func NewPollingRelay(cfg PollingConfig) (*PollingRelay, error) {
 	} else {
 		r.mark = "DELETE FROM " + t.ident() + " WHERE id = ANY($1)"
 	}
-	return r, nil
+	return r
 }
 
 // RelayError says which step of a batch failed. Every step is retried by
 // Run; RelayOnce returns it for callers that drive batches themselves.
 type RelayError struct {
-	// Stage is "claim", "stamp", "publish", "mark" or "replication".
+	// Stage is "claim", "stamp", "publish", "mark" or "replication", as
+	// the caughtup.stage attribute of caughtup.outbox.relay.errors names
+	// it.
 	Stage string
 	Err   error
 }
@@ -229,24 +133,25 @@ func (r *PollingRelay) Run(ctx context.Context) error {
 func (r *PollingRelay) RelayOnce(ctx context.Context) (int, error) {
 	n, stage, err := r.relayOnce(ctx)
 	if err != nil {
-		r.metrics.failed(ctx, stage, err)
+		r.metrics.failure(ctx, stage, err)
 		return 0, &RelayError{Stage: stage, Err: err}
 	}
 	return n, nil
 }
 
 func (r *PollingRelay) relayOnce(ctx context.Context) (int, string, error) {
-	tx, err := r.cfg.DB.Begin(ctx)
+	tx, err := r.cfg.Primary.Begin(ctx)
 	if err != nil {
-		return 0, "claim", err
+		return 0, stageClaim, err
 	}
 	// Rolling back releases the row locks so another instance, or the next
-	// attempt, claims the batch again.
+	// attempt, claims the batch again. A relay that dies has its
+	// transaction rolled back by the server, with the same effect.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
 	events, err := r.claimBatch(ctx, tx)
 	if err != nil {
-		return 0, "claim", err
+		return 0, stageClaim, err
 	}
 	if len(events) == 0 {
 		return 0, "", nil
@@ -255,36 +160,38 @@ func (r *PollingRelay) relayOnce(ctx context.Context) (int, string, error) {
 	// the type's doc for why that makes the token safe.
 	tok, err := r.capturer.CaptureCommitted(ctx, tx)
 	if err != nil {
-		return 0, "stamp", err
+		return 0, stageStamp, err
 	}
 	ids := make([]int64, len(events))
 	st := newStamper(tok)
 	for i := range events {
-		events[i] = st.stamp(events[i])
-		ids[i] = events[i].Seq
-	}
-	if h := r.hooks.afterClaim; h != nil {
-		if err := h(ctx, events); err != nil {
-			return 0, "publish", err
+		var err error
+		if events[i], err = st.stamp(events[i]); err != nil {
+			unstamped(ctx, r.cfg.Logger, r.metrics, events[i], err)
 		}
+		ids[i] = events[i].Seq
 	}
 	began := time.Now()
 	if err := r.cfg.Publisher.Publish(ctx, events); err != nil {
-		return 0, "publish", err
+		return 0, stagePublish, err
 	}
 	r.metrics.published(ctx, len(events), time.Since(began))
-	if h := r.hooks.afterPublish; h != nil {
-		if err := h(ctx, events); err != nil {
-			return 0, "mark", err
-		}
-	}
 	if _, err := tx.Exec(ctx, r.mark, ids); err != nil {
-		return 0, "mark", err
+		return 0, stageMark, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, "mark", err
+		return 0, stageMark, err
 	}
 	return len(events), "", nil
+}
+
+// unstamped reports an event published with its producer's header
+// unchanged because the relay's token could not be merged into it (see
+// stamper.stamp). Its consumers read this database's primary.
+func unstamped(ctx context.Context, log *slog.Logger, m *relayMetrics, ev Event, err error) {
+	m.failure(ctx, stageStamp, err)
+	log.WarnContext(ctx, "caughtup/outbox: event published with its own token header unchanged; its consumers read the primary",
+		"event_id", ev.ID, "topic", ev.Topic, "error", err)
 }
 
 func (r *PollingRelay) claimBatch(ctx context.Context, tx pgx.Tx) ([]Event, error) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -28,11 +29,11 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			opt := WithTable("app.Events")
 			if i%2 == 0 {
-				opt = nil // default table, migrated again
+				errs[i] = Migrate(ctx, e.primary) // default table, migrated again
+			} else {
+				errs[i] = Table("app.Events").Migrate(ctx, e.primary)
 			}
-			errs[i] = Migrate(ctx, e.primary, opt)
 		}()
 	}
 	wg.Wait()
@@ -41,10 +42,11 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	}
 	tx, err := e.primary.Begin(ctx)
 	require.NoError(t, err)
-	id, err := Insert(ctx, tx, Event{Topic: "t", Payload: []byte("x")}, WithTable("app.Events"))
+	events := Table("app.Events")
+	id, err := events.Insert(ctx, tx, Event{Topic: "t", Payload: []byte("x")})
 	require.NoError(t, err)
 	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, id)
-	own, err := Insert(ctx, tx, Event{ID: "order-42-created", Topic: "t"}, WithTable("app.Events"))
+	own, err := events.Insert(ctx, tx, Event{ID: "order-42-created", Topic: "t"})
 	require.NoError(t, err)
 	require.Equal(t, "order-42-created", own)
 	require.NoError(t, tx.Commit(ctx))
@@ -57,8 +59,10 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = Insert(ctx, tx, Event{Payload: []byte("x")})
 	require.ErrorIs(t, err, ErrNoTopic)
-	_, err = Insert(ctx, tx, Event{Topic: "t"}, WithTable("nope"))
+	_, err = Table("nope").Insert(ctx, tx, Event{Topic: "t"})
 	require.ErrorContains(t, err, "run outbox.Migrate first")
+	_, err = Table("a.b.c").Insert(ctx, tx, Event{Topic: "t"})
+	require.ErrorContains(t, err, "schema.name")
 }
 
 func TestParseTable(t *testing.T) {
@@ -103,7 +107,7 @@ func TestPollingRelayPublishesStampedEventsAndMarksThem(t *testing.T) {
 			var after string
 			require.NoError(t, e.primary.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&after))
 			pub := newMemPublisher()
-			r, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 10, KeepPublished: keep, Logger: quiet})
+			r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 10, KeepPublished: keep, Logger: quiet})
 			require.NoError(t, err)
 			total := 0
 			for {
@@ -162,9 +166,9 @@ func TestPollingRelaysShareTheTable(t *testing.T) {
 	pub := newMemPublisher()
 	// Slow publishes keep each batch's rows locked for a while, so the
 	// instances really contend.
-	pub.fail = func(int, []Event) error { time.Sleep(2 * time.Millisecond); return nil }
+	pub.setFail(func(int, []Event) error { time.Sleep(2 * time.Millisecond); return nil })
 	for range 3 {
-		r, err := NewPollingRelay(PollingConfig{DB: e.primary, Publisher: pub, BatchSize: 7, PollInterval: 5 * time.Millisecond, Logger: quiet})
+		r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 7, PollInterval: 5 * time.Millisecond, Logger: quiet})
 		require.NoError(t, err)
 		runInBackground(t, ctx, r.Run)
 	}
@@ -253,7 +257,6 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 	got := pub.waitFor(t, ctx, all)
 	sys, err := e.c.Primary().SystemIdentifier(ctx)
 	require.NoError(t, err)
-	idle := 0
 	for i, w := range txs {
 		for _, id := range w.ids {
 			ev := got[id][0]
@@ -264,9 +267,6 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 			require.Equal(t, commits[i], entry.LSN, "token is the transaction's end LSN")
 			require.LessOrEqual(t, entry.LSN, w.after, "never past the insert LSN read right after COMMIT")
 			require.Equal(t, entry.LSN, tokenLSN(t, ev))
-			if entry.LSN == w.after {
-				idle++
-			}
 		}
 		// Every event of one transaction carries the same token.
 		first := got[w.ids[0]][0].Token
@@ -274,12 +274,11 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 			require.Equal(t, first.Entries, got[id][0].Token.Entries)
 		}
 	}
-	t.Logf("token == insert LSN read right after COMMIT for %d of %d events (others: concurrent WAL from parallel tests)", idle, len(all))
 }
 
 // newLogical returns a logical relay on e's database and drops its slot
 // when the test ends (a slot would keep the database from being dropped).
-func newLogical(t *testing.T, e *env, cfg LogicalConfig) *LogicalRelay {
+func newLogical(t testing.TB, e *env, cfg LogicalConfig) *LogicalRelay {
 	t.Helper()
 	cfg.ConnString = e.c.Primary().DSN(e.db)
 	if cfg.Slot == "" {
@@ -298,19 +297,14 @@ func newLogical(t *testing.T, e *env, cfg LogicalConfig) *LogicalRelay {
 	r, err := NewLogicalRelay(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		// The relay's Run is cancelled by an earlier cleanup; wait for its
-		// walsender to let go of the slot.
-		for {
-			err := r.Teardown(ctx)
-			if err == nil || ctx.Err() != nil {
-				if err != nil {
-					t.Errorf("teardown: %v", err)
-				}
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+		// The relay's Run is cancelled by an earlier cleanup; its
+		// walsender lets go of the slot soon after.
+		if !assert.Eventually(t, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return r.Teardown(ctx) == nil
+		}, 20*time.Second, 20*time.Millisecond, "teardown") {
+			t.Logf("teardown: %v", r.Teardown(context.Background()))
 		}
 	})
 	return r
@@ -369,20 +363,41 @@ func TestLogicalRelayStandbyInstanceTakesOver(t *testing.T) {
 	pub.waitFor(t, ctx, more)
 }
 
-func TestNewRelayValidation(t *testing.T) {
+func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	pub := newMemPublisher()
-	_, err := NewPollingRelay(PollingConfig{Publisher: pub})
-	require.ErrorContains(t, err, "DB is required")
-	_, err = NewPollingRelay(PollingConfig{DB: fakeDB{}, Publisher: pub, Database: "bad name"})
-	require.ErrorContains(t, err, "Database")
-	_, err = NewLogicalRelay(LogicalConfig{Publisher: pub})
-	require.ErrorContains(t, err, "ConnString is required")
-	_, err = NewLogicalRelay(LogicalConfig{Publisher: pub, ConnString: "postgres://x/y", Slot: "Bad-Slot"})
-	require.ErrorContains(t, err, "Slot")
+	for name, tc := range map[string]struct {
+		err  error
+		want string
+	}{
+		"polling without primary":     {func() error { _, err := NewPollingRelay(PollingConfig{Publisher: pub}); return err }(), "Primary is nil"},
+		"polling without publisher":   {PollingConfig{Primary: fakeDB{}}.Validate(), "Publisher is nil"},
+		"polling bad database":        {PollingConfig{Primary: fakeDB{}, Publisher: pub, Database: "bad name"}.Validate(), "Database"},
+		"polling bad table":           {PollingConfig{Primary: fakeDB{}, Publisher: pub, Table: "a.b.c"}.Validate(), "Table"},
+		"polling negative batch":      {PollingConfig{Primary: fakeDB{}, Publisher: pub, BatchSize: -1}.Validate(), "BatchSize"},
+		"polling inverted backoff":    {PollingConfig{Primary: fakeDB{}, Publisher: pub, MinBackoff: time.Second, MaxBackoff: time.Millisecond}.Validate(), "MaxBackoff"},
+		"logical without conn string": {func() error { _, err := NewLogicalRelay(LogicalConfig{Publisher: pub}); return err }(), "ConnString is empty"},
+		"logical bad conn string":     {LogicalConfig{Publisher: pub, ConnString: "postgres://x:notaport/y"}.Validate(), "ConnString"},
+		"logical without publisher":   {LogicalConfig{ConnString: "postgres://x/y"}.Validate(), "Publisher is nil"},
+		"logical bad slot":            {LogicalConfig{Publisher: pub, ConnString: "postgres://x/y", Slot: "Bad-Slot"}.Validate(), "Slot"},
+		"logical bad publication":     {LogicalConfig{Publisher: pub, ConnString: "postgres://x/y", Publication: "p;"}.Validate(), "Publication"},
+		"stamping both captures":      {StampingConfig{Primary: &pgxpool.Pool{}, Capture: func(context.Context) (position.Token, error) { return position.Token{}, nil }}.Validate(), "both Primary and Capture"},
+		"stamping bad database":       {StampingConfig{Database: "a b"}.Validate(), "Database"},
+		"stamping nil next":           {func() error { _, err := Stamping(nil, StampingConfig{}); return err }(), "next is nil"},
+	} {
+		require.ErrorIs(t, tc.err, ErrInvalidConfig, name)
+		require.ErrorContains(t, tc.err, tc.want, name)
+	}
+	require.NoError(t, PollingConfig{Primary: fakeDB{}, Publisher: pub}.Validate())
+	require.NoError(t, StampingConfig{}.Validate())
+	// A MinBackoff above the default cap raises the cap with it.
+	c := PollingConfig{MinBackoff: 10 * time.Second}.WithDefaults()
+	require.Equal(t, 10*time.Second, c.MaxBackoff)
+
 	r, err := NewLogicalRelay(LogicalConfig{Publisher: pub, ConnString: "postgres://x/y", Table: "app.My Events"})
 	require.NoError(t, err)
 	require.Equal(t, "caughtup_my_events", r.cfg.Slot)
+	require.Equal(t, "caughtup_my_events", r.cfg.Publication)
 }
 
 func uniqueSlot(db string) string {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -49,36 +50,27 @@ type Event struct {
 	// Headers are copied to the published message. Relays add
 	// position.HeaderName (the token) and HeaderEventID.
 	Headers map[string]string
-	// Token is set by relays: a position at or past the commit of the
-	// transaction that wrote the row, merged with any token the producer
-	// put in Headers[position.HeaderName].
+	// Token is set by relays: the token the published
+	// Headers[position.HeaderName] carries, a position at or past the
+	// commit of the transaction that wrote the row, merged with any token
+	// the producer put there (position.MergeHeader). When the producer's
+	// header does not decode it is published unchanged, and Token is
+	// zero: unknown stays unknown, and consumers read the primary.
 	Token position.Token
 	// CreatedAt is the row's created_at, set by relays.
 	CreatedAt time.Time
 }
 
-// Option configures the table functions (Migrate, Insert).
-type Option func(*options)
-
-type options struct {
-	table string
-}
-
-// WithTable names the outbox table: "name" (resolved through search_path)
-// or "schema.name". Default DefaultTable.
-func WithTable(name string) Option {
-	return func(o *options) { o.table = name }
-}
-
-func buildOptions(opts []Option) options {
-	o := options{table: DefaultTable}
-	for _, f := range opts {
-		if f != nil {
-			f(&o)
-		}
-	}
-	return o
-}
+// Table names an outbox table other than DefaultTable: "name" (resolved
+// through search_path) or "schema.name". Each part is 1 to 63 bytes and
+// may hold any character but '.' and NUL; names are quoted, so case
+// matters ("app.Events" is app."Events"). The package-level Migrate and
+// Insert use DefaultTable.
+//
+//	events := outbox.Table("app.events")
+//	err := events.Migrate(ctx, pool)
+//	id, err := events.Insert(ctx, tx, outbox.Event{Topic: "orders", Payload: body})
+type Table string
 
 // tableName is a parsed, quotable table name.
 type tableName struct {
@@ -99,7 +91,7 @@ func parseTable(s string) (tableName, error) {
 		}
 	}
 	if bad {
-		return tableName{}, fmt.Errorf("caughtup/outbox: table name %q: want \"name\" or \"schema.name\", each part 1 to 63 bytes", s)
+		return tableName{}, fmt.Errorf("table name %q: want \"name\" or \"schema.name\", each part 1 to 63 bytes without NUL", s)
 	}
 	if len(parts) == 1 {
 		return tableName{name: parts[0]}, nil
@@ -135,10 +127,17 @@ func (t tableName) String() string {
 	return t.schema + "." + t.name
 }
 
-// DB is what Migrate needs: *pgx.Conn, *pgxpool.Pool and pgx.Tx all
-// satisfy it.
-type DB interface {
+// Beginner starts transactions on the primary: *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx (a savepoint) satisfy it. Migrate and the polling relay need
+// nothing else.
+type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migrate creates the outbox table DefaultTable and its index if they do
+// not exist; see Table.Migrate.
+func Migrate(ctx context.Context, db Beginner) error {
+	return Table(DefaultTable).Migrate(ctx, db)
 }
 
 // Migrate creates the outbox table and its index if they do not exist. It
@@ -147,11 +146,10 @@ type DB interface {
 // so applications may call it on every start. Run it before the first
 // Insert; for the logical relay, before the first event is written is
 // best (see LogicalRelay).
-func Migrate(ctx context.Context, db DB, opts ...Option) error {
-	o := buildOptions(opts)
-	t, err := parseTable(o.table)
+func (tb Table) Migrate(ctx context.Context, db Beginner) error {
+	t, err := parseTable(string(tb))
 	if err != nil {
-		return err
+		return fmt.Errorf("caughtup/outbox: %w", err)
 	}
 	sql := strings.NewReplacer("__TABLE__", t.ident(), "__INDEX__", t.indexIdent()).Replace(schemaSQL)
 	tx, err := db.Begin(ctx)
@@ -200,6 +198,12 @@ func splitStatements(sql string) []string {
 // publisher could route.
 var ErrNoTopic = errors.New("caughtup/outbox: Event.Topic is required")
 
+// Insert writes ev into the outbox table DefaultTable inside the caller's
+// transaction; see Table.Insert.
+func Insert(ctx context.Context, tx pgx.Tx, ev Event) (string, error) {
+	return Table(DefaultTable).Insert(ctx, tx, ev)
+}
+
 // Insert writes ev into the outbox inside the caller's transaction and
 // returns its ID (ev.ID, or a new random UUID). The event is published
 // only if tx commits, and a relay stamps it with a token at or past that
@@ -207,14 +211,13 @@ var ErrNoTopic = errors.New("caughtup/outbox: Event.Topic is required")
 // not exist yet while it is being inserted.
 //
 // ev.Seq, ev.Token and ev.CreatedAt are ignored.
-func Insert(ctx context.Context, tx pgx.Tx, ev Event, opts ...Option) (string, error) {
+func (tb Table) Insert(ctx context.Context, tx pgx.Tx, ev Event) (string, error) {
 	if ev.Topic == "" {
 		return "", ErrNoTopic
 	}
-	o := buildOptions(opts)
-	t, err := parseTable(o.table)
+	t, err := parseTable(string(tb))
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("caughtup/outbox: %w", err)
 	}
 	id := ev.ID
 	if id == "" {
@@ -232,7 +235,7 @@ func Insert(ctx context.Context, tx pgx.Tx, ev Event, opts ...Option) (string, e
 		id, ev.Topic, ev.Key, payload, headers)
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
 			return "", fmt.Errorf("caughtup/outbox: table %s does not exist; run outbox.Migrate first: %w", t, err)
 		}
 		return "", fmt.Errorf("caughtup/outbox: insert into %s: %w", t, err)

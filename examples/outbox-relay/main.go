@@ -37,7 +37,9 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/pgtest"
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/outbox"
+	"github.com/caughtup/caughtup/position"
 )
 
 // config says which services to use; zero values start throwaway ones.
@@ -140,7 +142,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 	writer := &kafka.Writer{Addr: kafka.TCP(cfg.Brokers...), Topic: cfg.Topic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, Transport: transport}
 	defer func() { _ = writer.Close() }()
-	pub, err := outbox.NewKafkaPublisher(writer)
+	pub, err := caughtupkafka.NewOutboxPublisher(writer)
 	if err != nil {
 		return err
 	}
@@ -148,7 +150,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 	var relay interface{ Run(context.Context) error }
 	switch cfg.Relay {
 	case "polling":
-		relay, err = outbox.NewPollingRelay(outbox.PollingConfig{DB: primary, Publisher: pub, PollInterval: 10 * time.Millisecond, Logger: quiet})
+		relay, err = outbox.NewPollingRelay(outbox.PollingConfig{Primary: primary, Publisher: pub, PollInterval: 10 * time.Millisecond, Logger: quiet})
 	case "logical":
 		var lr *outbox.LogicalRelay
 		lr, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: cfg.PrimaryDSN, Publisher: pub, Logger: quiet})
@@ -187,11 +189,10 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 			if err != nil {
 				return fmt.Errorf("read from Kafka: %w", err)
 			}
-			tok, err := outbox.TokenFromKafkaHeaders(m.Headers)
-			if err != nil {
-				return err
-			}
-			id := header(m.Headers, outbox.HeaderEventID)
+			// The relay stamped the token; a malformed one routes to the
+			// primary (RouteDecoded takes the decode error as is).
+			tok, decodeErr := position.DecodeHeaders(headers(m.Headers, position.HeaderName)...)
+			id := headers(m.Headers, outbox.HeaderEventID)[0]
 			if seen[id] { // at-least-once delivery: dedupe on the event ID
 				s.duplicates++
 				continue
@@ -199,7 +200,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 			seen[id] = true
 			got++
 			s.delivered++
-			jobCtx, d, err := router.RouteToken(ctx, tok, policy)
+			jobCtx, d, err := router.RouteDecoded(ctx, tok, decodeErr, policy)
 			if err != nil {
 				return fmt.Errorf("route event %s: %w", id, err)
 			}
@@ -300,11 +301,16 @@ func pauseReplay(ctx context.Context, primary, replica *pgxpool.Pool) error {
 	}
 }
 
-func header(hs []kafka.Header, key string) string {
+// headers returns the values of every header named key ("" if none).
+func headers(hs []kafka.Header, key string) []string {
+	var out []string
 	for _, h := range hs {
 		if h.Key == key {
-			return string(h.Value)
+			out = append(out, string(h.Value))
 		}
 	}
-	return ""
+	if len(out) == 0 {
+		out = append(out, "")
+	}
+	return out
 }

@@ -422,11 +422,11 @@ func (a *app) startConsumers(ctx context.Context) error {
 	}
 
 	// The outbox relay publishes events stamped with a token.
-	pub, err := outbox.NewKafkaPublisher(a.writer)
+	pub, err := caughtupkafka.NewOutboxPublisher(a.writer)
 	if err != nil {
 		return err
 	}
-	relay, err := outbox.NewPollingRelay(outbox.PollingConfig{DB: a.primary, Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: a.opts.Logger, MeterProvider: a.mp})
+	relay, err := outbox.NewPollingRelay(outbox.PollingConfig{Primary: a.primary, Publisher: pub, PollInterval: 20 * time.Millisecond, Logger: a.opts.Logger, MeterProvider: a.mp})
 	if err != nil {
 		return err
 	}

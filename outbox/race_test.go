@@ -1,5 +1,0 @@
-//go:build race
-
-package outbox
-
-const raceEnabled = true
