@@ -33,7 +33,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./cdc/
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/
+	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./outbox/
 
 demo: deps
 	$(GO) run ./cmd/caughtup demo
