@@ -400,10 +400,16 @@ func (p *Publisher) send(batch map[nodeID]Observation) error {
 		pipe.PExpire(ctx, p.index, p.cfg.TTL)
 	}
 	_, err := pipe.Exec(ctx)
+	// A network error or timeout may leave commands without an error of
+	// their own: then none counts as sent. A server's error reply (e.g.
+	// NOPERM) is set on the very command it answered.
 	var ok int64
-	for _, c := range cmds {
-		if c.set.Err() == nil && c.pub.Err() == nil {
-			ok++
+	var serverErr redis.Error
+	if err == nil || errors.As(err, &serverErr) {
+		for _, c := range cmds {
+			if c.set.Err() == nil && c.pub.Err() == nil {
+				ok++
+			}
 		}
 	}
 	bg := context.Background()
