@@ -128,7 +128,24 @@ func (b *Budget) Allow(ctx context.Context, key string) (allowed bool, err error
 	}
 	tctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	defer cancel()
-	res, err := b.limiter.Allow(tctx, b.cfg.Prefix+key, b.limit)
+	// go-redis bounds a new connection's handshake by the client's
+	// ReadTimeout (3s by default), not by the context: against a Redis
+	// that accepts connections and never answers, the call would outlast
+	// Timeout. So Allow waits for the context, not for the call, which
+	// ends on its own within the client's timeouts (and the cooldown
+	// keeps more from piling up meanwhile).
+	done := make(chan allowResult, 1)
+	go func() {
+		res, err := b.limiter.Allow(tctx, b.cfg.Prefix+key, b.limit)
+		done <- allowResult{res, err}
+	}()
+	var r allowResult
+	select {
+	case r = <-done:
+	case <-tctx.Done():
+		r.err = tctx.Err()
+	}
+	res, err := r.res, r.err
 	if err != nil {
 		// The caller giving up says nothing about Redis.
 		if b.cfg.Cooldown > 0 && ctx.Err() == nil {
@@ -138,4 +155,9 @@ func (b *Budget) Allow(ctx context.Context, key string) (allowed bool, err error
 	}
 	b.until.Store(0)
 	return res.Allowed > 0, nil
+}
+
+type allowResult struct {
+	res *redis_rate.Result
+	err error
 }

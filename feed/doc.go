@@ -181,8 +181,8 @@
 // read-only key pattern %R~ needs Redis 7). PublisherACL, SubscriberACL
 // and BudgetACL return the rules; for the default feed:
 //
-//	ACL SETUSER caughtup-feed-pub on >PUBSECRET resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping +client|setinfo
-//	ACL SETUSER caughtup-router on >SUBSECRET resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping +client|setinfo ~rate:caughtup.budget.* +evalsha +eval +get +set +time
+//	ACL SETUSER caughtup-feed-pub on >PUBSECRET resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping
+//	ACL SETUSER caughtup-router on >SUBSECRET resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping ~rate:caughtup.budget.* +evalsha +eval +get +set +time
 //
 // Publishers write only the feed's keys and publish only on its channel;
 // routers read the feed's keys and subscribe, and write only the budget's

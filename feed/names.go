@@ -61,14 +61,16 @@ func valueKey(feed, publisher string, o *Observation) string {
 // channel, and nothing else. Use it after the user name, state and
 // password:
 //
-//	ACL SETUSER caughtup-feed-pub on >secret resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping +client|setinfo
+//	ACL SETUSER caughtup-feed-pub on >secret resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping
 //
-// CLIENT SETINFO is what go-redis sends when it connects (it ignores a
-// refusal; allowing it keeps the server's log quiet).
+// go-redis sends CLIENT SETINFO when it connects and ignores a refusal;
+// on Redis 7.2 and later, where the command exists, add +client|setinfo
+// (or set DisableIdentity in the client's options) to keep the refusals
+// out of ACL LOG.
 func PublisherACL(feed string) string {
 	t := hashTag(feed)
 	return "resetkeys resetchannels -@all ~" + t + ":* &" + ChannelName(feed) +
-		" +set +sadd +pexpire +publish +ping +client|setinfo"
+		" +set +sadd +pexpire +publish +ping"
 }
 
 // SubscriberACL returns the Redis 7 ACL rules a feed subscriber needs: it
@@ -76,11 +78,11 @@ func PublisherACL(feed string) string {
 // command could touch them even if one were allowed) and subscribes to
 // its channel:
 //
-//	ACL SETUSER caughtup-feed-sub on >secret resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping +client|setinfo
+//	ACL SETUSER caughtup-feed-sub on >secret resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping
 func SubscriberACL(feed string) string {
 	t := hashTag(feed)
 	return "resetkeys resetchannels -@all %R~" + t + ":* &" + ChannelName(feed) +
-		" +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping +client|setinfo"
+		" +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping"
 }
 
 // BudgetACL returns the Redis 7 ACL rules that a Budget with the given
