@@ -91,8 +91,11 @@
 //
 // Publishers sign with one key (Keyring.Current); subscribers accept any
 // key of their Keyring. Rotating a key takes no downtime: add the new key
-// to every subscriber and publisher, switch the publishers' Current to it,
-// and remove the old key once no publisher uses it.
+// to every subscriber and publisher, switch the publishers' Current to it
+// (a rolling restart: a Publisher signs with the Current it was made
+// with, and its redundant peers keep the feed going meanwhile), and
+// remove the old key once no publisher uses it. A subscriber restarted
+// with a new Keyring starts a new replay memory; see Replays.
 //
 // A subscriber rejects, never delivers, counts (caughtup.feed.rejected,
 // by reason) and logs (the first three, then one per 10s, per reason)
@@ -184,6 +187,10 @@
 //	ACL SETUSER caughtup-feed-pub on >PUBSECRET resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping
 //	ACL SETUSER caughtup-router on >SUBSECRET resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping ~rate:caughtup.budget.* +evalsha +eval +get +set +time
 //
+// go-redis sends CLIENT SETINFO on connecting and ignores a refusal; on
+// Redis 7.2 and later add +client|setinfo to both users, or set
+// DisableIdentity in the client options, to keep refusals out of ACL LOG.
+//
 // Publishers write only the feed's keys and publish only on its channel;
 // routers read the feed's keys and subscribe, and write only the budget's
 // keys (through the GCRA script). The HMAC keeps a Redis user that can
@@ -207,6 +214,10 @@
 // Timeout; when Redis cannot answer it returns an error wrapping
 // ErrBudgetUnavailable and stays silent for Cooldown, and the caller's
 // per-process cap alone bounds its reads (it logs and counts that).
+// go-redis bounds a new connection's handshake by the client's
+// ReadTimeout rather than the context; Allow does not wait for it, but
+// give the budget's client short DialTimeout and ReadTimeout (e.g.
+// 100ms) so that abandoned calls do not linger.
 //
 // # Metrics
 //
