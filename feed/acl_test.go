@@ -2,6 +2,7 @@ package feed_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestACL(t *testing.T) {
 	requireNoPerm(t, asSub.Publish(ctx, feed.ChannelName(name), "forged").Err(), "router PUBLISH")
 	requireNoPerm(t, asSub.Set(ctx, "unrelated", "x", 0).Err(), "router SET elsewhere")
 	requireNoPerm(t, asSub.Get(ctx, "rate:unrelated").Err(), "router outside the budget prefix")
-	router, err := feed.NewPublisher(feed.PublisherConfig{Client: asSub, Feed: name, Name: "posing", Keys: ring})
+	router, err := feed.NewPublisher(feed.PublisherConfig{Client: asSub, Feed: name, Name: "posing", Keys: ring, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	require.NoError(t, router.Publish(replica("r1", 8)))
 	requireNoPerm(t, router.Flush(ctx), "a router posing as a publisher")

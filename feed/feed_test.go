@@ -364,9 +364,12 @@ func TestKeyRotation(t *testing.T) {
 	}
 	require.Len(t, oldOnly, 30)
 	require.Equal(t, []string{"2025-05"}, slices.Compact(keyIDs))
-	publish(t, b, replica("r1", lsn+1))
-	both.until(t, func(d feed.Delivery) bool { return d.Replica.Replayed == lsn+1 })
-	require.Equal(t, int64(30+1), stale.metrics.sum(t, "caughtup.feed.rejected", reason("unknown_key")))
+	// A sentinel signed with the old key: once the stale subscriber has
+	// it, it has read everything before it.
+	sentinel, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "sentinel", Keys: ring("2025-05")})
+	publish(t, sentinel, replica("r1", lsn+1))
+	require.Equal(t, "sentinel", stale.next(t).Publisher.Name)
+	require.Equal(t, int64(30), stale.metrics.sum(t, "caughtup.feed.rejected", reason("unknown_key")))
 	stale.none(t)
 }
 
@@ -414,8 +417,27 @@ func TestSilence(t *testing.T) {
 	ring := feed.Keyring{Keys: []feed.Key{k}}
 	s := startSubscriber(t, feed.SubscriberConfig{Feed: name, Keys: ring, SilenceBound: 200 * time.Millisecond})
 	s.waitState(t, feed.StateSubscribed)
+
+	// A flood of forgeries, faster than the subscriber's read timeout,
+	// does not keep the silent feed looking alive.
+	flooding, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		plain := client(t, nil)
+		for {
+			select {
+			case <-flooding:
+				return
+			default:
+			}
+			_ = plain.Publish(context.Background(), feed.ChannelName(name), "\x01forged").Err()
+		}
+	}()
 	s.waitState(t, feed.StateSilent)
+	close(flooding)
+	<-stopped
 	require.Equal(t, feed.StateSilent, s.Health().State)
+	require.Positive(t, s.metrics.sum(t, "caughtup.feed.rejected", reason("malformed")))
 
 	forger, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
 	publish(t, forger, replica("r1", 1))

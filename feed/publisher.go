@@ -174,6 +174,8 @@ type Publisher struct {
 	gen      uint64 // Publish calls accepted so far
 	closed   bool
 	flushers []*flusher
+	doneGen  uint64 // gen when the last non-empty batch was taken
+	doneErr  error  // and how it went
 
 	wake chan struct{}
 	done chan struct{}
@@ -282,8 +284,9 @@ func (p *Publisher) kick() {
 }
 
 // Flush waits until every observation Publish accepted before the call
-// has been sent (or has failed, or was superseded), and returns the
-// errors of the pipelines that carried them.
+// has been sent (or has failed, or was superseded), and returns the error
+// of the pipeline that carried the last of them (joined with those of
+// pipelines that completed while it waited).
 func (p *Publisher) Flush(ctx context.Context) error {
 	f := &flusher{ch: make(chan error, 1)}
 	p.mu.Lock()
@@ -292,6 +295,13 @@ func (p *Publisher) Flush(ctx context.Context) error {
 		return ErrClosed
 	}
 	f.target = p.gen
+	if f.target <= p.doneGen {
+		// The last observation accepted has already gone out, in the
+		// last batch sent.
+		err := p.doneErr
+		p.mu.Unlock()
+		return err
+	}
 	p.flushers = append(p.flushers, f)
 	p.mu.Unlock()
 	p.kick()
@@ -334,6 +344,9 @@ func (p *Publisher) run() {
 			err := p.send(batch)
 
 			p.mu.Lock()
+			if len(batch) > 0 {
+				p.doneGen, p.doneErr = gen, err
+			}
 			kept := p.flushers[:0]
 			var reply []*flusher
 			for _, f := range p.flushers {

@@ -448,15 +448,17 @@ func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, tick)
 		now := time.Now()
+		// Checked after every read, not only when reads time out: a
+		// steady stream of rejected messages must not hide the silence.
+		if now.Sub(lastAccepted) > s.cfg.SilenceBound && s.Health().State == StateSubscribed {
+			s.setState(StateSilent, nil)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return true, ctx.Err()
 			}
 			if !isTimeout(err) {
 				return true, err
-			}
-			if now.Sub(lastAccepted) > s.cfg.SilenceBound && s.Health().State == StateSubscribed {
-				s.setState(StateSilent, nil)
 			}
 			switch {
 			case pingSent.IsZero() && now.Sub(lastRead) >= s.cfg.PingInterval:
