@@ -49,7 +49,7 @@
 //	instance     8 bytes  big-endian, random per Publisher
 //	sequence     uvarint  ≥ 1, +1 per message of this instance
 //	sent at      zigzag   µs; the publisher's clock, informational only
-//	TTL          uvarint  ms the value was stored with (SET … PX)
+//	TTL          uvarint  ms the value was stored with (SET … PX/EX)
 //	held         uvarint  µs from the poll's start to encoding, on the
 //	                      publisher's monotonic clock
 //	database     str8     1–128 bytes
