@@ -31,9 +31,10 @@ test: deps build vet
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./position/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./cdc/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime 10s ./feed/
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./outbox/
+	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./outbox/ ./feed/
 
 demo: deps
 	$(GO) run ./cmd/caughtup demo
