@@ -225,8 +225,9 @@ func TestTokenOf(t *testing.T) {
 
 func TestConsumerConfigValidation(t *testing.T) {
 	t.Parallel()
+	e := setupDB(t, nil)
 	h := func(context.Context, kafkago.Message) error { return nil }
-	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t"}
+	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t", Router: e.router}
 	_, err := caughtupkafka.NewConsumer(ok, h)
 	require.NoError(t, err)
 	_, err = caughtupkafka.NewConsumer(ok, nil)
@@ -242,6 +243,8 @@ func TestConsumerConfigValidation(t *testing.T) {
 		"no brokers":    func(c *caughtupkafka.ConsumerConfig) { c.Brokers = nil },
 		"no group":      func(c *caughtupkafka.ConsumerConfig) { c.GroupID = "" },
 		"no topic":      func(c *caughtupkafka.ConsumerConfig) { c.Topic = "" },
+		"no router":     func(c *caughtupkafka.ConsumerConfig) { c.Router = nil },
+		"bad policy":    func(c *caughtupkafka.ConsumerConfig) { c.Policy = 42 },
 		"bad mode":      func(c *caughtupkafka.ConsumerConfig) { c.Mode = 7 },
 		"retry is main": func(c *caughtupkafka.ConsumerConfig) { c.Mode, c.RetryTopic = caughtupkafka.RetryTopic, "t" },
 		"dlt is main":   func(c *caughtupkafka.ConsumerConfig) { c.DeadLetterTopic = "t" },
@@ -258,13 +261,16 @@ func TestConsumerConfigValidation(t *testing.T) {
 		require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig, name)
 		require.True(t, strings.HasPrefix(err.Error(), "caughtup/kafka: invalid consumer config: "), name)
 	}
+	_, err = caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t"}, h)
+	require.ErrorContains(t, err, "consume.NewRouter", "the error says what to do")
 }
 
 func TestRunTwiceAtOnce(t *testing.T) {
 	t.Parallel()
 	topic := newTopics(t, 1, "")[0]
 	ran := make(chan struct{}, 1)
-	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic}, func(context.Context, kafkago.Message) error {
+	e := setupDB(t, nil)
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.router}, func(context.Context, kafkago.Message) error {
 		ran <- struct{}{}
 		return nil
 	})

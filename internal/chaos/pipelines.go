@@ -187,12 +187,20 @@ type kafkaTuning struct {
 	retryInitial, retryMax time.Duration
 }
 
-func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, h caughtupkafka.Handler) (*kafkaMember, error) {
+// startKafkaMember starts a consumer whose handler h routes by itself:
+// caughtup's with caughtupkafka.Middleware (so that the harness sees every
+// deferral on its way back to the Consumer), the baselines with their own
+// logic. The Consumer requires a Router; router with consume.Always hands
+// every message on at once, without waiting, deferring or touching the
+// fallback cap, and h ignores the pool it hands out.
+func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, router *consume.Router, h caughtupkafka.Handler) (*kafkaMember, error) {
 	m := &kafkaMember{name: name, dialer: fault.NewDialer(nil), done: make(chan error, 1)}
 	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
 		Brokers:             s.brokers,
 		GroupID:             group,
 		Topic:               topic,
+		Router:              router,
+		Policy:              consume.Always,
 		Mode:                caughtupkafka.InPlace,
 		MaxAttempts:         50,
 		RetryBackoffInitial: tune.retryInitial,
