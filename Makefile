@@ -32,8 +32,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./position/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./outbox/
 
+# Benchmarks, including the throughput runs that print tables (kafka:
+# routed vs plain kafka-go consumer); never part of make test.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/
 
 demo: deps
 	$(GO) run ./cmd/caughtup demo
