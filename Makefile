@@ -33,8 +33,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./cdc/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime 10s ./feed/
 
+# Benchmarks, including the throughput runs that print tables (kafka:
+# routed vs plain kafka-go consumer); never part of make test.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./outbox/ ./feed/
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/
 
 demo: deps
 	$(GO) run ./cmd/caughtup demo

@@ -89,13 +89,16 @@ type ConsumerConfig struct {
 	// Topic is the topic consumed. Required.
 	Topic string
 
-	// Router routes each message (Middleware): the handler's context then
-	// carries the chosen pools (consume.DB). Nil runs the handler without
-	// routing, as a plain at-least-once consumer; a handler wrapped in
-	// Middleware by the caller works the same way.
+	// Router routes each message before the handler runs: the handler's
+	// context carries the chosen pools (consume.DB, consume.SQLDB).
+	// Required: without it a handler that asks for its pool has none, so
+	// NewConsumer refuses a nil Router. Build one per process with
+	// consume.NewRouter; to read every message from the primary, keep the
+	// Router and set Policy to consume.Always.
 	Router *consume.Router
 	// Policy is the routing policy of every message. Default
-	// consume.PolicyDefault: the router's Config.DefaultPolicy.
+	// consume.PolicyDefault: the router's Config.DefaultPolicy, so that
+	// one setting in the router serves every adapter.
 	Policy consume.Policy
 
 	// Mode is what happens to a message no replica can serve yet. Default
@@ -161,20 +164,23 @@ type ConsumerConfig struct {
 	MinBytes      int
 	MaxBytes      int
 
-	// Dialer opens the group's and the readers' connections. Default
-	// kafkago.DefaultDialer.
+	// Dialer opens the group's and the readers' connections (and those of
+	// the default Writer). Default kafkago.DefaultDialer.
 	Dialer *kafkago.Dialer
 	// Writer republishes to the retry and dead-letter topics; messages
-	// name their topic, so it must not set one. Default: a kafkago.Writer
-	// on Brokers with a Hash balancer, RequiredAcks all and a 2ms batch
-	// timeout, closed when Run returns.
+	// name their topic, so it must not set one. WriteMessages must return
+	// only once the broker has acknowledged the messages: the original is
+	// committed right after. Default: a kafkago.Writer on Brokers, dialing
+	// with Dialer, with a Hash balancer (a key keeps its partition),
+	// RequiredAcks all and a 2ms batch timeout (each republish waits for
+	// its batch), closed when Run returns.
 	Writer MessageWriter
 
 	// Logger logs redeliveries, dead letters and broker errors. Default
 	// slog.Default().
 	Logger *slog.Logger
 	// MeterProvider records caughtup.kafka.messages. Default
-	// otel.GetMeterProvider().
+	// otel.GetMeterProvider(), the application's global one.
 	MeterProvider metric.MeterProvider
 }
 
@@ -224,6 +230,10 @@ func (c ConsumerConfig) Validate() error {
 		return bad("GroupID is empty; name the consumer group")
 	case c.Topic == "":
 		return bad("Topic is empty; name the topic to consume")
+	case c.Router == nil:
+		return bad("Router is nil; build one with consume.NewRouter and set it, so that handlers get their pool (Policy consume.Always reads every message from the primary)")
+	case !validPolicy(c.Policy):
+		return bad("unknown Policy %d; use a consume.Policy constant", c.Policy)
 	case c.Mode != InPlace && c.Mode != RetryTopic:
 		return bad("unknown Mode %d; use InPlace or RetryTopic", c.Mode)
 	case c.Mode == RetryTopic && c.RetryTopic == c.Topic:
@@ -242,6 +252,12 @@ func (c ConsumerConfig) Validate() error {
 		return bad("MaxWait and QueueCapacity must be positive, MinBytes and MaxBytes not negative")
 	}
 	return nil
+}
+
+// validPolicy reports whether p is one of consume's policies.
+func validPolicy(p consume.Policy) bool {
+	_, err := consume.ParsePolicy(p.String())
+	return err == nil
 }
 
 // topics is what the consumer group subscribes to.

@@ -37,18 +37,11 @@ type Consumer struct {
 	met     *metrics
 
 	running atomic.Bool
-	crashed atomic.Bool
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-
-	// Test hook: called after a message was republished, before its
-	// offset is marked done.
-	afterRepublish func(kafkago.Message)
 }
 
-// NewConsumer validates cfg and returns a Consumer that runs h for each
-// message, routed by cfg.Router when it is set (Middleware). It does not
-// connect; Run does.
+// NewConsumer validates cfg and returns a Consumer that routes each
+// message with cfg.Router and runs h with the routed context. It does not
+// connect; Run does. A nil handler or Router is an ErrInvalidConfig.
 func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: the handler is nil", ErrInvalidConfig)
@@ -59,9 +52,6 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	}
 	cfg.Brokers = append([]string(nil), cfg.Brokers...)
 	c := &Consumer{cfg: cfg, handler: h, log: cfg.Logger}
-	if cfg.Router != nil {
-		c.handler = Middleware(cfg.Router, cfg.Policy)(h)
-	}
 	if c.log == nil {
 		c.log = slog.Default()
 	}
@@ -70,7 +60,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		mp = otel.GetMeterProvider()
 	}
 	var err error
-	if c.met, err = newMetrics(mp); err != nil {
+	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kafka: creating instruments: %w", err)
 	}
 	return c, nil
@@ -83,24 +73,15 @@ func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 // fetching, cancels the contexts of running handlers, commits what is done,
 // leaves the group and returns nil. Errors joining the group are logged
 // and retried (kafka-go's JoinGroupBackoff); Run returns an error only if
-// it cannot start.
+// it cannot start. A Consumer may Run again after Run returned.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
 	defer c.running.Store(false)
-	c.crashed.Store(false)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c.mu.Lock()
-	c.cancel = cancel
-	c.mu.Unlock()
 
-	unregister, err := c.met.register()
-	if err != nil {
-		return fmt.Errorf("caughtup/kafka: registering metrics: %w", err)
-	}
-	defer unregister()
 	w, closeWriter := c.republisher()
 	defer closeWriter()
 
@@ -136,18 +117,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		c.startGeneration(ctx, gen, w)
-	}
-}
-
-// crash stops Run as a killed process would, as far as the group can
-// tell: no offset is committed from now on. Tests use it.
-func (c *Consumer) crash() {
-	c.crashed.Store(true)
-	c.mu.Lock()
-	cancel := c.cancel
-	c.mu.Unlock()
-	if cancel != nil {
-		cancel()
 	}
 }
 
@@ -230,7 +199,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 	}
 	// One partition reads one topic; a retry topic's partitions count
 	// under the retry topic.
-	tc := c.met.topic(p.topic)
+	tm := c.met.topic(p.topic)
 	for fails := 0; ; {
 		msg, err := r.FetchMessage(ctx)
 		if err != nil {
@@ -246,8 +215,8 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 			continue
 		}
 		fails = 0
-		if !c.process(ctx, msg, w, tc) {
-			tc.add(dropped)
+		if !c.process(ctx, msg, w, tm) {
+			tm.add(ctx, ResultDropped)
 			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
 				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))
 			return
@@ -278,9 +247,6 @@ func (c *Consumer) commitLoop(runCtx, gctx context.Context, g *generation) {
 }
 
 func (c *Consumer) commit(ctx context.Context, g *generation) {
-	if c.crashed.Load() {
-		return
-	}
 	var offsets map[string]map[int]int64
 	for _, p := range g.parts {
 		d := p.done.Load()
@@ -320,6 +286,7 @@ func (c *Consumer) republisher() (MessageWriter, func()) {
 	}
 	tr := &kafkago.Transport{}
 	if d := c.cfg.Dialer; d != nil {
+		tr.Dial = d.DialFunc
 		tr.ClientID = d.ClientID
 		tr.TLS = d.TLS
 		tr.SASL = d.SASLMechanism

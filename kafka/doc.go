@@ -2,6 +2,7 @@
 // stamps each message with the position its producer committed, and a
 // Consumer that reads a topic in a consumer group, routes every message
 // with a consume.Router and hands the handler the pool it may read.
+// kafka-go v0.4.51 or later.
 //
 // Import it under a name that does not clash with kafka-go:
 //
@@ -20,7 +21,8 @@
 //	ctx, err := enqueue.InTx(ctx, pool, insertUser)
 //	err = w.WriteMessages(ctx, kafkago.Message{Key: userID, Value: event})
 //
-//	// Consumer: one router per process, one Consumer per topic.
+//	// Consumer: one router per process, one Consumer per topic. The
+//	// Router is required: it is what gives the handler its pool.
 //	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
 //		Brokers: brokers, GroupID: "mailer", Topic: "user-events",
 //		Router: router, Policy: consume.Delayed,
@@ -34,12 +36,28 @@
 //
 // Writer (or Stamp, for code that builds messages for its own writer) puts
 // the token of the context, enqueue.TokenFrom, in the header
-// position.HeaderName, merged with a token header the message already
-// carries. Three kafka-go Writer settings matter: a key-hashing Balancer
-// (kafka-go's default is round-robin, which spreads one key over every
-// partition and leaves no order to keep), RequiredAcks all (the default,
-// none, can lose acknowledged messages) and a short BatchTimeout for
-// synchronous writes (the default makes each call wait up to 1s).
+// position.HeaderName. A message that already carries token headers gets
+// one header that merges them with the context's token
+// (position.MergeHeader), unless one of them does not decode: that one
+// then stays as the message's only token header and the context's token is
+// not added, so consumers read the message from the primary (unknown stays
+// unknown). A merge that names more databases than a token can carry is an
+// error at the call, and nothing is written. Three kafka-go Writer
+// settings matter: a key-hashing Balancer (kafka-go's default is
+// round-robin, which spreads one key over every partition and leaves no
+// order to keep), RequiredAcks all (the default, none, can lose
+// acknowledged messages) and a short BatchTimeout for synchronous writes
+// (the default makes each call wait up to 1s).
+//
+// # Routing
+//
+// The Consumer reads each message's token once with TokenOf (every token
+// header, merged; position.DecodeHeaders) and routes it with
+// consume.Router.RouteDecoded before each attempt of the handler. A
+// message without a token reads the primary; one whose token headers do
+// not decode reads the primary too, and the router's warning names the
+// topic (consume.WithSource). Code with its own consume loop gets the same
+// routing from Middleware.
 //
 // # Consuming: one reader per partition
 //
@@ -123,8 +141,10 @@
 //
 // # Metrics
 //
-// caughtup.kafka.messages counts what happened to messages by topic and
-// Result (handled, waited, deferred, retried, dead_lettered, dropped), on
-// the MeterProvider in ConsumerConfig; routing decisions are counted by the
-// router.
+// caughtup.kafka.messages ({message}) counts what happened to messages by
+// topic (messaging.destination.name) and Result (handled, waited,
+// deferred, retried, dead_lettered, dropped), on the MeterProvider in
+// ConsumerConfig; routing decisions are counted by the router. It is a
+// synchronous counter: its sums outlive Run, and consumers made one after
+// the other on one MeterProvider add to the same series.
 package kafka

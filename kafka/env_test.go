@@ -230,8 +230,8 @@ func newLedger(t testing.TB) *ledger {
 func (l *ledger) handle(ctx context.Context, msg kafkago.Message) error {
 	id, key, seq := parsePayload(l.t, msg.Value)
 	var stale string
-	if pool := consume.DB(ctx, "main"); pool == nil {
-		stale = fmt.Sprintf("message %d: no pool in the handler's context", id)
+	if pool, err := consume.Pool(ctx, "main"); err != nil {
+		stale = fmt.Sprintf("message %d: no pool in the handler's context: %v", id, err)
 	} else {
 		var gotKey string
 		var gotSeq int
@@ -287,9 +287,10 @@ func (l *ledger) waitDistinct(t testing.TB, n int, timeout time.Duration) {
 		if d >= n {
 			return
 		}
+		// record leaves a signal in changed's one-slot buffer after
+		// every run, so a run between the check and here is not missed.
 		select {
 		case <-l.changed:
-		case <-time.After(50 * time.Millisecond):
 		case <-deadline:
 			t.Fatalf("only %d of %d messages ran within %v", d, n, timeout)
 		}

@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,8 +29,23 @@ func ExampleStamp() {
 	for _, h := range msg.Headers {
 		fmt.Printf("%s: %s\n", h.Key, h.Value)
 	}
-	fmt.Println(caughtupkafka.TokenHeader(msg) == string(msg.Headers[0].Value))
+
+	// The consumer side reads it back (the Consumer does this for you).
+	got, err := caughtupkafka.TokenOf(msg)
+	fmt.Println(got.String() == tok.String(), err)
 	// Output:
 	// caughtup-token: v1;loyw3v28;main=p.6f1e2d3c4b5a6978.1.0/16B3740
-	// true
+	// true <nil>
+}
+
+// A message whose token header does not decode (written by a newer
+// producer, or damaged) is no token at all: TokenOf returns the decode
+// error, and the router, given both, reads the primary.
+func ExampleTokenOf() {
+	msg := kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte("v9;from-the-future")}}}
+	tok, err := caughtupkafka.TokenOf(msg)
+	fmt.Println(tok.IsZero(), errors.Is(err, position.ErrUnknownVersion))
+	// ctx, _, err := router.RouteDecoded(ctx, tok, err, consume.Delayed) → the primary
+	// Output:
+	// true true
 }

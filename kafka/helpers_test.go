@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -11,11 +12,12 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/internal/fault"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
 // testConfig fills in what every test consumer uses: quick fetches,
-// commits and rebalance detection.
+// commits and rebalance detection. The caller gives the Router.
 func testConfig(t testing.TB, cfg caughtupkafka.ConsumerConfig) caughtupkafka.ConsumerConfig {
 	if cfg.Brokers == nil {
 		cfg.Brokers = brokers(t)
@@ -57,26 +59,33 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// running is a consumer started by startConsumer.
+// running is a consumer started by startConsumer. Its connections go
+// through a fault dialer, so that kill can make it vanish the way a
+// crashed process does.
 type running struct {
 	c      *caughtupkafka.Consumer
+	dialer *fault.Dialer
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
 	err    error
 }
 
-// startConsumer runs a consumer until stop, crash or the end of the test.
-func startConsumer(t testing.TB, cfg caughtupkafka.ConsumerConfig, h caughtupkafka.Handler, setup ...func(*caughtupkafka.Consumer)) *running {
+// startConsumer runs a consumer until stop, kill or the end of the test.
+// Unless cfg names a Dialer, it dials through a fault dialer.
+func startConsumer(t testing.TB, cfg caughtupkafka.ConsumerConfig, h caughtupkafka.Handler) *running {
 	t.Helper()
-	c, err := caughtupkafka.NewConsumer(testConfig(t, cfg), h)
-	require.NoError(t, err)
-	for _, f := range setup {
-		f(c)
+	r := &running{done: make(chan error, 1)}
+	if cfg.Dialer == nil {
+		r.dialer = fault.NewDialer(nil)
+		cfg.Dialer = &kafkago.Dialer{DialFunc: r.dialer.DialContext, Timeout: 10 * time.Second}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
+	var err error
+	r.c, err = caughtupkafka.NewConsumer(testConfig(t, cfg), h)
+	require.NoError(t, err)
+	var ctx context.Context
+	ctx, r.cancel = context.WithCancel(context.Background())
+	go func() { r.done <- r.c.Run(ctx) }()
 	t.Cleanup(func() { require.NoError(t, r.stop()) })
 	return r
 }
@@ -94,11 +103,37 @@ func (r *running) stop() error {
 	return r.err
 }
 
-// crash kills the consumer without any further commit and waits for Run
-// to return.
-func (r *running) crash() error {
-	r.c.Crash()
+// kill makes the consumer vanish as a crashed process would: every
+// connection reset and no new one possible, so nothing more is committed
+// (not even what is done), no retry or dead letter is written through the
+// default writer and the group is not told; the coordinator expires the
+// member after its session timeout (see killable). Then Run is stopped.
+func (r *running) kill() error {
+	r.dialer.Refuse(true)
+	r.dialer.Cut()
 	return r.stop()
+}
+
+// killable shortens the group's session and rebalance timeouts so that
+// the partitions of a killed member move on quickly: 2s on the in-process
+// broker (started with a 1s minimum), 6s on a real cluster (Kafka's
+// default group.min.session.timeout.ms).
+func killable(cfg caughtupkafka.ConsumerConfig) caughtupkafka.ConsumerConfig {
+	d := 2 * time.Second
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		d = 6 * time.Second
+	}
+	cfg.SessionTimeout, cfg.RebalanceTimeout = d, d
+	return cfg
+}
+
+// newRepublisher returns a kafka-go Writer for ConsumerConfig.Writer (no
+// topic of its own), with the settings the consumer's default has, closed
+// at cleanup.
+func newRepublisher(t testing.TB) *kafkago.Writer {
+	w := newWriter(t, "")
+	w.BatchTimeout = 2 * time.Millisecond
+	return w
 }
 
 // produceKeyed inserts rows 1..n and, right after each insert, writes its

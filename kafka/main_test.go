@@ -59,7 +59,9 @@ func brokers(t testing.TB) []string {
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	if fake.c == nil {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1))
+		// A 1s minimum session timeout lets tests that kill a member
+		// see its partitions move within seconds (killable).
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
 		require.NoError(t, err, "starting the in-process kfake broker")
 		fake.c, fake.addrs = c, c.ListenAddrs()
 	}

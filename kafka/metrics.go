@@ -2,8 +2,7 @@ package kafka
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
+	"fmt"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -15,110 +14,87 @@ import (
 const ScopeName = "github.com/caughtup/caughtup/kafka"
 
 // Result names what the Consumer did with a message: the values of the
-// caughtup.kafka.result attribute on the caughtup.kafka.messages counter,
-// which also carries messaging.system "kafka" and
-// messaging.destination.name (the topic the message was read from).
-type Result string
+// caughtup.kafka.result attribute (Result.String) on the
+// caughtup.kafka.messages counter, which also carries messaging.system
+// "kafka" and messaging.destination.name (the topic the message was read
+// from).
+type Result uint8
 
 const (
 	// ResultHandled: the handler returned nil; the offset will be committed.
-	ResultHandled Result = "handled"
-	// ResultWaited: InPlace mode slept a deferral's delay and routes the
+	ResultHandled Result = iota
+	// ResultWaited: InPlace mode waits for a replica and routes the
 	// message again (counted per deferral).
-	ResultWaited Result = "waited"
+	ResultWaited
 	// ResultDeferred: RetryTopic mode republished a deferred message to
 	// the retry topic.
-	ResultDeferred Result = "deferred"
+	ResultDeferred
 	// ResultRetried: the handler failed and will run the message again
 	// (counted per failed attempt before the last).
-	ResultRetried Result = "retried"
+	ResultRetried
 	// ResultDeadLettered: the handler failed MaxAttempts times and the
 	// message went to the dead-letter topic or hook.
-	ResultDeadLettered Result = "dead_lettered"
+	ResultDeadLettered
 	// ResultDropped: the consumer stopped or lost the partition before the
 	// message was done; it is not committed and will be delivered again.
-	ResultDropped Result = "dropped"
-)
+	ResultDropped
 
-const attrResult = "caughtup.kafka.result"
-
-// result indexes a topic's counters.
-type result uint8
-
-const (
-	handled result = iota
-	waited
-	deferred
-	retried
-	deadLettered
-	dropped
 	numResults
 )
 
-var resultNames = [numResults]Result{ResultHandled, ResultWaited, ResultDeferred, ResultRetried, ResultDeadLettered, ResultDropped}
+var resultNames = [numResults]string{"handled", "waited", "deferred", "retried", "dead_lettered", "dropped"}
 
-// metrics counts in atomics on the message path and reports them through
-// an observable counter: a message costs one atomic add, not an SDK call
-// with attribute handling.
+// String returns the attribute value: "handled", "waited", "deferred",
+// "retried", "dead_lettered" or "dropped".
+func (r Result) String() string {
+	if r < numResults {
+		return resultNames[r]
+	}
+	return fmt.Sprintf("Result(%d)", uint8(r))
+}
+
+const attrResult = "caughtup.kafka.result"
+
+// metrics holds the consumer's synchronous counter and, per consumed topic
+// and Result, its attribute set, built once: a message costs one Add with
+// a prebuilt option. The SDK keeps the sums, so the counts outlive Run and
+// the Consumer, and consumers made one after the other on one
+// MeterProvider add to the same series.
 type metrics struct {
-	counter metric.Int64ObservableCounter
-	meter   metric.Meter
-
-	mu     sync.Mutex
-	topics map[string]*topicCounts
+	topics map[string]*topicMetrics
 }
 
-type topicCounts struct {
-	n    [numResults]atomic.Int64
-	opts [numResults]metric.ObserveOption
+// topicMetrics records the results of one topic's messages.
+type topicMetrics struct {
+	messages metric.Int64Counter
+	opts     [numResults]metric.AddOption
 }
 
-func (tc *topicCounts) add(r result) { tc.n[r].Add(1) }
+func (tm *topicMetrics) add(ctx context.Context, r Result) { tm.messages.Add(ctx, 1, tm.opts[r]) }
 
-func newMetrics(mp metric.MeterProvider) (*metrics, error) {
-	m := &metrics{meter: mp.Meter(ScopeName), topics: map[string]*topicCounts{}}
-	var err error
-	m.counter, err = m.meter.Int64ObservableCounter("caughtup.kafka.messages",
+// newMetrics creates the counter on mp and the attribute sets of topics.
+func newMetrics(mp metric.MeterProvider, topics []string) (*metrics, error) {
+	messages, err := mp.Meter(ScopeName).Int64Counter("caughtup.kafka.messages",
 		metric.WithUnit("{message}"),
 		metric.WithDescription("What the consumer did with each message, by topic and result (handled, waited, deferred, retried, dead_lettered, dropped)."))
-	return m, err
-}
-
-// register reports the counters until the returned function is called.
-func (m *metrics) register() (func(), error) {
-	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		for _, tc := range m.topics {
-			for r := range numResults {
-				if n := tc.n[r].Load(); n > 0 {
-					o.ObserveInt64(m.counter, n, tc.opts[r])
-				}
-			}
-		}
-		return nil
-	}, m.counter)
 	if err != nil {
 		return nil, err
 	}
-	return func() { _ = reg.Unregister() }, nil
-}
-
-// topic returns the counters of one topic.
-func (m *metrics) topic(name string) *topicCounts {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	tc := m.topics[name]
-	if tc == nil {
-		tc = &topicCounts{}
+	m := &metrics{topics: make(map[string]*topicMetrics, len(topics))}
+	for _, name := range topics {
+		tm := &topicMetrics{messages: messages}
 		for r := range numResults {
-			tc.opts[r] = metric.WithAttributeSet(attribute.NewSet(
+			tm.opts[r] = metric.WithAttributeSet(attribute.NewSet(
 				semconv.MessagingSystemKafka,
 				semconv.MessagingDestinationName(name),
-				attribute.String(attrResult, string(resultNames[r])),
+				attribute.String(attrResult, r.String()),
 			))
 		}
-		m.topics[name] = tc
+		m.topics[name] = tm
 	}
-	return tc
+	return m, nil
 }
+
+// topic returns the recorder of one consumed topic. The map is complete
+// from newMetrics on and never written again.
+func (m *metrics) topic(name string) *topicMetrics { return m.topics[name] }

@@ -12,6 +12,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/position"
 )
 
 // minDeferDelay keeps a deferral that asks for no delay from spinning.
@@ -23,7 +24,7 @@ const maxErrorHeader = 1024
 // process runs one message to its end: handled, republished to the retry
 // topic, or dead-lettered. It returns false if ctx ended first; the
 // message must then stay uncommitted, to be delivered again.
-func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, tc *topicCounts) bool {
+func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, tm *topicMetrics) bool {
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
@@ -37,14 +38,19 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			}
 		}
 	}
+	// The token is read once per message; every attempt routes it again.
+	tok, tokErr := TokenOf(msg)
+	if tokErr != nil {
+		ctx = withSource(ctx, msg)
+	}
 	for {
 		hctx := ctx
 		if attempts > 0 {
 			hctx = context.WithValue(ctx, attemptKey{}, attempts)
 		}
-		err := c.call(hctx, msg)
+		err := c.attempt(hctx, msg, tok, tokErr)
 		if err == nil {
-			tc.add(handled)
+			tm.add(ctx, ResultHandled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -57,7 +63,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts) {
 					return false
 				}
-				tc.add(deferred)
+				tm.add(ctx, ResultDeferred)
 				return true
 			}
 			// InPlace: keep the partition's order and wait here. Route
@@ -69,7 +75,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			// deferral step that may be seconds long. Otherwise (the cap,
 			// waiting disabled or a tiny budget) sleep the delay, so the
 			// loop never spins.
-			tc.add(waited)
+			tm.add(ctx, ResultWaited)
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
@@ -80,13 +86,13 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		}
 		attempts++
 		if attempts >= c.cfg.MaxAttempts {
-			return c.deadLetter(ctx, w, msg, attempts, err, tc)
+			return c.deadLetter(ctx, w, msg, attempts, err, tm)
 		}
 		delay := c.cfg.retryDelay(attempts)
 		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
 			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		tc.add(retried)
+		tm.add(ctx, ResultRetried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts)
 		}
@@ -105,6 +111,17 @@ type attemptKey struct{}
 func Attempt(ctx context.Context) int {
 	n, _ := ctx.Value(attemptKey{}).(int)
 	return n
+}
+
+// attempt routes msg, whose token TokenOf read as tok and tokErr, and
+// runs the handler with the routed context. It returns Route's
+// *consume.DeferError when no replica can serve the message yet.
+func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, tok position.Token, tokErr error) error {
+	rctx, _, err := c.cfg.Router.RouteDecoded(ctx, tok, tokErr, c.cfg.Policy)
+	if err != nil {
+		return err
+	}
+	return c.call(rctx, msg)
 }
 
 // call runs the handler, turning a panic into an error so that one bad
@@ -127,19 +144,13 @@ func (c *Consumer) call(ctx context.Context, msg kafkago.Message) (err error) {
 func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafkago.Message, due time.Time, attempts int) bool {
 	out := derived(msg, c.cfg.RetryTopic, attempts)
 	out.Headers = append(out.Headers, kafkago.Header{Key: HeaderDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)})
-	if !c.publish(ctx, w, out) {
-		return false
-	}
-	if c.afterRepublish != nil {
-		c.afterRepublish(msg)
-	}
-	return true
+	return c.publish(ctx, w, out)
 }
 
 // deadLetter hands a message that failed attempts times to the hook or the
 // dead-letter topic, retrying until that succeeds or ctx ends: a message
 // is never committed unless it was handled or parked somewhere.
-func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, tc *topicCounts) bool {
+func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, tm *topicMetrics) bool {
 	c.log.ErrorContext(ctx, "caughtup/kafka: handler failed on every attempt; dead-lettering the message",
 		slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 		slog.Int("attempts", attempts), slog.Any("error", cause))
@@ -169,7 +180,7 @@ func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.
 		ok = c.publish(ctx, w, out)
 	}
 	if ok {
-		tc.add(deadLettered)
+		tm.add(ctx, ResultDeadLettered)
 	}
 	return ok
 }

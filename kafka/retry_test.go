@@ -14,6 +14,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/fault"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
@@ -47,8 +48,21 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 		attempt int
 	}
 	runs := make(chan run, 16)
+	// Every write to the retry topic is an event: the first is the
+	// deferral of the original, the second that of the retry topic's copy,
+	// routed again once due and still behind.
+	republisher := fault.NewWriter(newRepublisher(t))
+	republished := make(chan struct{}, 64)
+	republisher.AfterWrite(func(_ context.Context, msgs []kafkago.Message) {
+		for _, m := range msgs {
+			if m.Topic == names[1] {
+				republished <- struct{}{}
+			}
+		}
+	})
 	startConsumer(t, caughtupkafka.ConsumerConfig{
 		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Writer: republisher,
 	}, func(ctx context.Context, msg kafkago.Message) error {
 		r := run{topic: msg.Topic, due: header(msg, caughtupkafka.HeaderDue), at: time.Now(), attempt: caughtupkafka.Attempt(ctx)}
 		r.dec, _ = consume.DecisionFrom(ctx)
@@ -79,9 +93,10 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 	}
 	require.Equal(t, names[0], first.topic)
 	require.Equal(t, consume.OutcomePrimaryNoToken, first.dec.Outcome, "only the unstamped message can run while replay is paused")
-	require.Eventually(t, func() bool { return e.results(t)["deferred"] > 0 }, 10*time.Second, 20*time.Millisecond)
-	time.Sleep(500 * time.Millisecond)
+	wait(t, republished, "the deferral of the stamped message")
+	wait(t, republished, "the second deferral, from the retry topic")
 	require.Empty(t, runs, "the stamped message ran while every replica was paused")
+	require.GreaterOrEqual(t, e.results(t)["deferred"], int64(2))
 
 	e.resumeAll(t)
 	var second run
@@ -101,69 +116,75 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 }
 
 // TestRetryTopicCrashBetweenRepublishAndCommit: the consumer dies after a
-// deferred message was written to the retry topic and before the
-// original's offset was committed. The original is delivered again to the
-// next consumer in the group and the message runs (at least once).
+// deferred message was written to the retry topic (the broker acknowledged
+// it) and before the original's offset was committed. The original is
+// delivered again to the next consumer in the group, the retry topic holds
+// the copy: the message runs (at least once), nothing is lost.
 func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
 	t.Parallel()
-	const maxAge = 2 * time.Second
-	e := setupDB(t, func(c *consume.Config) {
-		fastRouter(c)
-		c.MaxAge = maxAge
-	})
+	e := setupDB(t, fastRouter)
 	names := newTopics(t, 2, "", ".retry", ".dlt")
 	group := newGroup(t)
-	var mainSeen, warm, handled atomic.Int64
+	var warm atomic.Int64
+	ran := make(chan kafkago.Message, 16)
 	h := func(ctx context.Context, msg kafkago.Message) error {
 		if string(msg.Value) == "warm-up" {
 			warm.Add(1)
 			return nil
 		}
-		if msg.Topic == names[0] {
-			mainSeen.Add(1) // the original ran directly (its token outgrew MaxAge)
-		}
-		handled.Add(1)
+		ran <- msg
 		return nil
 	}
-	var republished atomic.Int64
-	cfg := caughtupkafka.ConsumerConfig{Topic: names[0], GroupID: group, Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed}
-	var first *running
-	crashed := make(chan struct{})
-	first = startConsumer(t, cfg, h, func(c *caughtupkafka.Consumer) {
-		c.SetAfterRepublish(func(msg kafkago.Message) {
-			if republished.Add(1) == 1 {
-				c.Crash()
-				close(crashed)
-			}
+	cfg := killable(caughtupkafka.ConsumerConfig{Topic: names[0], GroupID: group, Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed})
+
+	// The first member dies right after its first republish was
+	// acknowledged: before the consumer learns that the write succeeded,
+	// so before the original can be marked done, let alone committed.
+	republisher := fault.NewWriter(newRepublisher(t))
+	first := cfg
+	first.Writer = republisher
+	firstRun := startConsumer(t, first, h)
+	killed := make(chan struct{})
+	var once sync.Once
+	republisher.AfterWrite(func(context.Context, []kafkago.Message) {
+		once.Do(func() {
+			firstRun.dialer.Refuse(true)
+			firstRun.dialer.Cut()
+			close(killed)
 		})
 	})
 	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
-	// Let the group join first (a real cluster delays the first join), so
-	// that the token is still younger than MaxAge when it is routed.
 	require.NoError(t, w.WriteMessages(t.Context(), kafkago.Message{Key: []byte("w"), Value: []byte("warm-up")}))
 	require.Eventually(t, func() bool { return warm.Load() == 1 }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, w.WriteMessages(enqueue.WithToken(t.Context(), e.farAhead(t)),
 		kafkago.Message{Key: []byte("k"), Value: []byte("deferred")}))
+	wait(t, killed, "the republish of the deferred message")
+	require.NoError(t, firstRun.stop())
 	select {
-	case <-crashed:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the message was never republished")
+	case msg := <-ran:
+		t.Fatalf("the deferred message ran before any replica had its token (from %s)", msg.Topic)
+	default:
 	}
-	require.NoError(t, first.stop())
 
-	startConsumer(t, cfg, h, func(c *caughtupkafka.Consumer) {
-		c.SetAfterRepublish(func(msg kafkago.Message) {
-			if msg.Topic == names[0] {
-				mainSeen.Add(1)
-			}
-		})
-	})
-	require.Eventually(t, func() bool { return handled.Load() >= 1 }, maxAge+30*time.Second, 20*time.Millisecond,
-		"the message was lost")
-	require.Eventually(t, func() bool { return mainSeen.Load() > 0 }, 30*time.Second, 20*time.Millisecond,
-		"the original was not delivered again after the crash")
-	t.Logf("handler runs %d (duplicates allowed); the original was delivered again %d time(s) after the crash",
-		handled.Load(), mainSeen.Load())
+	// The next member routes with Sticky, so that whatever it is given
+	// runs at once (on the primary, as no replica will reach the token)
+	// and shows where it came from.
+	next := cfg
+	next.Policy = consume.Sticky
+	startConsumer(t, next, h)
+	var fromMain, fromRetry int
+	for fromMain == 0 || fromRetry == 0 {
+		msg := wait(t, ran, "a run of the deferred message")
+		switch msg.Topic {
+		case names[0]:
+			fromMain++
+		case names[1]:
+			fromRetry++
+		}
+		t.Logf("the deferred message ran from %s", msg.Topic)
+	}
+	require.Positive(t, fromMain, "the original was not delivered again after the crash")
+	require.Positive(t, fromRetry, "the retry topic lost its copy")
 }
 
 // TestDeadLetterInPlace: a message whose handler always fails is tried
@@ -172,11 +193,12 @@ func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
 // order.
 func TestDeadLetterInPlace(t *testing.T) {
 	t.Parallel()
+	e := setupDB(t, nil)
 	names := newTopics(t, 2, "", ".dlt")
 	var mu sync.Mutex
 	var attempts []int
 	var order []string
-	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[0], MaxAttempts: 3},
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[0], Router: e.router, MaxAttempts: 3},
 		func(ctx context.Context, msg kafkago.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -188,7 +210,7 @@ func TestDeadLetterInPlace(t *testing.T) {
 			return nil
 		})
 	dead := make(chan kafkago.Message, 4)
-	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[1]}, func(ctx context.Context, msg kafkago.Message) error {
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[1], Router: e.router}, func(ctx context.Context, msg kafkago.Message) error {
 		dead <- msg
 		return nil
 	})
@@ -222,13 +244,14 @@ func TestDeadLetterInPlace(t *testing.T) {
 // hook replaces the dead-letter topic.
 func TestDeadLetterHookRetryTopic(t *testing.T) {
 	t.Parallel()
+	e := setupDB(t, nil)
 	names := newTopics(t, 2, "", ".retry")
 	var mu sync.Mutex
 	var attempts []int
 	var order []string
 	hooked := make(chan error, 2)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: names[0], Mode: caughtupkafka.RetryTopic, MaxAttempts: 2,
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, MaxAttempts: 2,
 		DeadLetter: func(ctx context.Context, msg kafkago.Message, err error) error {
 			hooked <- err
 			return nil

@@ -45,7 +45,8 @@ func NewWriter(w MessageWriter) *Writer { return &Writer{w: w} }
 func (w *Writer) Unwrap() MessageWriter { return w.w }
 
 // WriteMessages stamps msgs (see Stamp) and writes them. The caller's
-// messages and header slices are not modified.
+// messages and header slices are not modified. If a message cannot be
+// stamped, nothing is written.
 func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafkago.Message) error {
 	stamped, err := Stamped(ctx, msgs)
 	if err != nil {
@@ -56,31 +57,43 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafkago.Message) err
 
 // Stamped returns copies of msgs carrying the token of ctx (see Stamp);
 // msgs and their header slices are not modified. Without a token in ctx it
-// returns msgs itself.
+// returns msgs itself. The error names the first message that cannot be
+// stamped; then no message is returned.
 func Stamped(ctx context.Context, msgs []kafkago.Message) ([]kafkago.Message, error) {
 	tok, ok := enqueue.TokenFrom(ctx)
-	if !ok {
+	if !ok || tok.IsZero() {
 		return msgs, nil
 	}
-	enc, err := tok.Encode()
+	// Most messages carry no token header yet: encode the context's token
+	// once for all of them.
+	alone, err := position.MergeHeader("", tok)
 	if err != nil {
 		return nil, fmt.Errorf("caughtup/kafka: encoding the context's token: %w", err)
 	}
 	out := make([]kafkago.Message, len(msgs))
 	for i := range msgs {
 		out[i] = msgs[i]
-		out[i].Headers = stampHeaders(msgs[i].Headers, tok, enc)
+		if out[i].Headers, err = stampHeaders(msgs[i].Headers, tok, alone); err != nil {
+			return nil, fmt.Errorf("caughtup/kafka: stamping message %d: %w", i, err)
+		}
 	}
 	return out, nil
 }
 
 // Stamp adds the token of ctx to msg's headers in place, for code that
-// builds messages for its own writer. A token header msg already carries
-// is merged with it (position.Token.Merge: the message then waits for
-// both), and duplicate token headers are folded into one. An existing
-// header that does not decode is kept as it is and the context's token is
-// not added: consumers read such a message from the primary, which
-// satisfies both. Without a token in ctx msg is unchanged.
+// builds messages for its own writer. The rule is position.MergeHeader's:
+//
+//   - msg carries no token header: the context's token is added.
+//   - msg carries token headers that decode: they and the context's token
+//     are merged into one header (the message then waits for all of them).
+//   - one of them does not decode (malformed, or from a newer producer):
+//     that header is kept as msg's only token header and the context's
+//     token is not added. Consumers read such a message from the primary,
+//     which satisfies every token; unknown stays unknown.
+//
+// An error means the merged token cannot be carried (more than
+// position.MaxDatabases databases, an invalid database name); msg is then
+// unchanged. Without a token in ctx msg is unchanged.
 //
 // Stamp replaces msg.Headers with a new slice, so a header slice shared
 // with other messages is not modified.
@@ -89,67 +102,94 @@ func Stamp(ctx context.Context, msg *kafkago.Message) error {
 	if !ok {
 		return nil
 	}
-	enc, err := tok.Encode()
-	if err != nil {
-		return fmt.Errorf("caughtup/kafka: encoding the context's token: %w", err)
+	return stampToken(msg, tok)
+}
+
+// stampToken is Stamp with the token given rather than taken from a
+// context (a relay stamps the position of the events it read).
+func stampToken(msg *kafkago.Message, tok position.Token) error {
+	if tok.IsZero() {
+		return nil
 	}
-	msg.Headers = stampHeaders(msg.Headers, tok, enc)
+	hs, err := stampHeaders(msg.Headers, tok, "")
+	if err != nil {
+		return fmt.Errorf("caughtup/kafka: stamping a message: %w", err)
+	}
+	msg.Headers = hs
 	return nil
 }
 
-// stampHeaders returns a new header slice: hs without token headers, plus
-// one token header that is tok (encoded as enc) merged with the tokens hs
-// carried.
-func stampHeaders(hs []kafkago.Header, tok position.Token, enc string) []kafkago.Header {
-	out := make([]kafkago.Header, 0, len(hs)+1)
-	merged := tok
-	changed := false
-	for _, h := range hs {
-		if h.Key != position.HeaderName {
-			out = append(out, h)
-			continue
-		}
-		if len(h.Value) == 0 {
-			continue
-		}
-		prev, err := position.Decode(string(h.Value))
-		if err != nil {
-			// Unreadable (malformed, or from a newer producer): keep it, so
-			// the consumer reads the primary rather than trusting the
-			// context's token alone.
-			return append(slicesWithout(hs), h)
-		}
-		merged = merged.Merge(prev)
-		changed = true
+// stampHeaders returns a new header slice: hs without its token headers,
+// plus one token header, position.MergeHeader of what hs carried and tok.
+// alone, when not empty, is tok's header value on its own (what
+// MergeHeader returns without an existing header).
+func stampHeaders(hs []kafkago.Header, tok position.Token, alone string) ([]kafkago.Header, error) {
+	existing, err := existingHeader(hs)
+	if err != nil {
+		return nil, err
 	}
-	if changed {
-		if e, err := merged.Encode(); err == nil {
-			enc = e
-		} else {
-			// The merge is too large to carry (more databases than a token
-			// holds): send none, so the consumer reads the primary.
-			return out
+	v := alone
+	if existing != "" || v == "" {
+		if v, err = position.MergeHeader(existing, tok); err != nil {
+			return nil, err
 		}
 	}
-	return append(out, kafkago.Header{Key: position.HeaderName, Value: []byte(enc)})
-}
-
-// slicesWithout returns a copy of hs without its token headers.
-func slicesWithout(hs []kafkago.Header) []kafkago.Header {
 	out := make([]kafkago.Header, 0, len(hs)+1)
 	for _, h := range hs {
 		if h.Key != position.HeaderName {
 			out = append(out, h)
 		}
 	}
-	return out
+	return append(out, kafkago.Header{Key: position.HeaderName, Value: []byte(v)}), nil
 }
 
-// TokenHeader returns the token text msg carries ("" for none), as
-// consume.Router.Route takes it. Several token headers are merged into one;
-// if any of them does not decode, that one is returned, so Route reads the
-// primary (ReasonMalformedToken).
-func TokenHeader(msg kafkago.Message) string {
+// existingHeader is the one token header value that stands for every
+// token header in hs: "" for none, the value itself for one, and for
+// several their tokens merged (position.DecodeHeaders) or, when one of them
+// does not decode, that one, unchanged.
+func existingHeader(hs []kafkago.Header) (string, error) {
+	vals := tokenValues(hs)
+	if len(vals) < 2 {
+		if len(vals) == 0 {
+			return "", nil
+		}
+		return vals[0], nil
+	}
+	merged, err := position.DecodeHeaders(vals...)
+	if err != nil {
+		for _, v := range vals {
+			if _, verr := position.DecodeHeaders(v); verr != nil {
+				return v, nil
+			}
+		}
+		return "", err // unreachable: DecodeHeaders fails only on a value that does not decode
+	}
+	enc, err := merged.Encode()
+	if err != nil {
+		return "", fmt.Errorf("the message's %d token headers merged: %w", len(vals), err)
+	}
+	return enc, nil
+}
+
+// tokenValues returns the non-empty values of the token headers in hs.
+func tokenValues(hs []kafkago.Header) []string {
+	var vals []string
+	for _, h := range hs {
+		if h.Key == position.HeaderName && len(h.Value) > 0 {
+			vals = append(vals, string(h.Value))
+		}
+	}
+	return vals
+}
+
+// TokenOf returns the token msg carries, read with position.DecodeHeaders
+// from every position.HeaderName header: the zero Token and nil when it
+// carries none, the tokens of several headers merged, and the zero Token
+// with a *position.DecodeError when any of them does not decode. Give both
+// to consume.Router.RouteDecoded, which sends a message whose token does
+// not decode to the primary (ReasonMalformedToken); Middleware and the
+// Consumer do.
+func TokenOf(msg kafkago.Message) (position.Token, error) {
 	var first []byte
 	n := 0
 	for _, h := range msg.Headers {
@@ -162,27 +202,9 @@ func TokenHeader(msg kafkago.Message) string {
 	}
 	switch n {
 	case 0:
-		return ""
+		return position.Token{}, nil
 	case 1:
-		return string(first)
+		return position.DecodeHeaders(string(first))
 	}
-	var merged position.Token
-	for _, h := range msg.Headers {
-		if h.Key != position.HeaderName || len(h.Value) == 0 {
-			continue
-		}
-		tok, err := position.Decode(string(h.Value))
-		if err != nil {
-			return string(h.Value)
-		}
-		merged = merged.Merge(tok)
-	}
-	enc, err := merged.Encode()
-	if err != nil {
-		// Too many databases for one token. Tokens never contain a comma,
-		// so the joined text is malformed and Route reads the primary,
-		// the only safe answer.
-		return string(first) + "," + enc
-	}
-	return enc
+	return position.DecodeHeaders(tokenValues(msg.Headers)...)
 }

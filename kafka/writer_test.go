@@ -3,6 +3,7 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,10 +111,64 @@ func TestStampMergesAnExistingToken(t *testing.T) {
 func TestStampKeepsAnUnreadableToken(t *testing.T) {
 	t.Parallel()
 	ctx := enqueue.WithToken(context.Background(), tokenAt("0/1000"))
-	msg := kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte("v9;from-the-future")}}}
-	require.NoError(t, caughtupkafka.Stamp(ctx, &msg))
-	require.Equal(t, []string{"v9;from-the-future"}, tokenHeaders(msg),
-		"an unreadable token stays, so the consumer reads the primary")
+	good, _ := tokenAt("0/2000").Encode()
+	for name, hs := range map[string][]string{
+		"alone":           {"v9;from-the-future"},
+		"among others":    {good, "v9;from-the-future", good},
+		"with empty ones": {"", "v9;from-the-future", ""},
+	} {
+		msg := kafkago.Message{Headers: []kafkago.Header{{Key: "x", Value: []byte("y")}}}
+		for _, v := range hs {
+			msg.Headers = append(msg.Headers, kafkago.Header{Key: position.HeaderName, Value: []byte(v)})
+		}
+		require.NoError(t, caughtupkafka.Stamp(ctx, &msg), name)
+		require.Equal(t, []string{"v9;from-the-future"}, tokenHeaders(msg),
+			"%s: the unreadable token stays, alone, so that the consumer reads the primary", name)
+		require.Equal(t, "x", msg.Headers[0].Key, "%s: other headers are kept", name)
+		_, err := caughtupkafka.TokenOf(msg)
+		var de *position.DecodeError
+		require.ErrorAs(t, err, &de, name)
+	}
+}
+
+// manyDatabases is a token naming n databases, db0 … db<n-1>.
+func manyDatabases(n int) position.Token {
+	var tok position.Token
+	for i := range n {
+		tok = tok.Merge(tokenAt("0/1000", fmt.Sprintf("db%d", i)))
+	}
+	return tok
+}
+
+func TestStampRefusesAMergeTooLargeToCarry(t *testing.T) {
+	t.Parallel()
+	ctx := enqueue.WithToken(context.Background(), tokenAt("0/1000", "extra"))
+	full, err := manyDatabases(position.MaxDatabases).Encode()
+	require.NoError(t, err)
+	msg := kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte(full)}}}
+	err = caughtupkafka.Stamp(ctx, &msg)
+	require.ErrorIs(t, err, position.ErrTooLarge, "a merge too large is an error at the call, not a dropped header")
+	require.Equal(t, []string{full}, tokenHeaders(msg), "a message that cannot be stamped is left as it was")
+
+	// Several headers that only together name too many databases.
+	half, err := manyDatabases(position.MaxDatabases / 2).Encode()
+	require.NoError(t, err)
+	var others position.Token
+	for i := range position.MaxDatabases/2 + 1 {
+		others = others.Merge(tokenAt("0/1000", fmt.Sprintf("other%d", i)))
+	}
+	rest, err := others.Encode()
+	require.NoError(t, err)
+	msg = kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte(half)}, {Key: position.HeaderName, Value: []byte(rest)}}}
+	require.ErrorIs(t, caughtupkafka.Stamp(ctx, &msg), position.ErrTooLarge)
+
+	// The Writer writes nothing when one message cannot be stamped.
+	var cw captureWriter
+	err = caughtupkafka.NewWriter(&cw).WriteMessages(ctx, kafkago.Message{Value: []byte("fine")},
+		kafkago.Message{Value: []byte("too large"), Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte(full)}}})
+	require.ErrorIs(t, err, position.ErrTooLarge)
+	require.ErrorContains(t, err, "message 1")
+	require.Empty(t, cw.got)
 }
 
 func TestStampedLeavesMessagesAloneWithoutToken(t *testing.T) {
@@ -124,27 +179,55 @@ func TestStampedLeavesMessagesAloneWithoutToken(t *testing.T) {
 	require.Equal(t, in, out)
 }
 
-func TestTokenHeader(t *testing.T) {
+func TestTokenOf(t *testing.T) {
 	t.Parallel()
 	a, _ := tokenAt("0/1000").Encode()
 	b, _ := tokenAt("0/3000").Encode()
-	require.Empty(t, caughtupkafka.TokenHeader(kafkago.Message{}))
-	require.Equal(t, a, caughtupkafka.TokenHeader(kafkago.Message{Headers: []kafkago.Header{{Key: position.HeaderName, Value: []byte(a)}}}))
-	merged := caughtupkafka.TokenHeader(kafkago.Message{Headers: []kafkago.Header{
-		{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte(b)},
-	}})
-	e, _ := decoded(t, merged).Entry("main")
-	require.Equal(t, position.MustParseLSN("0/3000"), e.LSN)
-	bad := caughtupkafka.TokenHeader(kafkago.Message{Headers: []kafkago.Header{
-		{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte("garbage")},
-	}})
-	require.Equal(t, "garbage", bad, "an undecodable header is passed on so that Route reads the primary")
+	billing, _ := tokenAt("2/0", "billing").Encode()
+	header := func(vs ...string) kafkago.Message {
+		var m kafkago.Message
+		for _, v := range vs {
+			m.Headers = append(m.Headers, kafkago.Header{Key: position.HeaderName, Value: []byte(v)}, kafkago.Header{Key: "x", Value: []byte("y")})
+		}
+		return m
+	}
+	for name, tc := range map[string]struct {
+		msg     kafkago.Message
+		want    map[string]string // database → LSN
+		invalid bool
+	}{
+		"no header":      {msg: kafkago.Message{}},
+		"empty header":   {msg: header("")},
+		"one":            {msg: header(a), want: map[string]string{"main": "0/1000"}},
+		"two, merged":    {msg: header(a, b), want: map[string]string{"main": "0/3000"}},
+		"two databases":  {msg: header(b, "", billing), want: map[string]string{"main": "0/3000", "billing": "2/0"}},
+		"malformed":      {msg: header("garbage"), invalid: true},
+		"one malformed":  {msg: header(a, "garbage", b), invalid: true},
+		"newer version":  {msg: header("v9;from-the-future"), invalid: true},
+		"other key only": {msg: kafkago.Message{Headers: []kafkago.Header{{Key: "caughtup-token-x", Value: []byte(a)}}}},
+	} {
+		tok, err := caughtupkafka.TokenOf(tc.msg)
+		if tc.invalid {
+			var de *position.DecodeError
+			require.ErrorAs(t, err, &de, name)
+			require.True(t, tok.IsZero(), "%s: a token that does not decode is no token at all", name)
+			continue
+		}
+		require.NoError(t, err, name)
+		require.Len(t, tok.Entries, len(tc.want), name)
+		for db, lsn := range tc.want {
+			e, ok := tok.Entry(db)
+			require.True(t, ok, "%s: %s", name, db)
+			require.Equal(t, position.MustParseLSN(lsn), e.LSN, "%s: %s", name, db)
+		}
+	}
 }
 
 func TestConsumerConfigValidation(t *testing.T) {
 	t.Parallel()
+	e := setupDB(t, nil)
 	h := func(context.Context, kafkago.Message) error { return nil }
-	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t"}
+	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t", Router: e.router}
 	_, err := caughtupkafka.NewConsumer(ok, h)
 	require.NoError(t, err)
 	_, err = caughtupkafka.NewConsumer(ok, nil)
@@ -160,6 +243,8 @@ func TestConsumerConfigValidation(t *testing.T) {
 		"no brokers":    func(c *caughtupkafka.ConsumerConfig) { c.Brokers = nil },
 		"no group":      func(c *caughtupkafka.ConsumerConfig) { c.GroupID = "" },
 		"no topic":      func(c *caughtupkafka.ConsumerConfig) { c.Topic = "" },
+		"no router":     func(c *caughtupkafka.ConsumerConfig) { c.Router = nil },
+		"bad policy":    func(c *caughtupkafka.ConsumerConfig) { c.Policy = 42 },
 		"bad mode":      func(c *caughtupkafka.ConsumerConfig) { c.Mode = 7 },
 		"retry is main": func(c *caughtupkafka.ConsumerConfig) { c.Mode, c.RetryTopic = caughtupkafka.RetryTopic, "t" },
 		"dlt is main":   func(c *caughtupkafka.ConsumerConfig) { c.DeadLetterTopic = "t" },
@@ -176,13 +261,16 @@ func TestConsumerConfigValidation(t *testing.T) {
 		require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig, name)
 		require.True(t, strings.HasPrefix(err.Error(), "caughtup/kafka: invalid consumer config: "), name)
 	}
+	_, err = caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t"}, h)
+	require.ErrorContains(t, err, "consume.NewRouter", "the error says what to do")
 }
 
 func TestRunTwiceAtOnce(t *testing.T) {
 	t.Parallel()
 	topic := newTopics(t, 1, "")[0]
 	ran := make(chan struct{}, 1)
-	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic}, func(context.Context, kafkago.Message) error {
+	e := setupDB(t, nil)
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.router}, func(context.Context, kafkago.Message) error {
 		ran <- struct{}{}
 		return nil
 	})
@@ -217,4 +305,11 @@ func TestMiddlewareRoutesAndDefers(t *testing.T) {
 	var de *consume.DeferError
 	require.ErrorAs(t, err, &de, "a message no replica can serve is returned as a deferral")
 	require.Positive(t, de.Delay)
+
+	// Headers that do not decode read the primary, even beside a good one.
+	good := msg.Headers[0]
+	bad := kafkago.Message{Topic: "events", Headers: []kafkago.Header{good, {Key: position.HeaderName, Value: []byte("garbage")}}}
+	require.NoError(t, h(t.Context(), bad))
+	require.Equal(t, consume.OutcomePrimaryNoToken, got.Outcome)
+	require.Equal(t, consume.ReasonMalformedToken, got.Reason)
 }

@@ -8,8 +8,9 @@
 //
 // on stdout (a stale message read a replica that did not have its row yet;
 // a lost message never ran; an order violation is a message that ran
-// before an earlier message of its key) and where the messages ran on
-// stderr.
+// before an earlier message of its key), and on stderr where the messages
+// ran and what the consumer's caughtup.kafka.messages counter says once
+// it has stopped.
 //
 // Without configuration it starts its own primary with two streaming
 // replicas (PostgreSQL 15 server binaries must be installed) and an
@@ -46,6 +47,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
@@ -105,11 +108,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
+	// Metrics: an application hands its MeterProvider (with an exporter)
+	// to caughtup; here a manual reader collects them for the summary.
+	metrics := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+
 	// The consumer side: one router per process, a consumer group whose
 	// handler reads from the pool the router chose for each message.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases: map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
-		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Databases:     map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
+		Logger:        slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		MeterProvider: mp,
 	})
 	if err != nil {
 		return err
@@ -121,12 +131,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Brokers:        brokers,
 		GroupID:        topic + "-group",
 		Topic:          topic,
-		Router:         router,
+		Router:         router, // required: it gives each message its pool
 		Policy:         consume.Delayed,
 		Mode:           caughtupkafka.InPlace, // keep per-key order
 		CommitInterval: 200 * time.Millisecond,
 		MaxWait:        100 * time.Millisecond,
 		Logger:         slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		MeterProvider:  mp,
 	}, st.handle)
 	if err != nil {
 		return err
@@ -171,6 +182,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	stale, lost, violations := st.summary()
 	fmt.Fprintf(stdout, "messages=%d stale=%d lost=%d order_violations=%d\n", o.messages, stale, lost, violations)
 	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
+	results, err := consumerResults(ctx, metrics)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "consumer results: %s\n", results)
 	if stale+lost+violations > 0 {
 		return fmt.Errorf("%d stale, %d lost, %d out of order", stale, lost, violations)
 	}
@@ -308,6 +324,35 @@ func (s *stats) outcomes() string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, " ")
+}
+
+// consumerResults sums caughtup.kafka.messages by result: what the
+// consumer did with the messages ("handled", "waited" per wait in place,
+// ...). The counts outlive the consumer's Run.
+func consumerResults(ctx context.Context, r *sdkmetric.ManualReader) (string, error) {
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(ctx, &rm); err != nil {
+		return "", err
+	}
+	sums := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "caughtup.kafka.messages" || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				v, _ := dp.Attributes.Value("caughtup.kafka.result")
+				sums[v.AsString()] += dp.Value
+			}
+		}
+	}
+	var parts []string
+	for result, n := range sums {
+		parts = append(parts, fmt.Sprintf("%s=%d", result, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " "), nil
 }
 
 // createTopics creates the topics with partitions partitions each.

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -18,6 +20,13 @@ func TestRun(t *testing.T) {
 	err := run(context.Background(), []string{"-messages", "100"}, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 	require.Equal(t, "messages=100 stale=0 lost=0 order_violations=0\n", stdout.String(), "stderr:\n%s", stderr.String())
+	// The consumer's counter, read after its Run returned, has every
+	// message (more only if one ran twice).
+	m := regexp.MustCompile(`consumer results: .*handled=(\d+)`).FindStringSubmatch(stderr.String())
+	require.NotNil(t, m, "no consumer results on stderr:\n%s", stderr.String())
+	handled, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, handled, 100)
 	t.Logf("stderr:\n%s", stderr.String())
 }
 

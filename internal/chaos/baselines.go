@@ -174,6 +174,6 @@ func baselineKafkaHandler(b baseline, st *stream) caughtupkafka.Handler {
 		if err != nil {
 			return nil
 		}
-		return baselineRead(ctx, b, st, p, caughtupkafka.TokenHeader(msg), caughtupkafka.Attempt(ctx) > 0)
+		return baselineRead(ctx, b, st, p, tokenText(msg), caughtupkafka.Attempt(ctx) > 0)
 	}
 }

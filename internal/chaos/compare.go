@@ -119,7 +119,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a)
 			if err == nil {
 				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{100 * time.Millisecond, time.Second},
-					caughtupKafkaHandler(env.router, consume.Delayed, k))
+					env.router, caughtupKafkaHandler(env.router, consume.Delayed, k))
 			}
 		} else {
 			b := baselines[i-1]
@@ -127,7 +127,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			// delay of caughtup's first deferral, on the same queue.
 			srv, err = s.startBaselineAsynq(queue, b, a, time.Second)
 			if err == nil {
-				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{time.Second, time.Second}, baselineKafkaHandler(b, k))
+				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{time.Second, time.Second}, env.router, baselineKafkaHandler(b, k))
 			}
 		}
 		if srv != nil {

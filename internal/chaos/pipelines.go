@@ -187,12 +187,20 @@ type kafkaTuning struct {
 	retryInitial, retryMax time.Duration
 }
 
-func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, h caughtupkafka.Handler) (*kafkaMember, error) {
+// startKafkaMember starts a consumer whose handler h routes by itself:
+// caughtup's with caughtupkafka.Middleware (so that the harness sees every
+// deferral on its way back to the Consumer), the baselines with their own
+// logic. The Consumer requires a Router; router with consume.Always hands
+// every message on at once, without waiting, deferring or touching the
+// fallback cap, and h ignores the pool it hands out.
+func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, router *consume.Router, h caughtupkafka.Handler) (*kafkaMember, error) {
 	m := &kafkaMember{name: name, dialer: fault.NewDialer(nil), done: make(chan error, 1)}
 	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
 		Brokers:             s.brokers,
 		GroupID:             group,
 		Topic:               topic,
+		Router:              router,
+		Policy:              consume.Always,
 		Mode:                caughtupkafka.InPlace,
 		MaxAttempts:         50,
 		RetryBackoffInitial: tune.retryInitial,
@@ -233,8 +241,20 @@ func caughtupKafkaHandler(router *consume.Router, policy consume.Policy, st *str
 		if err != nil {
 			return nil // not ours; nothing to check
 		}
-		return caughtupRead(ctx, st, p, caughtupkafka.TokenHeader(msg))
+		return caughtupRead(ctx, st, p, tokenText(msg))
 	})
+}
+
+// tokenText is the token msg carries as header text, as the asynq
+// pipelines read it from the task's headers: "" when it carries none or
+// none that decodes (the harness's producers always stamp one).
+func tokenText(msg kafkago.Message) string {
+	tok, err := caughtupkafka.TokenOf(msg)
+	if err != nil {
+		return ""
+	}
+	s, _ := tok.Encode()
+	return s
 }
 
 // stop leaves the group cleanly: offsets of finished messages committed.

@@ -357,7 +357,7 @@ func (r *run) startAsynqServer() (*asynq.Server, error) {
 
 func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
 	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, kafkaTuning{100 * time.Millisecond, time.Second},
-		caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst))
+		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst))
 	if err != nil {
 		return nil, err
 	}

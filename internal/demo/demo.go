@@ -434,30 +434,53 @@ func (a *app) startConsumers(ctx context.Context) error {
 
 	// Two consumer groups on the same topic: one routed by caughtup, one
 	// reading a replica.
-	for _, side := range []struct {
-		group  string
-		router *consume.Router
-		t      *tally
-	}{{"with-caughtup", a.router, a.fresh}, {"without", nil, a.direct}} {
-		t := side.t
-		routed := side.router != nil
-		c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
-			Brokers: a.brokers, GroupID: side.group, Topic: topic, Router: side.router, Policy: consume.Delayed,
-			MaxWait: 50 * time.Millisecond, CommitInterval: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
-			Logger: a.opts.Logger, MeterProvider: a.mp,
-		}, func(ctx context.Context, msg kafkago.Message) error {
-			pool := a.someReplica()
-			if routed {
-				pool = consume.DB(ctx, "main")
-			}
-			return a.handle(ctx, t, pool, msg.Value, true)
-		})
-		if err != nil {
-			return err
-		}
-		a.wg.Go(func() { _ = c.Run(ctx) })
+	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+		Brokers: a.brokers, GroupID: "with-caughtup", Topic: topic, Router: a.router, Policy: consume.Delayed,
+		MaxWait: 50 * time.Millisecond, CommitInterval: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
+		Logger: a.opts.Logger, MeterProvider: a.mp,
+	}, func(ctx context.Context, msg kafkago.Message) error {
+		return a.handle(ctx, a.fresh, consume.DB(ctx, "main"), msg.Value, true)
+	})
+	if err != nil {
+		return err
 	}
+	a.wg.Go(func() { _ = c.Run(ctx) })
+	a.wg.Go(func() { a.consumeWithout(ctx, topic) })
 	return nil
+}
+
+// consumeWithout is the same handler without caughtup, on a plain kafka-go
+// group reader: it reads any replica, as apps do. A failed read is tried
+// again until it succeeds, so that this side loses nothing either.
+func (a *app) consumeWithout(ctx context.Context, topic string) {
+	r := kafkago.NewReader(kafkago.ReaderConfig{
+		Brokers: a.brokers, GroupID: "without", Topic: topic,
+		MaxWait: 50 * time.Millisecond, CommitInterval: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
+	})
+	defer r.Close()
+	pause := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(100 * time.Millisecond):
+			return true
+		}
+	}
+	for {
+		msg, err := r.FetchMessage(ctx)
+		if err != nil {
+			if !pause() {
+				return
+			}
+			continue
+		}
+		for a.handle(ctx, a.direct, a.someReplica(), msg.Value, true) != nil {
+			if !pause() {
+				return
+			}
+		}
+		_ = r.CommitMessages(ctx, msg)
+	}
 }
 
 // someReplica is how an app without caughtup reads: any replica.

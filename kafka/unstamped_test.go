@@ -10,14 +10,17 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/consume"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
-// TestWithoutRouter: with no router the Consumer is a plain at-least-once
-// consumer: every message once, each key in order, committed on stop so a
-// second consumer in the group reads nothing again.
-func TestWithoutRouter(t *testing.T) {
+// TestUnstampedAtLeastOnce: messages without a token (written by a plain
+// kafka-go writer) run on the primary, every message once, each key in
+// order, committed on stop so that a second consumer in the group reads
+// nothing again.
+func TestUnstampedAtLeastOnce(t *testing.T) {
 	t.Parallel()
+	e := setupDB(t, nil)
 	const n, keys = 1000, 10
 	topic := newTopics(t, 4, "")[0]
 	var msgs []kafkago.Message
@@ -29,12 +32,16 @@ func TestWithoutRouter(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[int]int{}
 	last := map[string]int{}
-	var violations int
+	var violations, notPrimary int
 	handle := func(ctx context.Context, m kafkago.Message) error {
 		i, err := strconv.Atoi(string(m.Value))
 		require.NoError(t, err)
+		dec, _ := consume.DecisionFrom(ctx)
 		mu.Lock()
 		defer mu.Unlock()
+		if dec.Outcome != consume.OutcomePrimaryNoToken || consume.DB(ctx, "main") != e.primary {
+			notPrimary++
+		}
 		if p, ok := last[string(m.Key)]; ok && p >= i {
 			violations++
 		}
@@ -43,11 +50,11 @@ func TestWithoutRouter(t *testing.T) {
 		return nil
 	}
 	group := newGroup(t)
-	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group}, handle)
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router}, handle)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, r.stop())
 
-	again := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group}, handle)
+	again := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router}, handle)
 	require.NoError(t, newWriter(t, topic).WriteMessages(t.Context(), kafkago.Message{Key: []byte("0"), Value: []byte(strconv.Itoa(n))}))
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n+1 }, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, again.stop())
@@ -57,4 +64,5 @@ func TestWithoutRouter(t *testing.T) {
 		require.Equal(t, 1, seen[i], "message %d", i)
 	}
 	require.Zero(t, violations)
+	require.Zero(t, notPrimary, "a message without a token read elsewhere than the primary")
 }

@@ -1,8 +1,0 @@
-//go:build !race
-
-package kafka_test
-
-const (
-	raceEnabled = false
-	raceNote    = "without -race"
-)
