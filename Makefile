@@ -33,7 +33,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime 10s ./outbox/
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/
+	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./asynq/
 
 demo: deps
 	$(GO) run ./cmd/caughtup demo
