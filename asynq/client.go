@@ -41,19 +41,27 @@ func NewClient(next Enqueuer) *Client {
 // EnqueueContext enqueues task stamped with the token ctx carries
 // (enqueue.TokenFrom: what enqueue.Commit, enqueue.InTx or a routed
 // handler's context hold), merged with any token already in the task's
-// header, so a task re-enqueued from a handler keeps the furthest
-// position per database. Options work as in asynq, whether given to
-// asynq.NewTask or here. The caller's task is not modified: a stamped copy
-// is enqueued.
+// header (position.MergeHeader), so a task re-enqueued from a handler
+// keeps the furthest position per database. The caller's task is not
+// modified: a stamped copy with the same options is enqueued.
 //
-// A ctx without a token enqueues the task as it is; the consumer reads
+// Build the task with NewTask or NewTaskWithHeaders. A task built by
+// asynq.NewTask or asynq.NewTaskWithHeaders that needs a token is refused
+// with ErrForeignTask, because asynq cannot give its options back; one
+// that needs nothing (ctx carries no token, or nothing its header does not
+// already hold) is enqueued as it is. The task a handler received from
+// asynq can be enqueued again: asynq built it without options.
+//
+// A ctx without a token enqueues the task without one; the consumer reads
 // the primary for it and counts it (outcome primary_no_token).
 //
-// Tasks with asynq.Unique or asynq.TaskID also get HeaderDedup. Errors are
-// asynq's, unchanged: asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict
-// mean the task that is already queued will do the work, and the
-// middleware routes that task against the primary's position when it
-// starts, so it sees this caller's writes too (see Middleware).
+// Options work as in asynq, given to NewTask or here (the later wins).
+// Next to a token the Client writes HeaderDeadline from them, and
+// HeaderDedup for asynq.Unique or asynq.TaskID. Errors from asynq are
+// unchanged: asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict mean the
+// task that is already queued will do the work, and the middleware routes
+// that task against the primary's position when it starts, so it sees
+// this caller's writes too (see Middleware).
 func (c *Client) EnqueueContext(ctx context.Context, task *hasynq.Task, opts ...hasynq.Option) (*hasynq.TaskInfo, error) {
 	tok, _ := enqueue.TokenFrom(ctx)
 	return c.EnqueueToken(ctx, tok, task, opts...)
@@ -67,39 +75,12 @@ func (c *Client) EnqueueToken(ctx context.Context, tok position.Token, task *has
 	if task == nil {
 		return nil, errors.New("caughtup/asynq: task cannot be nil")
 	}
-	dedup := dedupOption(opts)
-	if !dedup {
-		if own, ok := taskOptions(task); ok {
-			dedup = dedupOption(own)
-		}
-	}
-	stamped, err := stamp(task, tok, dedup)
+	// The stamped copy goes to next and no further; only a Client behind
+	// this one stamps it again and needs its options.
+	_, again := c.next.(*Client)
+	stamped, err := stamp(task, tok, opts, again)
 	if err != nil {
 		return nil, err
 	}
 	return c.next.EnqueueContext(ctx, stamped, opts...)
-}
-
-// NewTask is asynq.NewTask stamped with the token ctx carries, for tasks
-// that go through a plain *asynq.Client or asynq.Scheduler rather than a
-// Client. A task made by it and enqueued through a Client is stamped again
-// with the enqueue's context, which only raises the positions.
-//
-// A token that cannot be encoded (more than position.MaxDatabases
-// databases) leaves the task without one, so the consumer reads the
-// primary; Client.EnqueueContext returns that error instead.
-func NewTask(ctx context.Context, typename string, payload []byte, opts ...hasynq.Option) *hasynq.Task {
-	tok, _ := enqueue.TokenFrom(ctx)
-	dedup := dedupOption(opts)
-	if tok.IsZero() && !dedup {
-		return hasynq.NewTask(typename, payload, opts...)
-	}
-	headers := make(map[string]string, 2)
-	if text, err := tok.Encode(); err == nil && text != "" {
-		headers[position.HeaderName] = text
-	}
-	if dedup {
-		headers[HeaderDedup] = "1"
-	}
-	return hasynq.NewTaskWithHeaders(typename, payload, headers, opts...)
 }

@@ -2,6 +2,7 @@ package asynq_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -26,53 +27,127 @@ func encode(t testing.TB, tok position.Token) string {
 	return s
 }
 
-// TestClientKeepsOptions enqueues through Redis and reads back what asynq
-// stored: the stamped header and every option, whether given to NewTask or
-// to EnqueueContext.
+// TestClientKeepsOptions enqueues stamped tasks through Redis and reads
+// back, with asynq's Inspector, every option asynq stores, whether the
+// options were given to NewTask, to EnqueueContext, or split between
+// them: Queue, MaxRetry, Timeout, Deadline, Unique, TaskID, ProcessAt,
+// ProcessIn, Retention and Group.
 func TestClientKeepsOptions(t *testing.T) {
 	t.Parallel()
 	e := setupRedis(t)
 	tok := fakeToken(0x16B3740)
 	ctx := enqueue.WithToken(context.Background(), tok)
+	deadline := time.Now().Add(3 * time.Hour).Truncate(time.Second)
+	processAt := time.Now().Add(2 * time.Hour).Truncate(time.Second)
 
-	task := hasynq.NewTask("opts:new-task", []byte("p1"),
-		hasynq.Queue(e.queue), hasynq.MaxRetry(7), hasynq.Timeout(42*time.Second),
-		hasynq.Retention(time.Hour), hasynq.ProcessIn(time.Hour))
-	info, err := e.client.EnqueueContext(ctx, task)
+	// build returns the task and the enqueue options for opts placed one
+	// way or the other.
+	type build func(name string, payload []byte, headers map[string]string, opts []hasynq.Option) (*hasynq.Task, []hasynq.Option)
+	for _, p := range []struct {
+		name  string
+		build build
+	}{
+		{"AtNewTask", func(name string, payload []byte, h map[string]string, opts []hasynq.Option) (*hasynq.Task, []hasynq.Option) {
+			return caughtupasynq.NewTaskWithHeaders(ctx, name, payload, h, opts...), nil
+		}},
+		{"AtEnqueue", func(name string, payload []byte, h map[string]string, opts []hasynq.Option) (*hasynq.Task, []hasynq.Option) {
+			return caughtupasynq.NewTaskWithHeaders(context.Background(), name, payload, h), opts
+		}},
+		{"Split", func(name string, payload []byte, h map[string]string, opts []hasynq.Option) (*hasynq.Task, []hasynq.Option) {
+			half := len(opts) / 2
+			return caughtupasynq.NewTaskWithHeaders(context.Background(), name, payload, h, opts[:half]...), opts[half:]
+		}},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			typ := "opts:" + p.name
+			id := queueName(t)
+			scheduled := []hasynq.Option{
+				hasynq.Queue(e.queue), hasynq.MaxRetry(7), hasynq.Timeout(42 * time.Second), hasynq.Deadline(deadline),
+				hasynq.Unique(time.Hour), hasynq.TaskID(id), hasynq.ProcessAt(processAt), hasynq.Retention(2 * time.Hour),
+			}
+			task, enq := p.build(typ, []byte("p1"), map[string]string{"trace": "abc"}, scheduled)
+			info, err := e.client.EnqueueContext(ctx, task, enq...)
+			require.NoError(t, err)
+			got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+			require.NoError(t, err)
+			require.Equal(t, id, got.ID, "TaskID")
+			require.Equal(t, e.queue, got.Queue, "Queue")
+			require.Equal(t, typ, got.Type)
+			require.Equal(t, []byte("p1"), got.Payload)
+			require.Equal(t, hasynq.TaskStateScheduled, got.State)
+			require.Equal(t, processAt, got.NextProcessAt, "ProcessAt")
+			require.Equal(t, 7, got.MaxRetry, "MaxRetry")
+			require.Equal(t, 42*time.Second, got.Timeout, "Timeout")
+			require.Equal(t, deadline, got.Deadline, "Deadline")
+			require.Equal(t, 2*time.Hour, got.Retention, "Retention")
+			require.Equal(t, map[string]string{
+				"trace":                      "abc",
+				position.HeaderName:          encode(t, tok),
+				caughtupasynq.HeaderDedup:    "1",
+				caughtupasynq.HeaderDeadline: strconv.FormatInt(deadline.Unix(), 10),
+			}, got.Headers)
+			// Unique: the same type and payload again, under another id.
+			again, enq := p.build(typ, []byte("p1"), nil, append(scheduled[:5:5], hasynq.TaskID(id+"-again")))
+			_, err = e.client.EnqueueContext(ctx, again, enq...)
+			require.ErrorIs(t, err, hasynq.ErrDuplicateTask, "Unique")
+
+			task, enq = p.build(typ, []byte("p2"), nil, []hasynq.Option{hasynq.Queue(e.queue), hasynq.ProcessIn(90 * time.Minute), hasynq.MaxRetry(2)})
+			before := time.Now()
+			info, err = e.client.EnqueueContext(ctx, task, enq...)
+			require.NoError(t, err)
+			got, err = e.inspector.GetTaskInfo(e.queue, info.ID)
+			require.NoError(t, err)
+			require.Equal(t, hasynq.TaskStateScheduled, got.State)
+			require.WithinRange(t, got.NextProcessAt, before.Add(90*time.Minute-time.Second), time.Now().Add(90*time.Minute+time.Second), "ProcessIn")
+			require.Equal(t, 2, got.MaxRetry)
+			require.Equal(t, 30*time.Minute, got.Timeout, "asynq's default timeout")
+			require.Equal(t, "0", got.Headers[caughtupasynq.HeaderDeadline], "no Deadline")
+
+			group := "g-" + p.name
+			task, enq = p.build(typ, []byte("p3"), nil, []hasynq.Option{hasynq.Queue(e.queue), hasynq.Group(group), hasynq.Timeout(time.Minute), hasynq.Retention(time.Hour)})
+			info, err = e.client.EnqueueContext(ctx, task, enq...)
+			require.NoError(t, err)
+			got, err = e.inspector.GetTaskInfo(e.queue, info.ID)
+			require.NoError(t, err)
+			require.Equal(t, hasynq.TaskStateAggregating, got.State)
+			require.Equal(t, group, got.Group, "Group")
+			require.Equal(t, time.Minute, got.Timeout)
+			require.Equal(t, time.Hour, got.Retention)
+			require.Equal(t, encode(t, tok), got.Headers[position.HeaderName])
+		})
+	}
+}
+
+// TestClientRefusesForeignTasks: a task from asynq.NewTask that needs a
+// token is refused at the call, and nothing is enqueued; one that needs
+// nothing goes through untouched.
+func TestClientRefusesForeignTasks(t *testing.T) {
+	t.Parallel()
+	e := setupRedis(t)
+	ctx := enqueue.WithToken(context.Background(), fakeToken(0x1000))
+
+	_, err := e.client.EnqueueContext(ctx, hasynq.NewTask("foreign", nil, hasynq.MaxRetry(3)), hasynq.Queue(e.queue))
+	require.ErrorIs(t, err, caughtupasynq.ErrForeignTask)
+	require.ErrorContains(t, err, "caughtupasynq.NewTask")
+	_, err = e.client.EnqueueContext(ctx, hasynq.NewTaskWithHeaders("foreign", nil, map[string]string{"a": "b"}), hasynq.Queue(e.queue))
+	require.ErrorIs(t, err, caughtupasynq.ErrForeignTask)
+	queues, err := e.inspector.Queues()
+	require.NoError(t, err)
+	require.NotContains(t, queues, e.queue, "nothing was enqueued")
+
+	// No token: nothing to add, so asynq's own task goes as it is, with
+	// its options; the consumer reads the primary for it.
+	info, err := e.client.EnqueueContext(context.Background(), hasynq.NewTask("foreign", nil, hasynq.MaxRetry(3), hasynq.Queue(e.queue), hasynq.ProcessIn(time.Hour)))
 	require.NoError(t, err)
 	got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
 	require.NoError(t, err)
-	require.Equal(t, hasynq.TaskStateScheduled, got.State)
-	require.Equal(t, 7, got.MaxRetry)
-	require.Equal(t, 42*time.Second, got.Timeout)
-	require.Equal(t, time.Hour, got.Retention)
-	require.Equal(t, []byte("p1"), got.Payload)
-	require.Equal(t, encode(t, tok), got.Headers[position.HeaderName])
-	require.NotContains(t, got.Headers, caughtupasynq.HeaderDedup)
-	require.Nil(t, task.Headers(), "the caller's task is untouched")
-
-	// Options at enqueue override the task's, as in asynq; the caller's
-	// other headers stay.
-	task = hasynq.NewTaskWithHeaders("opts:with-headers", []byte("p2"), map[string]string{"trace": "abc"},
-		hasynq.Queue("elsewhere"), hasynq.MaxRetry(1))
-	info, err = e.client.EnqueueContext(ctx, task, hasynq.Queue(e.queue), hasynq.MaxRetry(3), hasynq.ProcessIn(time.Hour))
-	require.NoError(t, err)
-	got, err = e.inspector.GetTaskInfo(e.queue, info.ID)
-	require.NoError(t, err)
-	require.Equal(t, 3, got.MaxRetry)
-	require.Equal(t, map[string]string{"trace": "abc", position.HeaderName: encode(t, tok)}, got.Headers)
-	require.Equal(t, map[string]string{"trace": "abc"}, task.Headers())
-
-	// No token: the task goes as it is, and the consumer reads the primary.
-	info, err = e.client.EnqueueContext(context.Background(), hasynq.NewTask("opts:none", nil, hasynq.Queue(e.queue), hasynq.ProcessIn(time.Hour)))
-	require.NoError(t, err)
-	got, err = e.inspector.GetTaskInfo(e.queue, info.ID)
-	require.NoError(t, err)
 	require.Empty(t, got.Headers)
+	require.Equal(t, 3, got.MaxRetry)
 
 	// An explicit token, merged with the header's.
-	higher := fakeToken(0x20000000)
-	task = hasynq.NewTaskWithHeaders("opts:explicit", nil, map[string]string{position.HeaderName: encode(t, higher)})
+	tok, higher := fakeToken(0x1000), fakeToken(0x20000000)
+	task := caughtupasynq.NewTaskWithHeaders(context.Background(), "explicit", nil, map[string]string{position.HeaderName: encode(t, higher)})
 	info, err = e.client.EnqueueToken(context.Background(), tok, task, hasynq.Queue(e.queue), hasynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 	got, err = e.inspector.GetTaskInfo(e.queue, info.ID)
@@ -89,24 +164,26 @@ func TestClientDedupMarker(t *testing.T) {
 	t.Parallel()
 	e := setupRedis(t)
 	ctx := enqueue.WithToken(context.Background(), fakeToken(0x1000))
+	bg := context.Background()
 
-	info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("dedup:unique", []byte("u"), hasynq.Unique(time.Hour)),
+	info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(bg, "dedup:unique", []byte("u"), hasynq.Unique(time.Hour)),
 		hasynq.Queue(e.queue), hasynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 	got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
 	require.NoError(t, err)
 	require.Equal(t, "1", got.Headers[caughtupasynq.HeaderDedup])
-	_, err = e.client.EnqueueContext(ctx, hasynq.NewTask("dedup:unique", []byte("u"), hasynq.Unique(time.Hour)),
+	_, err = e.client.EnqueueContext(ctx, caughtupasynq.NewTask(bg, "dedup:unique", []byte("u"), hasynq.Unique(time.Hour)),
 		hasynq.Queue(e.queue), hasynq.ProcessIn(time.Hour))
 	require.ErrorIs(t, err, hasynq.ErrDuplicateTask)
 
-	info, err = e.client.EnqueueContext(context.Background(), hasynq.NewTask("dedup:id", nil),
-		hasynq.Queue(e.queue), hasynq.TaskID("fixed-id"), hasynq.ProcessIn(time.Hour))
+	id := queueName(t)
+	info, err = e.client.EnqueueContext(bg, caughtupasynq.NewTask(bg, "dedup:id", nil),
+		hasynq.Queue(e.queue), hasynq.TaskID(id), hasynq.ProcessIn(time.Hour))
 	require.NoError(t, err)
 	got, err = e.inspector.GetTaskInfo(e.queue, info.ID)
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{caughtupasynq.HeaderDedup: "1"}, got.Headers, "marked even without a token")
-	_, err = e.client.EnqueueContext(ctx, hasynq.NewTask("dedup:id", nil),
-		hasynq.Queue(e.queue), hasynq.TaskID("fixed-id"), hasynq.ProcessIn(time.Hour))
+	_, err = e.client.EnqueueContext(ctx, caughtupasynq.NewTask(bg, "dedup:id", nil),
+		hasynq.Queue(e.queue), hasynq.TaskID(id), hasynq.ProcessIn(time.Hour))
 	require.ErrorIs(t, err, hasynq.ErrTaskIDConflict)
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-// driver runs the conformance suite through asynq: stamping Client,
-// ServerConfig and Middleware, on its own queue of the shared redis-server.
+// driver runs the conformance suite through asynq: NewTask and the
+// stamping Client, NewServer, on its own queue of the shared redis-server.
 type driver struct {
 	t *testing.T
 	*redisEnv
@@ -36,7 +36,7 @@ func jobPayload(job conformance.Job) []byte {
 }
 
 func (d *driver) Produce(ctx context.Context, job conformance.Job) error {
-	_, err := d.client.EnqueueContext(ctx, hasynq.NewTask(conformanceType, jobPayload(job)), hasynq.Queue(d.queue))
+	_, err := d.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, conformanceType, jobPayload(job)), hasynq.Queue(d.queue))
 	return err
 }
 
@@ -51,7 +51,6 @@ func (d *driver) ProduceRaw(ctx context.Context, job conformance.Job, header str
 
 func (d *driver) Consume(ctx context.Context, router *consume.Router, policy consume.Policy, handle conformance.Handler) (func() error, error) {
 	mux := hasynq.NewServeMux()
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy}))
 	mux.HandleFunc(conformanceType, func(ctx context.Context, task *hasynq.Task) error {
 		id, key, ok := strings.Cut(string(task.Payload()), ":")
 		n, err := strconv.ParseInt(id, 10, 64)
@@ -60,7 +59,11 @@ func (d *driver) Consume(ctx context.Context, router *consume.Router, policy con
 		}
 		return handle(ctx, conformance.Job{ID: n, Key: key})
 	})
-	srv := hasynq.NewServer(d.opt, caughtupasynq.ServerConfig(d.serverConfig(hasynq.Config{Concurrency: 32})))
+	srv, err := caughtupasynq.NewServer(d.opt, d.serverConfig(hasynq.Config{Concurrency: 32}), router,
+		caughtupasynq.MiddlewareConfig{DefaultPolicy: policy})
+	if err != nil {
+		return nil, err
+	}
 	if err := srv.Start(mux); err != nil {
 		return nil, err
 	}

@@ -1,14 +1,20 @@
 package asynq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"testing"
 	"time"
 
 	hasynq "github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
@@ -28,21 +34,61 @@ func header(t *testing.T, tok position.Token) string {
 	return s
 }
 
-// TestTaskLayout fails when an asynq upgrade moves the options out of
-// reach; stamping would then leave tasks unstamped (primary reads).
-func TestTaskLayout(t *testing.T) {
+func testMetrics(t *testing.T) (*metrics, *sdkmetric.ManualReader) {
+	t.Helper()
+	r := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	m, err := newMetrics(mp)
+	require.NoError(t, err)
+	return m, r
+}
+
+func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, r.Collect(context.Background(), &rm))
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range s.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+func TestNewTask(t *testing.T) {
 	t.Parallel()
-	require.True(t, optsOK, "asynq.Task no longer has opts []asynq.Option")
-	in := []hasynq.Option{hasynq.Queue("q1"), hasynq.MaxRetry(3), hasynq.Timeout(time.Minute), hasynq.Unique(time.Hour)}
-	got, ok := taskOptions(hasynq.NewTask("t", nil, in...))
+	tok := tokenAt("main", 0x1000, time.UnixMilli(1_700_000_000_000))
+	opts := []hasynq.Option{hasynq.MaxRetry(1), hasynq.TaskID("x")}
+
+	plain := NewTask(context.Background(), "t", []byte("p"), hasynq.MaxRetry(1))
+	require.Nil(t, plain.Headers(), "nothing to carry: no headers, as asynq.NewTask")
+	got, ok := optionsOf(plain)
+	require.True(t, ok, "the options are recorded")
+	require.Equal(t, []hasynq.Option{hasynq.MaxRetry(1)}, got)
+
+	ctx := enqueue.WithToken(context.Background(), tok)
+	task := NewTask(ctx, "t", []byte("p"), opts...)
+	require.Equal(t, map[string]string{position.HeaderName: header(t, tok), HeaderDedup: "1"}, task.Headers(),
+		"stamped when built, for plain asynq clients; no HeaderDeadline, since the enqueue's options are not known yet")
+	got, ok = optionsOf(task)
 	require.True(t, ok)
-	require.Equal(t, in, got)
-	got, ok = taskOptions(hasynq.NewTaskWithHeaders("t", nil, map[string]string{"a": "b"}, in[:2]...))
-	require.True(t, ok)
-	require.Equal(t, in[:2], got)
-	got, ok = taskOptions(hasynq.NewTask("t", nil))
-	require.True(t, ok)
-	require.Empty(t, got)
+	require.Equal(t, opts, got)
+	require.Equal(t, len(got), cap(got), "clipped, so that asynq's append copies")
+
+	mine := map[string]string{"trace": "abc", position.HeaderName: "garbage"}
+	task = NewTaskWithHeaders(ctx, "t", nil, mine)
+	require.Equal(t, map[string]string{"trace": "abc", position.HeaderName: "garbage"}, task.Headers(), "a malformed header stays malformed")
+	task.Headers()["x"] = "y"
+	require.NotContains(t, mine, "x", "the caller's map is copied")
+
+	_, ok = optionsOf(hasynq.NewTask("t", nil))
+	require.False(t, ok, "asynq.NewTask's options cannot be known")
 }
 
 func TestStamp(t *testing.T) {
@@ -51,30 +97,50 @@ func TestStamp(t *testing.T) {
 	t1 := tokenAt("main", 0x1000, now)
 	t2 := tokenAt("main", 0x2000, now.Add(time.Second))
 	other := tokenAt("other", 0x500, now.Add(2*time.Second))
+	bg := context.Background()
 
-	t.Run("NoTokenNoDedupIsTheSameTask", func(t *testing.T) {
-		task := hasynq.NewTask("t", []byte("p"), hasynq.MaxRetry(2))
-		got, err := stamp(task, position.Token{}, false)
-		require.NoError(t, err)
-		require.Same(t, task, got)
+	t.Run("NothingToAddIsTheSameTask", func(t *testing.T) {
+		for _, task := range []*hasynq.Task{
+			NewTask(bg, "t", []byte("p"), hasynq.MaxRetry(2)),
+			hasynq.NewTask("t", []byte("p"), hasynq.MaxRetry(2)),
+			hasynq.NewTask("t", nil, hasynq.Unique(time.Hour)), // no token: the marker is optional
+		} {
+			got, err := stamp(task, position.Token{}, nil, true)
+			require.NoError(t, err)
+			require.Same(t, task, got)
+		}
 	})
-	t.Run("NewTaskGetsHeaderAndKeepsOptions", func(t *testing.T) {
-		opts := []hasynq.Option{hasynq.Queue("critical"), hasynq.MaxRetry(2)}
-		task := hasynq.NewTask("t", []byte("p"), opts...)
-		got, err := stamp(task, t1, false)
+	t.Run("KnownTaskGetsHeadersAndKeepsOptions", func(t *testing.T) {
+		deadline := time.Unix(1_800_000_000, 0)
+		opts := []hasynq.Option{hasynq.Queue("critical"), hasynq.MaxRetry(2), hasynq.Deadline(deadline)}
+		task := NewTask(bg, "t", []byte("p"), opts...)
+		got, err := stamp(task, t1, []hasynq.Option{hasynq.Unique(time.Minute)}, true)
 		require.NoError(t, err)
 		require.NotSame(t, task, got)
 		require.Nil(t, task.Headers(), "the caller's task is not modified")
-		require.Equal(t, header(t, t1), got.Headers()[position.HeaderName])
+		require.Equal(t, map[string]string{
+			position.HeaderName: header(t, t1),
+			HeaderDedup:         "1",
+			HeaderDeadline:      "1800000000",
+		}, got.Headers())
 		require.Equal(t, "t", got.Type())
 		require.Equal(t, []byte("p"), got.Payload())
-		gotOpts, _ := taskOptions(got)
+		gotOpts, ok := optionsOf(got)
+		require.True(t, ok, "the stamped copy is known too, so that a Client behind a Client stamps it")
 		require.Equal(t, opts, gotOpts)
-		require.Equal(t, len(gotOpts), cap(gotOpts), "options are clipped so asynq's append copies them")
+	})
+	t.Run("DeadlineAtEnqueueWins", func(t *testing.T) {
+		task := NewTask(bg, "t", nil, hasynq.Deadline(time.Unix(100, 0)), hasynq.Timeout(time.Minute))
+		got, err := stamp(task, t1, []hasynq.Option{hasynq.Deadline(time.Unix(200, 500))}, true)
+		require.NoError(t, err)
+		require.Equal(t, "200", got.Headers()[HeaderDeadline])
+		got, err = stamp(NewTask(bg, "t", nil, hasynq.Timeout(time.Minute)), t1, nil, true)
+		require.NoError(t, err)
+		require.Equal(t, "0", got.Headers()[HeaderDeadline], "a Timeout is no deadline")
 	})
 	t.Run("MergesWithTheHeaderMaxPerDatabase", func(t *testing.T) {
-		task := hasynq.NewTaskWithHeaders("t", nil, map[string]string{position.HeaderName: header(t, t2), "x": "y"})
-		got, err := stamp(task, t1.Merge(other), false)
+		task := NewTaskWithHeaders(bg, "t", nil, map[string]string{position.HeaderName: header(t, t2), "x": "y"})
+		got, err := stamp(task, t1.Merge(other), nil, true)
 		require.NoError(t, err)
 		dec, err := position.Decode(got.Headers()[position.HeaderName])
 		require.NoError(t, err)
@@ -87,38 +153,46 @@ func TestStamp(t *testing.T) {
 		require.Equal(t, "y", got.Headers()["x"])
 		require.Equal(t, header(t, t2), task.Headers()[position.HeaderName], "the caller's headers are not modified")
 	})
-	t.Run("NothingNewIsTheSameTask", func(t *testing.T) {
-		task := hasynq.NewTaskWithHeaders("t", nil, map[string]string{position.HeaderName: header(t, t1)})
-		got, err := stamp(task, t2.With(position.Entry{Database: "main", Epoch: epoch, LSN: 0x10}, now.Add(time.Hour)), false)
+	t.Run("StampedTwiceIsTheSameTask", func(t *testing.T) {
+		got, err := stamp(NewTask(bg, "t", nil), t1, nil, true)
 		require.NoError(t, err)
-		require.NotSame(t, task, got, "a higher position is stamped")
-		got, err = stamp(task, tokenAt("main", 0x800, now.Add(time.Hour)), false)
+		again, err := stamp(got, tokenAt("main", 0x800, now.Add(time.Hour)), nil, true)
 		require.NoError(t, err)
-		require.Same(t, task, got)
+		require.Same(t, got, again, "nothing new")
 	})
 	t.Run("MalformedHeaderIsKept", func(t *testing.T) {
 		task := hasynq.NewTaskWithHeaders("t", nil, map[string]string{position.HeaderName: "garbage"})
-		got, err := stamp(task, t1, false)
+		got, err := stamp(task, t1, nil, true)
 		require.NoError(t, err)
-		require.Equal(t, "garbage", got.Headers()[position.HeaderName], "unknown stays unknown: the consumer reads the primary")
+		require.Same(t, task, got, "unknown stays unknown: the consumer reads the primary, and nothing changes")
 	})
-	t.Run("DedupMarker", func(t *testing.T) {
-		task := hasynq.NewTask("t", nil, hasynq.Unique(time.Minute))
-		got, err := stamp(task, position.Token{}, true)
+	t.Run("ForeignTaskNeedingATokenIsRefused", func(t *testing.T) {
+		for _, task := range []*hasynq.Task{
+			hasynq.NewTask("t", nil, hasynq.MaxRetry(3)),
+			hasynq.NewTaskWithHeaders("t", nil, map[string]string{"x": "y"}),
+			hasynq.NewTaskWithHeaders("t", nil, map[string]string{position.HeaderName: header(t, t1)}),
+		} {
+			_, err := stamp(task, t2, nil, true)
+			require.ErrorIs(t, err, ErrForeignTask)
+			require.ErrorContains(t, err, "caughtupasynq.NewTask")
+		}
+		_, err := stamp(hasynq.NewTaskWithHeaders("t", nil, map[string]string{position.HeaderName: header(t, t1)}), position.Token{},
+			[]hasynq.Option{hasynq.Unique(time.Minute)}, true)
+		require.ErrorIs(t, err, ErrForeignTask, "a token without the dedup marker would miss the duplicates' writes")
+		task := hasynq.NewTaskWithHeaders("t", nil, map[string]string{position.HeaderName: header(t, t2)})
+		got, err := stamp(task, tokenAt("main", 0x1000, now.Add(time.Hour)), nil, true)
 		require.NoError(t, err)
-		require.Equal(t, "1", got.Headers()[HeaderDedup])
-		require.NotContains(t, got.Headers(), position.HeaderName)
-		again, err := stamp(got, position.Token{}, true)
-		require.NoError(t, err)
-		require.Same(t, got, again)
+		require.Same(t, task, got, "a header that already covers the token (higher position, older capture) needs nothing")
 	})
 	t.Run("TooManyDatabases", func(t *testing.T) {
 		var tok position.Token
 		for i := range position.MaxDatabases + 1 {
 			tok = tok.Merge(tokenAt(fmt.Sprintf("db%d", i), 1, now))
 		}
-		_, err := stamp(hasynq.NewTask("t", nil), tok, false)
+		_, err := stamp(NewTask(bg, "t", nil), tok, nil, true)
 		require.ErrorIs(t, err, position.ErrTooLarge)
+		task := NewTask(enqueue.WithToken(bg, tok), "t", nil)
+		require.Empty(t, task.Headers()[position.HeaderName], "NewTask leaves a token it cannot carry out")
 	})
 }
 
@@ -130,17 +204,23 @@ func TestDedupOption(t *testing.T) {
 	require.True(t, dedupOption([]hasynq.Option{hasynq.TaskID("id")}))
 }
 
-func TestNewTask(t *testing.T) {
+func TestDeadlineHeader(t *testing.T) {
 	t.Parallel()
-	tok := tokenAt("main", 0x1000, time.UnixMilli(1_700_000_000_000))
-	plain := NewTask(context.Background(), "t", []byte("p"), hasynq.MaxRetry(1))
-	require.Nil(t, plain.Headers())
-	ctx := enqueue.WithToken(context.Background(), tok)
-	task := NewTask(ctx, "t", []byte("p"), hasynq.MaxRetry(1), hasynq.TaskID("x"))
-	require.Equal(t, header(t, tok), task.Headers()[position.HeaderName])
-	require.Equal(t, "1", task.Headers()[HeaderDedup])
-	opts, _ := taskOptions(task)
-	require.Len(t, opts, 2)
+	require.Equal(t, "0", deadlineValue(nil))
+	require.Equal(t, "0", deadlineValue([]hasynq.Option{hasynq.Timeout(time.Second), nil}))
+	require.Equal(t, "0", deadlineValue([]hasynq.Option{hasynq.Deadline(time.Time{})}), "asynq ignores a zero Deadline")
+	require.Equal(t, "42", deadlineValue([]hasynq.Option{hasynq.Deadline(time.Unix(42, 999))}))
+	require.Equal(t, "7", deadlineValue([]hasynq.Option{hasynq.Deadline(time.Unix(42, 0))}, []hasynq.Option{hasynq.Deadline(time.Unix(7, 0))}))
+	for v, want := range map[string]struct {
+		has, ok bool
+	}{"0": {false, true}, "1800000000": {true, true}, "": {false, false}, "-5": {false, false}, "soon": {false, false}} {
+		dl, has, ok := parseDeadline(v)
+		require.Equal(t, want.has, has, v)
+		require.Equal(t, want.ok, ok, v)
+		if has {
+			require.Equal(t, v, strconv.FormatInt(dl.Unix(), 10))
+		}
+	}
 }
 
 func TestRetryDelay(t *testing.T) {
@@ -217,50 +297,116 @@ func TestServerConfigHooks(t *testing.T) {
 		require.Equal(t, 2, failures)
 		require.Equal(t, 2, handled, "refusals by the cap are errors the user hears about")
 	})
+	t.Run("MarkTheDeferralsTheySee", func(t *testing.T) {
+		cfg := ServerConfig(hasynq.Config{})
+		d := &deferral{DeferError: deferred}
+		var de *consume.DeferError
+		require.ErrorAs(t, d, &de, "a deferral is the router's DeferError")
+		require.ErrorIs(t, d, consume.ErrDeferred)
+		require.False(t, cfg.IsFailure(d))
+		require.Equal(t, seenIsFailure, d.seen.Load())
+		cfg.RetryDelayFunc(0, fmt.Errorf("wrapped: %w", d), nil)
+		require.Equal(t, seenIsFailure|seenRetryDelay, d.seen.Load())
+	})
 }
 
 func TestAggregator(t *testing.T) {
 	t.Parallel()
 	now := time.UnixMilli(1_700_000_000_000)
 	t1, t2 := tokenAt("main", 0x1000, now), tokenAt("main", 0x3000, now.Add(time.Second))
-	ga := hasynq.GroupAggregatorFunc(func(group string, tasks []*hasynq.Task) *hasynq.Task {
-		return hasynq.NewTask("batch:"+group, nil, hasynq.MaxRetry(4))
-	})
-	cfg := ServerConfig(hasynq.Config{GroupAggregator: ga})
+	bg := context.Background()
 	with := func(tok position.Token, extra ...string) *hasynq.Task {
 		h := map[string]string{position.HeaderName: header(t, tok)}
 		for i := 0; i+1 < len(extra); i += 2 {
 			h[extra[i]] = extra[i+1]
 		}
+		// What asynq's aggregator hands over.
 		return hasynq.NewTaskWithHeaders("item", nil, h)
 	}
+	aggregate := func(build func(group string, tasks []*hasynq.Task) *hasynq.Task, tasks ...*hasynq.Task) (*hasynq.Task, int64, string) {
+		met, r := testMetrics(t)
+		var logs bytes.Buffer
+		cfg := serverConfig(hasynq.Config{GroupAggregator: hasynq.GroupAggregatorFunc(build)}, met, slog.New(slog.NewTextHandler(&logs, nil)))
+		out := cfg.GroupAggregator.Aggregate("g", tasks)
+		return out, counter(t, r, "caughtup.asynq.aggregates.unstamped"), logs.String()
+	}
 
-	out := cfg.GroupAggregator.Aggregate("g", []*hasynq.Task{with(t1), with(t2)})
-	require.Equal(t, "batch:g", out.Type())
-	require.Equal(t, header(t, t1.Merge(t2)), out.Headers()[position.HeaderName])
-	require.NotContains(t, out.Headers(), HeaderDedup)
-	opts, _ := taskOptions(out)
-	require.Len(t, opts, 1, "the aggregate keeps its options")
-
-	out = cfg.GroupAggregator.Aggregate("g", []*hasynq.Task{with(t1), hasynq.NewTask("item", nil), with(t2, HeaderDedup, "1")})
-	require.NotContains(t, out.Headers(), position.HeaderName, "a member without a token sends the aggregate to the primary")
-	require.Equal(t, "1", out.Headers()[HeaderDedup])
-
-	own := hasynq.GroupAggregatorFunc(func(string, []*hasynq.Task) *hasynq.Task {
-		return hasynq.NewTaskWithHeaders("batch", nil, map[string]string{position.HeaderName: header(t, t2)})
+	t.Run("KnownOptionsAreRebuilt", func(t *testing.T) {
+		out, unstamped, _ := aggregate(func(group string, _ []*hasynq.Task) *hasynq.Task {
+			return NewTask(bg, "batch:"+group, nil, hasynq.MaxRetry(4), hasynq.Deadline(time.Unix(1_800_000_000, 0)))
+		}, with(t1), with(t2))
+		require.Equal(t, "batch:g", out.Type())
+		require.Equal(t, map[string]string{position.HeaderName: header(t, t1.Merge(t2)), HeaderDeadline: "1800000000"}, out.Headers())
+		require.Zero(t, unstamped) // TestGroupAggregatorCarriesGroupToken checks the options in Redis
 	})
-	out = ServerConfig(hasynq.Config{GroupAggregator: own}).GroupAggregator.Aggregate("g", []*hasynq.Task{with(t1), hasynq.NewTask("item", nil)})
-	require.NotContains(t, out.Headers(), position.HeaderName)
+	t.Run("AHeadersMapIsStampedInPlace", func(t *testing.T) {
+		var built *hasynq.Task
+		out, unstamped, _ := aggregate(func(string, []*hasynq.Task) *hasynq.Task {
+			built = hasynq.NewTaskWithHeaders("batch", nil, map[string]string{"trace": "abc", HeaderDeadline: "5"}, hasynq.MaxRetry(4))
+			return built
+		}, with(t1), with(t2, HeaderDedup, "1"))
+		require.Same(t, built, out, "the same task, so asynq enqueues it with its own options")
+		require.Equal(t, map[string]string{"trace": "abc", position.HeaderName: header(t, t1.Merge(t2)), HeaderDedup: "1"}, out.Headers(),
+			"no HeaderDeadline: its options are unknown")
+		require.Zero(t, unstamped)
+	})
+	t.Run("AMemberWithoutATokenSendsTheAggregateToThePrimary", func(t *testing.T) {
+		out, unstamped, _ := aggregate(func(string, []*hasynq.Task) *hasynq.Task {
+			return hasynq.NewTaskWithHeaders("batch", nil, map[string]string{position.HeaderName: header(t, t2)})
+		}, with(t1), hasynq.NewTaskWithHeaders("item", nil, nil))
+		require.NotContains(t, out.Headers(), position.HeaderName, "even a token the aggregator wrote goes")
+		require.Zero(t, unstamped)
+		out, unstamped, logs := aggregate(func(string, []*hasynq.Task) *hasynq.Task { return hasynq.NewTask("batch", nil) },
+			with(t1), hasynq.NewTaskWithHeaders("item", nil, nil))
+		require.Nil(t, out.Headers())
+		require.Zero(t, unstamped, "nothing to carry: not an error")
+		require.Empty(t, logs)
+	})
+	t.Run("AMalformedMemberStaysMalformed", func(t *testing.T) {
+		out, _, _ := aggregate(func(string, []*hasynq.Task) *hasynq.Task { return NewTask(bg, "batch", nil) },
+			with(t1), hasynq.NewTaskWithHeaders("item", nil, map[string]string{position.HeaderName: "garbage"}))
+		require.Equal(t, "garbage", out.Headers()[position.HeaderName], "the consumer reads the primary and counts a malformed token")
+		out, _, _ = aggregate(func(string, []*hasynq.Task) *hasynq.Task {
+			return hasynq.NewTaskWithHeaders("batch", nil, map[string]string{position.HeaderName: "mine-garbage"})
+		}, with(t1), with(t2))
+		require.Equal(t, "mine-garbage", out.Headers()[position.HeaderName], "the aggregator's own unreadable header stays")
+	})
+	t.Run("ForeignAggregateIsLeftUnstampedLoudly", func(t *testing.T) {
+		out, unstamped, logs := aggregate(func(string, []*hasynq.Task) *hasynq.Task {
+			return hasynq.NewTask("batch", nil, hasynq.MaxRetry(4))
+		}, with(t1), with(t2))
+		require.Nil(t, out.Headers(), "left as it is: its options are unknown and it has no map")
+		require.Equal(t, int64(1), unstamped)
+		require.Contains(t, logs, "level=ERROR")
+		require.Contains(t, logs, "caughtupasynq.NewTask")
+	})
+	t.Run("NilAggregate", func(t *testing.T) {
+		out, _, _ := aggregate(func(string, []*hasynq.Task) *hasynq.Task { return nil }, with(t1))
+		require.Nil(t, out)
+	})
 }
 
 func TestMiddlewareConfigValidate(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, MiddlewareConfig{}.Validate())
 	require.NoError(t, MiddlewareConfig{Policies: map[string]consume.Policy{"a:": consume.Always}}.Validate())
-	require.Error(t, MiddlewareConfig{DefaultPolicy: 9}.Validate())
-	require.Error(t, MiddlewareConfig{Policies: map[string]consume.Policy{"a": 9}}.Validate())
-	require.Error(t, MiddlewareConfig{Policies: map[string]consume.Policy{" ": consume.Sticky}}.Validate())
+	for _, bad := range []MiddlewareConfig{
+		{DefaultPolicy: 9},
+		{Policies: map[string]consume.Policy{"a": 9}},
+		{Policies: map[string]consume.Policy{" ": consume.Sticky}},
+	} {
+		require.ErrorIs(t, bad.Validate(), ErrInvalidConfig)
+	}
 	require.Panics(t, func() { Middleware(nil, MiddlewareConfig{}) })
+	_, err := NewServer(hasynq.RedisClientOpt{Addr: "127.0.0.1:1"}, hasynq.Config{}, nil, MiddlewareConfig{})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewServer(nil, hasynq.Config{}, nil, MiddlewareConfig{})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	d := MiddlewareConfig{}.WithDefaults()
+	require.NotNil(t, d.Logger)
+	require.NotNil(t, d.MeterProvider)
+	mp := noop.NewMeterProvider()
+	require.Equal(t, mp, MiddlewareConfig{MeterProvider: mp}.WithDefaults().MeterProvider)
 }
 
 func TestPolicyMatching(t *testing.T) {
@@ -282,4 +428,17 @@ func TestPolicyMatching(t *testing.T) {
 	} {
 		require.Equal(t, want, p.lookup(typ), typ)
 	}
+}
+
+func TestEnumNames(t *testing.T) {
+	t.Parallel()
+	for o := range Override(numOverrides) {
+		require.NotContains(t, o.String(), "Override(", "override %d has no name", o)
+	}
+	require.Equal(t, "Override(200)", Override(200).String())
+	require.Equal(t, "IsFailure", HookIsFailure.String())
+	require.Equal(t, "RetryDelayFunc", HookRetryDelayFunc.String())
+	b, err := OverrideDeadline.MarshalText()
+	require.NoError(t, err)
+	require.Equal(t, "deadline", string(b))
 }

@@ -15,86 +15,136 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
 )
 
-// MiddlewareConfig configures Middleware. The zero value routes every task
-// with the router's default policy.
+// ErrInvalidConfig is wrapped by the errors of MiddlewareConfig.Validate
+// and NewServer.
+var ErrInvalidConfig = errors.New("caughtup/asynq: invalid config")
+
+// MiddlewareConfig configures Middleware and NewServer. The zero value
+// routes every task with the router's default policy.
 type MiddlewareConfig struct {
 	// Policies sets the policy per task type, as GitLab sets a worker's
 	// data consistency where the worker is declared. Keys are matched the
 	// way asynq.ServeMux matches patterns: the exact type first, else the
 	// longest key that is a prefix of the type ("email:" covers
-	// "email:welcome"). Default: none.
+	// "email:welcome"). Default: none, every type gets DefaultPolicy.
 	Policies map[string]consume.Policy
 
 	// DefaultPolicy applies to task types Policies does not match.
 	// Default consume.PolicyDefault: the router's Config.DefaultPolicy
-	// (Delayed unless configured otherwise).
+	// (Delayed unless configured otherwise), so that one setting governs
+	// every adapter in the process.
 	DefaultPolicy consume.Policy
 
-	// MeterProvider records caughtup.asynq.overrides. Default
-	// otel.GetMeterProvider().
+	// Inspector lets the middleware look a task up in Redis when its
+	// context's deadline is too near for a deferral, to learn whether that
+	// deadline is the task's asynq.Deadline (absolute: deferring past it
+	// would archive the task) or its asynq.Timeout (per attempt: deferring
+	// is safe). Default nil: the middleware reads HeaderDeadline, which
+	// Client writes, and assumes the deadline is absolute for tasks
+	// without it (OverrideDeadlineUnknown). NewServer sets one on its
+	// Redis connection. The middleware does not close it.
+	Inspector *hasynq.Inspector
+
+	// MeterProvider records caughtup.asynq.overrides and
+	// caughtup.asynq.hooks.missing. Default otel.GetMeterProvider(), as
+	// the OpenTelemetry contrib instrumentations do.
 	MeterProvider metric.MeterProvider
 
-	// Logger warns, sampled, about overrides that put load on the
-	// primary. Default slog.Default().
+	// Logger reports, sampled, overrides that put load on the primary, and
+	// missing server hooks as errors. Default slog.Default().
 	Logger *slog.Logger
 }
 
-// Validate reports policies that name no consume.Policy.
+// WithDefaults returns c with the globals in place of nil MeterProvider
+// and Logger. Middleware and NewServer call it.
+func (c MiddlewareConfig) WithDefaults() MiddlewareConfig {
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports policies that name no consume.Policy. Its errors wrap
+// ErrInvalidConfig.
 func (c MiddlewareConfig) Validate() error {
 	if c.DefaultPolicy > consume.Delayed {
-		return fmt.Errorf("caughtup/asynq: DefaultPolicy %d is not a consume.Policy", c.DefaultPolicy)
+		return fmt.Errorf("%w: DefaultPolicy %d is not a consume.Policy: use consume.Always, Sticky, Delayed or PolicyDefault", ErrInvalidConfig, c.DefaultPolicy)
 	}
 	for k, p := range c.Policies {
 		if p > consume.Delayed {
-			return fmt.Errorf("caughtup/asynq: Policies[%q] = %d is not a consume.Policy", k, p)
+			return fmt.Errorf("%w: Policies[%q] = %d is not a consume.Policy: use consume.Always, Sticky, Delayed or PolicyDefault", ErrInvalidConfig, k, p)
 		}
 		if strings.TrimSpace(k) == "" {
-			return errors.New("caughtup/asynq: Policies has an empty task type")
+			return fmt.Errorf("%w: Policies has an empty task type: key policies by task type or type prefix (\"email:\")", ErrInvalidConfig)
 		}
 	}
 	return nil
 }
 
 // Middleware returns the asynq middleware that routes each task before its
-// handler runs:
+// handler runs. NewServer wires it with the server hooks it needs; use
+// Middleware directly only together with ServerConfig:
 //
+//	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
 //	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{
 //		Policies: map[string]consume.Policy{"email:": consume.Delayed, "report:": consume.Sticky},
 //	}))
 //
-// For each task it reads the token header (position.HeaderName) and asks
-// router.Route where the task reads, with the policy of its type. Route
-// may wait for a replica (Delayed, up to the router's WaitBudget). The
+// For each task it decodes the token header (position.DecodeHeaders) and
+// asks the router where the task reads, with the policy of its type. The
+// router may wait for a replica (Delayed, up to its WaitBudget). The
 // handler then runs with the chosen pools in its context:
 // consume.DB(ctx, "main"). A task without a usable header reads the
-// primary and is counted by the router (outcome primary_no_token); a bad
-// header never fails a task.
+// primary and is counted by the router (outcome primary_no_token); a
+// header that does not decode is reported under the source "asynq
+// <type>" (consume.WithSource). A bad header never fails a task.
 //
 // When no replica has caught up within the wait, a Delayed task is
 // deferred: the middleware returns the router's *consume.DeferError
-// without running the handler, and the hooks of ServerConfig make asynq
-// run it again after the router's delay without counting an attempt. The
-// router bounds deferral by the token's age (consume.Config.MaxAge); after
-// that the task reads the primary, or is refused by the fallback cap,
-// which does count as a failed attempt. Use ServerConfig on the server, or
-// every deferral costs a retry.
+// without running the handler, and ServerConfig's hooks make asynq run it
+// again after the router's delay without counting an attempt. The router
+// bounds deferral by the token's age (consume.Config.MaxAge); after that
+// the task reads the primary, or is refused by the fallback cap, which
+// does count as a failed attempt. Without ServerConfig's hooks every
+// deferral costs a retry: when a task the middleware deferred comes back
+// having been judged without them, it logs an error and counts
+// caughtup.asynq.hooks.missing.
+//
+// # Last attempts and deadlines
 //
 // asynq archives a task whose attempt fails once its retry count has
 // reached MaxRetry (always, for asynq.MaxRetry(0)), whatever the error, and
-// a task deferred past its deadline (asynq.Deadline, or a Timeout shorter
-// than the delay plus two seconds) fails its next attempt. In those cases
-// the middleware never returns a deferral: a Delayed task that no replica
-// served within the wait is routed again as Sticky, a caught-up replica or
-// else the primary (OverrideLastAttempt, OverrideDeadline; the router has
-// then counted one deferral that did not happen), and a task the fallback
-// cap refuses reads the primary anyway (OverrideCapped), since losing the
-// job is worse than exceeding the cap.
+// fails every attempt of a task past its asynq.Deadline. A task is
+// therefore never deferred on its last attempt, nor past its absolute
+// deadline: a Delayed task that no replica served within the wait is
+// routed again as Sticky, a caught-up replica or else the primary
+// (OverrideLastAttempt, OverrideDeadline; the router has then counted one
+// deferral that did not happen), and a task the fallback cap refuses reads
+// the primary anyway (OverrideCapped), since losing the job is worse than
+// exceeding the cap.
+//
+// Only an absolute deadline limits deferral: asynq.Deadline, or the
+// context's deadline when the handler is not run by asynq's server.
+// asynq.Timeout gives every attempt a fresh deadline (now + Timeout), so a
+// Timeout-only task defers like any other. asynq hands the handler only
+// min(Deadline, now + Timeout), so when that is nearer than the deferral's
+// delay plus two seconds the middleware finds out which it is: from Redis
+// when it has an Inspector (NewServer), else from HeaderDeadline (Client
+// writes it), else it assumes the deadline is absolute
+// (OverrideDeadlineUnknown): the task runs now, on a caught-up replica or
+// the primary, rather than risk being archived.
+//
+// # Deduplicated tasks
 //
 // A task carrying HeaderDedup (enqueued with asynq.Unique or asynq.TaskID
 // through Client) may stand for enqueues that asynq rejected as
@@ -112,9 +162,9 @@ func (c MiddlewareConfig) Validate() error {
 // other: each copy routes the task (and may wait) again.
 //
 // Middleware panics if router is nil or cfg is invalid (see Validate):
-// both are fixed at startup.
+// both are fixed at startup. NewServer returns those errors instead.
 func Middleware(router *consume.Router, cfg MiddlewareConfig) hasynq.MiddlewareFunc {
-	m, err := newMiddleware(router, cfg)
+	m, err := newMiddleware(router, cfg, true)
 	if err != nil {
 		panic(err)
 	}
@@ -125,10 +175,49 @@ type middleware struct {
 	router    *consume.Router
 	policies  policies
 	primaries []primary
+	inspector *hasynq.Inspector
 	met       *metrics
 	log       *slog.Logger
-	warnCap   sampler
-	warnDedup sampler
+	// hooks judges, for tasks it deferred, whether ServerConfig's hooks
+	// saw the deferral; nil under NewServer, which installs them itself.
+	hooks *hookWatch
+
+	warnCap, warnDedup, warnDeadline *rate.Sometimes
+}
+
+func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool) (*middleware, error) {
+	if router == nil {
+		return nil, fmt.Errorf("%w: a nil *consume.Router: build one with consume.NewRouter", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rc := router.Config()
+	sometimes := func() *rate.Sometimes { return &rate.Sometimes{First: 1, Interval: 10 * time.Second} }
+	m := &middleware{
+		router:       router,
+		policies:     newPolicies(cfg.Policies, cfg.DefaultPolicy),
+		inspector:    cfg.Inspector,
+		log:          cfg.Logger,
+		warnCap:      sometimes(),
+		warnDedup:    sometimes(),
+		warnDeadline: sometimes(),
+	}
+	for _, name := range slices.Sorted(maps.Keys(rc.Databases)) {
+		m.primaries = append(m.primaries, primary{
+			pool: rc.Databases[name].Primary,
+			cap:  enqueue.NewCapturer(enqueue.Config{Database: name, Now: rc.Now}),
+		})
+	}
+	var err error
+	if m.met, err = newMetrics(cfg.MeterProvider); err != nil {
+		return nil, err
+	}
+	if checkHooks {
+		m.hooks = newHookWatch(m.met, m.log)
+	}
+	return m, nil
 }
 
 // policies looks a task type's policy up as asynq.ServeMux looks up
@@ -174,39 +263,6 @@ type primary struct {
 	cap  *enqueue.Capturer
 }
 
-func newMiddleware(router *consume.Router, cfg MiddlewareConfig) (*middleware, error) {
-	if router == nil {
-		return nil, errors.New("caughtup/asynq: Middleware with a nil router")
-	}
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	rc := router.Config()
-	m := &middleware{
-		router:   router,
-		policies: newPolicies(cfg.Policies, cfg.DefaultPolicy),
-		log:      cfg.Logger,
-	}
-	for _, name := range slices.Sorted(maps.Keys(rc.Databases)) {
-		m.primaries = append(m.primaries, primary{
-			pool: rc.Databases[name].Primary,
-			cap:  enqueue.NewCapturer(enqueue.Config{Database: name, Now: rc.Now}),
-		})
-	}
-	if m.log == nil {
-		m.log = slog.Default()
-	}
-	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	var err error
-	if m.met, err = newMetrics(mp); err != nil {
-		return nil, fmt.Errorf("caughtup/asynq: creating instruments: %w", err)
-	}
-	return m, nil
-}
-
 func (m *middleware) wrap(next hasynq.Handler) hasynq.Handler {
 	return &handler{m: m, next: next}
 }
@@ -227,13 +283,6 @@ func (h *handler) ProcessTask(ctx context.Context, task *hasynq.Task) error {
 // moves due tasks every DelayedTaskCheckInterval (1s with ServerConfig).
 const deadlineSlack = 2 * time.Second
 
-// deadlineWithin reports whether ctx (asynq's, from the task's Timeout or
-// Deadline) ends within d.
-func deadlineWithin(ctx context.Context, d time.Duration) bool {
-	dl, ok := ctx.Deadline()
-	return ok && time.Until(dl) < d
-}
-
 // lastAttempt reports whether asynq archives the task if this attempt
 // returns any error (processor.handleFailedMessage: Retried >= Retry).
 func lastAttempt(ctx context.Context) bool {
@@ -243,21 +292,29 @@ func lastAttempt(ctx context.Context) bool {
 }
 
 func (m *middleware) process(ctx context.Context, task *hasynq.Task, next hasynq.Handler) error {
+	if m.hooks != nil {
+		m.hooks.arrived(ctx)
+	}
 	h := task.Headers()
-	r := routing{header: h[position.HeaderName]}
+	tok, decErr := position.DecodeHeaders(h[position.HeaderName])
+	if decErr != nil {
+		ctx = consume.WithSource(ctx, "asynq "+task.Type())
+	}
 	policy := m.policies.lookup(task.Type())
-	if h[HeaderDedup] != "" && policy != consume.Always {
+	if decErr == nil && h[HeaderDedup] != "" && policy != consume.Always {
 		var err error
-		if r.tok, r.decoded, err = m.dedupToken(ctx, r.header); err != nil {
+		if tok, err = m.dedupToken(ctx, tok); err != nil {
 			// The primary has every write; that is what the dedup
 			// position stands for.
-			m.met.add(ctx, OverrideDedupCapture)
-			m.warnDedup.warn(ctx, m.log, "caughtup: could not read the primary's position for a deduplicated task; it reads the primary",
-				slog.String("messaging.system", "asynq"), slog.String("caughtup.asynq.task_type", task.Type()), slog.Any("error", err))
+			m.met.override(ctx, OverrideDedupCapture)
+			m.warnDedup.Do(func() {
+				m.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: could not read the primary's position for a deduplicated task; it reads the primary",
+					slog.String("messaging.system", "asynq"), slog.String("caughtup.asynq.task_type", task.Type()), slog.Any("error", err))
+			})
 			policy = consume.Always
 		}
 	}
-	rctx, err := m.route(ctx, &r, policy)
+	rctx, _, err := m.router.RouteDecoded(ctx, tok, decErr, policy)
 	if err == nil {
 		return next.ProcessTask(rctx, task)
 	}
@@ -266,19 +323,26 @@ func (m *middleware) process(ctx context.Context, task *hasynq.Task, next hasynq
 		return err // ctx ended during the wait
 	}
 	// A failure on the last attempt archives the task, deferral or not;
-	// a deferral past the task's deadline fails its next attempt.
+	// a deferral past the task's absolute deadline fails its next
+	// attempt.
 	why := OverrideLastAttempt
-	switch {
-	case lastAttempt(ctx):
-	case deadlineWithin(ctx, de.Delay+deadlineSlack):
-		why = OverrideDeadline
-	default:
-		return de
+	if !lastAttempt(ctx) {
+		switch m.deadlineWithin(ctx, task, de.Delay+deadlineSlack) {
+		case deadlineFar:
+			if de.Capped() {
+				return de // a failed attempt: asynq retries it
+			}
+			return m.deferred(ctx, de)
+		case deadlineNear:
+			why = OverrideDeadline
+		case deadlineUnknown:
+			why = OverrideDeadlineUnknown
+		}
 	}
 	if !de.Capped() {
 		// Delayed, after its wait: a caught-up replica, else the primary.
-		m.met.add(ctx, why)
-		if rctx, err = m.route(ctx, &r, consume.Sticky); err == nil {
+		m.met.override(ctx, why)
+		if rctx, _, err = m.router.RouteDecoded(ctx, tok, nil, consume.Sticky); err == nil {
 			return next.ProcessTask(rctx, task)
 		}
 		if !errors.As(err, &de) {
@@ -287,55 +351,90 @@ func (m *middleware) process(ctx context.Context, task *hasynq.Task, next hasynq
 	}
 	// Refused by the fallback cap: losing the job is worse than exceeding
 	// the cap.
-	m.met.add(ctx, OverrideCapped)
-	m.warnCap.warn(ctx, m.log, "caughtup: the fallback cap refused a task that cannot be retried in time; it reads the primary anyway",
-		slog.String("messaging.system", "asynq"), slog.String("caughtup.asynq.task_type", task.Type()), slog.String(attrOverride, string(why)))
-	if rctx, err = m.route(ctx, &r, consume.Always); err != nil {
+	m.met.override(ctx, OverrideCapped)
+	m.warnCap.Do(func() {
+		m.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: the fallback cap refused a task that cannot be retried in time; it reads the primary anyway",
+			slog.String("messaging.system", "asynq"), slog.String("caughtup.asynq.task_type", task.Type()), slog.String(attrOverride, why.String()))
+	})
+	if rctx, _, err = m.router.RouteDecoded(ctx, tok, nil, consume.Always); err != nil {
 		return err
 	}
 	return next.ProcessTask(rctx, task)
 }
 
-// routing is what a task is routed with: its header, or the token
-// dedupToken made of it.
-type routing struct {
-	header  string
-	tok     position.Token
-	decoded bool
-}
-
-func (m *middleware) route(ctx context.Context, r *routing, policy consume.Policy) (context.Context, error) {
-	var err error
-	if r.decoded {
-		ctx, _, err = m.router.RouteToken(ctx, r.tok, policy)
-	} else {
-		ctx, _, err = m.router.Route(ctx, r.header, policy)
+// deferred returns the deferral of a task, marked so that ServerConfig's
+// hooks can confirm they saw it, and remembers it to judge when the task
+// comes back.
+func (m *middleware) deferred(ctx context.Context, de *consume.DeferError) error {
+	if m.hooks == nil {
+		return de
 	}
-	return ctx, err
+	d := &deferral{DeferError: de}
+	m.hooks.deferred(ctx, d)
+	return d
 }
 
-// dedupToken returns the task's token merged with every configured
-// primary's current position, keeping the task's capture time so that
-// deferral stays bounded by the task's own age (a task without a token
-// has an unknown age and is not deferred at all). decoded is false when
-// the header does not decode: Route then sends the task to the primary
-// and counts it as malformed.
-func (m *middleware) dedupToken(ctx context.Context, header string) (tok position.Token, decoded bool, err error) {
-	if header != "" {
-		if tok, err = position.Decode(header); err != nil {
-			return position.Token{}, false, nil
+type deadlineVerdict uint8
+
+const (
+	deadlineFar     deadlineVerdict = iota // no absolute deadline within d
+	deadlineNear                           // an absolute deadline within d
+	deadlineUnknown                        // a deadline within d, absolute or not unknown
+)
+
+// deadlineWithin says whether the task's absolute deadline falls within
+// d. The context's deadline is the nearest the task can have (asynq sets
+// min(Deadline, now + Timeout)); only when it is within d does it matter
+// which it is.
+func (m *middleware) deadlineWithin(ctx context.Context, task *hasynq.Task, d time.Duration) deadlineVerdict {
+	dl, ok := ctx.Deadline()
+	if !ok || time.Until(dl) >= d {
+		return deadlineFar
+	}
+	id, fromAsynq := hasynq.GetTaskID(ctx)
+	if !fromAsynq {
+		return deadlineNear // the caller's own deadline
+	}
+	within := func(abs time.Time, has bool) deadlineVerdict {
+		if has && time.Until(abs) < d {
+			return deadlineNear
+		}
+		return deadlineFar
+	}
+	if m.inspector != nil {
+		queue, _ := hasynq.GetQueueName(ctx)
+		info, err := m.inspector.GetTaskInfo(queue, id)
+		if err == nil {
+			return within(info.Deadline, !info.Deadline.IsZero())
+		}
+		m.warnDeadline.Do(func() {
+			m.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: could not look a task up to read its asynq.Deadline; using its header",
+				slog.String("messaging.system", "asynq"), slog.String("caughtup.asynq.task_type", task.Type()), slog.Any("error", err))
+		})
+	}
+	if v, ok := task.Headers()[HeaderDeadline]; ok {
+		if abs, has, ok := parseDeadline(v); ok {
+			return within(abs, has)
 		}
 	}
+	return deadlineUnknown
+}
+
+// dedupToken returns tok merged with every configured primary's current
+// position, keeping tok's capture time so that deferral stays bounded by
+// the task's own age (a task without a token has an unknown age and is not
+// deferred at all).
+func (m *middleware) dedupToken(ctx context.Context, tok position.Token) (position.Token, error) {
 	captured := tok.CapturedAt
 	for _, p := range m.primaries {
 		now, err := p.capture(ctx)
 		if err != nil {
-			return position.Token{}, false, err
+			return position.Token{}, err
 		}
 		tok = tok.Merge(now)
 	}
 	tok.CapturedAt = captured
-	return tok, true, nil
+	return tok, nil
 }
 
 func (p primary) capture(ctx context.Context) (position.Token, error) {

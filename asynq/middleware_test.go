@@ -3,6 +3,7 @@ package asynq_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"testing"
@@ -69,6 +70,32 @@ func replicaOf(d consume.Decision) string {
 	return dd.Replica
 }
 
+// wiring is how a test puts caughtup on an asynq server.
+type wiring int
+
+const (
+	plainAsynq  wiring = iota // no caughtup at all
+	oneCall                   // caughtupasynq.NewServer
+	hooksAndMux               // caughtupasynq.ServerConfig + Middleware
+)
+
+func (w wiring) String() string {
+	return [...]string{"PlainAsynq", "NewServer", "ServerConfig+Middleware"}[w]
+}
+
+// start serves h on the env's queue the way w wires caughtup, with mcfg
+// for the middleware.
+func (e *env) start(t testing.TB, w wiring, cfg hasynq.Config, mcfg caughtupasynq.MiddlewareConfig, h hasynq.Handler) (stop func()) {
+	t.Helper()
+	switch w {
+	case oneCall:
+		return e.server(t, cfg, mcfg, h)
+	case hooksAndMux:
+		return e.serve(t, caughtupasynq.ServerConfig(cfg), e.middleware(mcfg)(h))
+	}
+	return e.serve(t, cfg, h)
+}
+
 // TestHandlerErrorsRetryAsAsynq runs a failing handler with and without
 // caughtup and requires the same retries: the count grows per attempt,
 // the user's RetryDelayFunc and IsFailure see every error, and the task is
@@ -85,7 +112,7 @@ func TestHandlerErrorsRetryAsAsynq(t *testing.T) {
 		state   hasynq.TaskState
 		final   int
 	}
-	scenario := func(t *testing.T, id int64, caughtup bool) trace {
+	scenario := func(t *testing.T, id int64, w wiring) trace {
 		var (
 			mu sync.Mutex
 			tr trace
@@ -114,7 +141,7 @@ func TestHandlerErrorsRetryAsAsynq(t *testing.T) {
 		}
 		h := hasynq.Handler(hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
 			n, _ := hasynq.GetRetryCount(ctx)
-			if caughtup {
+			if w != plainAsynq {
 				if _, err := read(ctx, id); err != nil {
 					return err
 				}
@@ -125,14 +152,10 @@ func TestHandlerErrorsRetryAsAsynq(t *testing.T) {
 			attempts <- struct{}{}
 			return boom
 		}))
-		if caughtup {
-			cfg = caughtupasynq.ServerConfig(cfg)
-			h = e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(h)
-		}
 		ctx := e.write(t, ctxT(t), id)
-		stop := e.serve(t, cfg, h)
+		stop := e.start(t, w, cfg, caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed}, h)
 		defer stop()
-		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("fail", nil, hasynq.MaxRetry(2), hasynq.Queue(e.queue)))
+		info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "fail", nil, hasynq.MaxRetry(2), hasynq.Queue(e.queue)))
 		require.NoError(t, err)
 		for range 3 {
 			select {
@@ -141,7 +164,7 @@ func TestHandlerErrorsRetryAsAsynq(t *testing.T) {
 				t.Fatal("attempt did not run")
 			}
 		}
-		eventually(t, 30*time.Second, func() bool {
+		waitFor(t, 30*time.Second, func() bool {
 			got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
 			return err == nil && got.State == hasynq.TaskStateArchived
 		}, "the task was not archived after MaxRetry")
@@ -152,62 +175,128 @@ func TestHandlerErrorsRetryAsAsynq(t *testing.T) {
 		tr.state, tr.final = got.State, got.Retried
 		return tr
 	}
-	plain := scenario(t, 1, false)
-	with := scenario(t, 2, true)
+	plain := scenario(t, 1, plainAsynq)
 	require.Equal(t, trace{retried: []int{0, 1, 2}, delayNs: []int{0, 1}, failure: 2, handled: 3, state: hasynq.TaskStateArchived, final: 2}, plain)
-	require.Equal(t, plain, with, "caughtup changed how asynq retries handler errors")
+	for i, w := range []wiring{oneCall, hooksAndMux} {
+		require.Equal(t, plain, scenario(t, int64(2+i), w), "%s changed how asynq retries handler errors", w)
+	}
 }
 
 // TestDeferralKeepsRetries pauses every replica: the task is deferred
 // (not run, not counted as a failed attempt, not shown to the user's
-// hooks) and runs on a replica once replay resumes.
+// hooks) and runs on a replica once replay resumes, with either wiring;
+// the middleware finds no hook missing.
 func TestDeferralKeepsRetries(t *testing.T) {
-	e := setup(t)
-	var hooks sync.Map
-	cfg := caughtupasynq.ServerConfig(hasynq.Config{
-		RetryDelayFunc: func(n int, err error, task *hasynq.Task) time.Duration {
-			hooks.Store("RetryDelayFunc", err)
-			return time.Second
-		},
-		IsFailure: func(err error) bool { hooks.Store("IsFailure", err); return true },
-		ErrorHandler: hasynq.ErrorHandlerFunc(func(ctx context.Context, task *hasynq.Task, err error) {
-			hooks.Store("ErrorHandler", err)
-		}),
-	})
-	rec := newRecorder()
-	e.serve(t, cfg, e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(hasynq.HandlerFunc(
-		func(ctx context.Context, task *hasynq.Task) error {
-			v, err := read(ctx, 1)
-			rec.add(ctx, run{val: v, err: err})
-			return err
-		})))
+	for _, w := range []wiring{oneCall, hooksAndMux} {
+		t.Run(w.String(), func(t *testing.T) {
+			e := setup(t)
+			var hooks sync.Map
+			cfg := hasynq.Config{
+				RetryDelayFunc: func(n int, err error, task *hasynq.Task) time.Duration {
+					hooks.Store("RetryDelayFunc", err)
+					return time.Second
+				},
+				IsFailure: func(err error) bool { hooks.Store("IsFailure", err); return true },
+				ErrorHandler: hasynq.ErrorHandlerFunc(func(ctx context.Context, task *hasynq.Task, err error) {
+					hooks.Store("ErrorHandler", err)
+				}),
+			}
+			rec := newRecorder()
+			e.start(t, w, cfg, caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed}, hasynq.HandlerFunc(
+				func(ctx context.Context, task *hasynq.Task) error {
+					v, err := read(ctx, 1)
+					rec.add(ctx, run{val: v, err: err})
+					return err
+				}))
 
-	resume := e.pauseAll(t)
-	ctx := e.write(t, ctxT(t), 1)
-	info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("defer", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
-	require.NoError(t, err)
+			resume := e.pauseAll(t)
+			ctx := e.write(t, ctxT(t), 1)
+			info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "defer", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
+			require.NoError(t, err)
 
-	deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
-	eventually(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 2 },
-		"the task was not deferred twice while replay was paused")
-	got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
-	require.NoError(t, err)
-	require.Zero(t, got.Retried, "a deferral counted as a failed attempt")
-	require.Contains(t, got.LastErr, "deferred")
-	require.Empty(t, rec.get(info.ID), "the handler ran while every replica was paused")
+			deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
+			waitFor(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 2 },
+				"the task was not deferred twice while replay was paused")
+			got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+			require.NoError(t, err)
+			require.Zero(t, got.Retried, "a deferral counted as a failed attempt")
+			require.Contains(t, got.LastErr, "deferred")
+			require.Empty(t, rec.get(info.ID), "the handler ran while every replica was paused")
 
-	resume()
-	require.Equal(t, info.ID, rec.next(t, 30*time.Second))
-	runs := rec.get(info.ID)
-	require.Len(t, runs, 1)
-	require.NoError(t, runs[0].err)
-	require.Equal(t, value(1), runs[0].val)
-	require.Zero(t, runs[0].retried)
-	require.NotEmpty(t, replicaOf(runs[0].decision), "outcome %s", runs[0].decision.Outcome)
-	hooks.Range(func(k, v any) bool {
-		t.Errorf("%s saw the deferral: %v", k, v)
-		return true
-	})
+			resume()
+			require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+			runs := rec.get(info.ID)
+			require.Len(t, runs, 1)
+			require.NoError(t, runs[0].err)
+			require.Equal(t, value(1), runs[0].val)
+			require.Zero(t, runs[0].retried)
+			require.NotEmpty(t, replicaOf(runs[0].decision), "outcome %s", runs[0].decision.Outcome)
+			hooks.Range(func(k, v any) bool {
+				t.Errorf("%s saw the deferral: %v", k, v)
+				return true
+			})
+			require.Zero(t, e.sum(t, "caughtup.asynq.hooks.missing", nil), "the hooks were there")
+		})
+	}
+}
+
+// TestMissingHooksAreReported: Middleware without ServerConfig's hooks
+// (or with one replaced) tells the newcomer, as an error log and a
+// metric, when a task it deferred comes back.
+func TestMissingHooksAreReported(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  func(hasynq.Config) hasynq.Config
+		hook caughtupasynq.Hook
+		// retried is the count the deferral left.
+		retried int
+	}{
+		{"NoServerConfig", func(c hasynq.Config) hasynq.Config { return c }, caughtupasynq.HookIsFailure, 1},
+		{"RetryDelayFuncReplaced", func(c hasynq.Config) hasynq.Config {
+			c = caughtupasynq.ServerConfig(c)
+			c.RetryDelayFunc = func(int, error, *hasynq.Task) time.Duration { return time.Second }
+			return c
+		}, caughtupasynq.HookRetryDelayFunc, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t)
+			logs := newLogRecords(slog.LevelError)
+			mw := e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed, Logger: slog.New(logs)})
+			h, results := observe(mw(hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+				_, err := read(ctx, 1)
+				return err
+			})))
+			stop := e.serve(t, tc.cfg(hasynq.Config{
+				// So that the task comes back quickly without the hook.
+				RetryDelayFunc: func(int, error, *hasynq.Task) time.Duration { return time.Second },
+			}), h)
+			defer stop()
+			resume := e.pauseAll(t)
+			defer resume()
+			ctx := e.write(t, ctxT(t), int64(len(tc.name)))
+			info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "hooks", nil, hasynq.MaxRetry(5), hasynq.Queue(e.queue)))
+			require.NoError(t, err)
+			r := nextResult(t, results, 30*time.Second)
+			require.Equal(t, info.ID, r.id)
+			require.ErrorIs(t, r.err, consume.ErrDeferred)
+
+			rec := logs.next(t, 30*time.Second) // when the task comes back
+			require.Equal(t, slog.LevelError, rec.Level)
+			require.Contains(t, rec.Message, "ServerConfig")
+			var hook string
+			rec.Attrs(func(a slog.Attr) bool {
+				if a.Key == "caughtup.asynq.hook" {
+					hook = a.Value.String()
+				}
+				return true
+			})
+			require.Equal(t, tc.hook.String(), hook)
+			require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.hooks.missing", map[string]string{"caughtup.asynq.hook": tc.hook.String()}))
+			r = nextResult(t, results, 30*time.Second)
+			require.Equal(t, info.ID, r.id)
+			require.Equal(t, tc.retried, r.retried)
+		})
+	}
 }
 
 // TestLastAttemptNeverDefers: asynq archives a task that fails on its
@@ -253,12 +342,12 @@ func TestLastAttemptNeverDefers(t *testing.T) {
 		RetryDelayFunc: func(int, error, *hasynq.Task) time.Duration { return 0 },
 	}), mux)
 
-	lastAttempt := map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideLastAttempt)}
+	lastAttempt := map[string]string{"caughtup.asynq.override": caughtupasynq.OverrideLastAttempt.String()}
 	t.Run("MaxRetryZero", func(t *testing.T) {
 		resume := e.pauseAll(t)
 		defer resume()
 		ctx := e.write(t, ctxT(t), 2)
-		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("zero", []byte("2"), hasynq.MaxRetry(0), hasynq.Queue(e.queue)))
+		info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "zero", []byte("2"), hasynq.MaxRetry(0), hasynq.Queue(e.queue)))
 		require.NoError(t, err)
 		require.Equal(t, info.ID, rec.next(t, 30*time.Second))
 		runs := rec.get(info.ID)
@@ -271,30 +360,14 @@ func TestLastAttemptNeverDefers(t *testing.T) {
 		require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}),
 			"the router counted the deferral the middleware then overrode")
 		require.GreaterOrEqual(t, runs[0].decision.Waited, time.Duration(0))
-		eventually(t, 10*time.Second, func() bool {
+		waitFor(t, 10*time.Second, func() bool {
 			_, err := e.inspector.GetTaskInfo(e.queue, info.ID)
 			return errors.Is(err, hasynq.ErrTaskNotFound)
 		}, "the task did not complete")
 	})
-	t.Run("NearDeadline", func(t *testing.T) {
-		resume := e.pauseAll(t)
-		defer resume()
-		ctx := e.write(t, ctxT(t), 4)
-		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("zero", []byte("4"), hasynq.MaxRetry(5),
-			hasynq.Deadline(time.Now().Add(2500*time.Millisecond)), hasynq.Queue(e.queue)))
-		require.NoError(t, err)
-		require.Equal(t, info.ID, rec.next(t, 30*time.Second))
-		runs := rec.get(info.ID)
-		require.NoError(t, runs[0].err)
-		require.Equal(t, value(4), runs[0].val)
-		require.Zero(t, runs[0].retried)
-		require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
-		require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides",
-			map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideDeadline)}))
-	})
 	t.Run("AfterHandlerErrors", func(t *testing.T) {
 		ctx := e.write(t, ctxT(t), 1)
-		_, err := e.client.EnqueueContext(ctx, hasynq.NewTask("again", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
+		_, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "again", nil, hasynq.MaxRetry(1), hasynq.Queue(e.queue)))
 		require.NoError(t, err)
 		select {
 		case <-failed:
@@ -341,7 +414,7 @@ func TestCapOnLastAttemptReadsPrimary(t *testing.T) {
 
 	enq := func(id int64, maxRetry int) string {
 		ctx := e.write(t, ctxT(t), id)
-		info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("capped", []byte(strconv.FormatInt(id, 10)), hasynq.MaxRetry(maxRetry), hasynq.Queue(e.queue)))
+		info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "capped", []byte(strconv.FormatInt(id, 10)), hasynq.MaxRetry(maxRetry), hasynq.Queue(e.queue)))
 		require.NoError(t, err)
 		return info.ID
 	}
@@ -359,7 +432,7 @@ func TestCapOnLastAttemptReadsPrimary(t *testing.T) {
 	require.Equal(t, consume.Always, runs[0].decision.Policy)
 	require.Equal(t, consume.OutcomePrimary, runs[0].decision.Outcome)
 	require.Equal(t, int64(1), e.sum(t, "caughtup.asynq.overrides",
-		map[string]string{"caughtup.asynq.override": string(caughtupasynq.OverrideCapped)}))
+		map[string]string{"caughtup.asynq.override": caughtupasynq.OverrideCapped.String()}))
 	require.Equal(t, int64(2), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomeCapped.String()}),
 		"both attempts of the second task were refused")
 }
@@ -452,7 +525,7 @@ func TestUniqueDuplicateSeesLaterWrite(t *testing.T) {
 	ctx := ctxT(t)
 	ctx1 := e.write(t, ctx, 1)
 	unique := func() *hasynq.Task {
-		return hasynq.NewTask("sync:user", []byte("1"), hasynq.Unique(time.Minute), hasynq.Queue(e.queue))
+		return caughtupasynq.NewTask(ctx, "sync:user", []byte("1"), hasynq.Unique(time.Minute), hasynq.Queue(e.queue))
 	}
 	info, err := e.client.EnqueueContext(ctx1, unique())
 	require.NoError(t, err)
@@ -486,7 +559,7 @@ func TestUniqueDuplicateSeesLaterWrite(t *testing.T) {
 	require.NotEmpty(t, replicaOf(runs[0].decision))
 
 	deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
-	eventually(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 1 },
+	waitFor(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 1 },
 		"the unique task was not deferred while no replica had the duplicate's write")
 	require.Empty(t, rec.get(info.ID))
 	resume()
@@ -500,7 +573,10 @@ func TestUniqueDuplicateSeesLaterWrite(t *testing.T) {
 
 // TestHandlerEnqueueCarriesFurthestPosition: a task enqueued from a
 // handler, or the handler's own task enqueued again, carries at least the
-// job's token and what the replica it read had replayed.
+// job's token and what the replica it read had replayed. The handler's
+// task goes again with the enqueue's options only, as through asynq's own
+// Client: asynq hands handlers tasks without options (the raw re-enqueue
+// pins that, so an asynq upgrade that changed it fails here).
 func TestHandlerEnqueueCarriesFurthestPosition(t *testing.T) {
 	e := setup(t)
 	ctx := e.write(t, ctxT(t), 1)
@@ -508,34 +584,38 @@ func TestHandlerEnqueueCarriesFurthestPosition(t *testing.T) {
 	childQueue := e.queue + "_child" // not served: the children stay for inspection
 	type result struct {
 		decision            consume.Decision
-		child, again        string
+		child, again, raw   string
 		headerBefore, after string
 	}
 	results := make(chan result, 1)
-	e.serve(t, caughtupasynq.ServerConfig(hasynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{})(
-		hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
-			if _, err := read(ctx, 1); err != nil {
-				return err
-			}
-			r := result{headerBefore: task.Headers()[position.HeaderName]}
-			r.decision, _ = consume.DecisionFrom(ctx)
-			info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("child", nil, hasynq.Queue(childQueue)))
-			if err != nil {
-				return err
-			}
-			r.child = info.ID
-			if info, err = e.client.EnqueueContext(ctx, task, hasynq.Queue(childQueue)); err != nil {
-				return err
-			}
-			r.again = info.ID
-			r.after = task.Headers()[position.HeaderName]
-			select {
-			case results <- r:
-			default:
-			}
-			return nil
-		})))
-	_, err := e.client.EnqueueContext(ctx, hasynq.NewTask("parent", nil, hasynq.Queue(e.queue)))
+	e.server(t, hasynq.Config{}, caughtupasynq.MiddlewareConfig{}, hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+		if _, err := read(ctx, 1); err != nil {
+			return err
+		}
+		r := result{headerBefore: task.Headers()[position.HeaderName]}
+		r.decision, _ = consume.DecisionFrom(ctx)
+		info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "child", nil, hasynq.Queue(childQueue)))
+		if err != nil {
+			return err
+		}
+		r.child = info.ID
+		if info, err = e.client.EnqueueContext(ctx, task, hasynq.Queue(childQueue)); err != nil {
+			return err
+		}
+		r.again = info.ID
+		if info, err = e.raw.EnqueueContext(ctx, task, hasynq.Queue(childQueue)); err != nil {
+			return err
+		}
+		r.raw = info.ID
+		r.after = task.Headers()[position.HeaderName]
+		select {
+		case results <- r:
+		default:
+		}
+		return nil
+	}))
+	_, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "parent", nil,
+		hasynq.Queue(e.queue), hasynq.MaxRetry(3), hasynq.Timeout(time.Minute), hasynq.Deadline(time.Now().Add(time.Hour))))
 	require.NoError(t, err)
 	var r result
 	select {
@@ -555,6 +635,16 @@ func TestHandlerEnqueueCarriesFurthestPosition(t *testing.T) {
 		require.True(t, ok)
 		require.GreaterOrEqual(t, got.LSN, want.LSN, "behind the parent's token")
 		require.GreaterOrEqual(t, got.LSN, dd.ReadAt.LSN, "behind what the parent read")
+		require.Equal(t, "0", info.Headers[caughtupasynq.HeaderDeadline], "the deadline of the options it goes with")
+	}
+	raw, err := e.inspector.GetTaskInfo(childQueue, r.raw)
+	require.NoError(t, err)
+	again, err := e.inspector.GetTaskInfo(childQueue, r.again)
+	require.NoError(t, err)
+	for _, info := range []*hasynq.TaskInfo{raw, again} {
+		require.Equal(t, 25, info.MaxRetry, "asynq's default: the handler's task carries no options")
+		require.Equal(t, 30*time.Minute, info.Timeout)
+		require.True(t, info.Deadline.IsZero())
 	}
 	require.NoError(t, e.inspector.DeleteQueue(childQueue, true))
 }
@@ -574,7 +664,7 @@ func TestDeferralEndsAtMaxAge(t *testing.T) {
 	resume := e.pauseAll(t)
 	defer resume()
 	ctx := e.write(t, ctxT(t), 1)
-	info, err := e.client.EnqueueContext(ctx, hasynq.NewTask("maxage", nil, hasynq.MaxRetry(3), hasynq.Queue(e.queue)))
+	info, err := e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "maxage", nil, hasynq.MaxRetry(3), hasynq.Queue(e.queue)))
 	require.NoError(t, err)
 	require.Equal(t, info.ID, rec.next(t, 30*time.Second))
 	runs := rec.get(info.ID)

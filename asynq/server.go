@@ -3,12 +3,16 @@ package asynq
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	hasynq "github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/position"
 )
 
 // DelayedTaskCheckInterval is what ServerConfig sets
@@ -18,30 +22,138 @@ import (
 // Redis script per queue.
 const DelayedTaskCheckInterval = time.Second
 
+// Server is an asynq server whose handler runs behind the middleware, with
+// the hooks the middleware needs on its asynq.Config: the one-call wiring.
+// Use it as an *asynq.Server:
+//
+//	srv, err := caughtupasynq.NewServer(redisOpt, asynq.Config{Concurrency: 20}, router,
+//		caughtupasynq.MiddlewareConfig{Policies: map[string]consume.Policy{"email:": consume.Delayed}})
+//	...
+//	err = srv.Run(mux)
+type Server struct {
+	srv       *hasynq.Server
+	mw        *middleware
+	redis     hasynq.RedisConnOpt
+	inspector *hasynq.Inspector // owned: closed by Shutdown; nil if the config brought one
+	closeOnce sync.Once
+}
+
+// NewServer returns a server on redis whose handler is routed by router
+// (Middleware with mcfg) and whose config carries the hooks that keep
+// deferrals from costing retries (ServerConfig(cfg)). The two belong
+// together: without the hooks every deferral burns a retry and comes back
+// after asynq's retry backoff. Use ServerConfig and Middleware yourself
+// only to arrange them differently.
+//
+// mcfg.Inspector defaults to an inspector on redis, so the middleware can
+// tell a task's asynq.Deadline from its Timeout whoever enqueued it; the
+// Server closes it on Shutdown. NewServer returns an error wrapping
+// ErrInvalidConfig for a nil router or an invalid mcfg; like
+// asynq.NewServer, it panics on an unsupported RedisConnOpt.
+func NewServer(redis hasynq.RedisConnOpt, cfg hasynq.Config, router *consume.Router, mcfg MiddlewareConfig) (*Server, error) {
+	if redis == nil {
+		return nil, fmt.Errorf("%w: NewServer needs the RedisConnOpt of the Redis the tasks are in", ErrInvalidConfig)
+	}
+	s := &Server{redis: redis}
+	if mcfg.Inspector == nil {
+		s.inspector = hasynq.NewInspector(redis)
+		mcfg.Inspector = s.inspector
+	}
+	m, err := newMiddleware(router, mcfg, false)
+	if err != nil {
+		s.closeInspector()
+		return nil, err
+	}
+	s.mw = m
+	s.srv = hasynq.NewServer(redis, serverConfig(cfg, m.met, m.log))
+	return s, nil
+}
+
+// Start starts the server with handler (usually an *asynq.ServeMux) behind
+// the middleware, as asynq.Server.Start. Do not also mux.Use the
+// middleware: each copy routes (and may wait) again.
+func (s *Server) Start(handler hasynq.Handler) error {
+	if handler == nil {
+		return errors.New("caughtup/asynq: server cannot run with a nil handler")
+	}
+	return s.srv.Start(s.mw.wrap(handler))
+}
+
+// Run is Start, then waits for SIGTERM or SIGINT and shuts the server
+// down, as asynq.Server.Run.
+func (s *Server) Run(handler hasynq.Handler) error {
+	if handler == nil {
+		return errors.New("caughtup/asynq: server cannot run with a nil handler")
+	}
+	err := s.srv.Run(s.mw.wrap(handler))
+	if err == nil {
+		s.closeInspector()
+	}
+	return err
+}
+
+// Shutdown shuts the server down gracefully, as asynq.Server.Shutdown,
+// and closes the inspector NewServer opened.
+func (s *Server) Shutdown() {
+	s.srv.Shutdown()
+	s.closeInspector()
+}
+
+// Stop stops pulling new tasks, as asynq.Server.Stop; call Shutdown
+// before exiting.
+func (s *Server) Stop() { s.srv.Stop() }
+
+// Ping pings the server's Redis, as asynq.Server.Ping.
+func (s *Server) Ping() error { return s.srv.Ping() }
+
+func (s *Server) closeInspector() {
+	s.closeOnce.Do(func() {
+		if s.inspector != nil {
+			_ = s.inspector.Close()
+		}
+	})
+}
+
 // ServerConfig returns cfg with the hooks a server running Middleware
-// needs. Pass the result to asynq.NewServer:
+// needs. NewServer applies it; to wire the pieces yourself, pass the
+// result to asynq.NewServer:
 //
-//		srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
+//	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
 //
-//	  - RetryDelayFunc: a deferral (*consume.DeferError, also wrapped) runs
-//	    again after the router's delay, rounded up to the whole second asynq
-//	    schedules in. Other errors get cfg.RetryDelayFunc (default
-//	    asynq.DefaultRetryDelayFunc), unchanged.
-//	  - IsFailure: a deferral is not a failure, so asynq does not count it
-//	    against the task's MaxRetry (the router bounds deferral by the
-//	    token's age instead). A refusal by the fallback cap
-//	    (consume.ErrCapped) is one, so a lasting refusal ends in the
-//	    middleware's last-attempt override rather than looping. Other
-//	    errors get cfg.IsFailure (default: every error).
-//	  - ErrorHandler: cfg's handler is not called for deferrals.
-//	  - GroupAggregator: the aggregated task carries the merged token of the
-//	    tasks it aggregates (none, so the primary, if any of them has none)
-//	    and HeaderDedup if any of them has it.
-//	  - DelayedTaskCheckInterval: DelayedTaskCheckInterval when zero.
+// and do not replace its hooks afterwards: Middleware reports deferrals
+// that come back without them (caughtup.asynq.hooks.missing).
+//
+//   - RetryDelayFunc: a deferral (*consume.DeferError, also wrapped) runs
+//     again after the router's delay, rounded up to the whole second asynq
+//     schedules in. Other errors get cfg.RetryDelayFunc (default
+//     asynq.DefaultRetryDelayFunc), unchanged.
+//   - IsFailure: a deferral is not a failure, so asynq does not count it
+//     against the task's MaxRetry (the router bounds deferral by the
+//     token's age instead). A refusal by the fallback cap
+//     (consume.ErrCapped) is one, so a lasting refusal ends in the
+//     middleware's last-attempt override rather than looping. Other
+//     errors get cfg.IsFailure (default: every error).
+//   - ErrorHandler: cfg's handler is not called for deferrals.
+//   - GroupAggregator: the aggregated task carries the merged token of the
+//     tasks it aggregates (none, so the primary, if any of them has none)
+//     and HeaderDedup if any of them has it. Build it with NewTask (or
+//     give it a headers map): see aggregator.
+//   - DelayedTaskCheckInterval: DelayedTaskCheckInterval when zero.
+//
+// The GroupAggregator hook logs to slog.Default() and counts on
+// otel.GetMeterProvider(); NewServer's uses MiddlewareConfig's.
 //
 // asynq archives a task that fails on its last attempt whatever IsFailure
 // says; Middleware never defers on a last attempt for that reason.
 func ServerConfig(cfg hasynq.Config) hasynq.Config {
+	met, err := newMetrics(otel.GetMeterProvider())
+	if err != nil {
+		met, _ = newMetrics(noop.NewMeterProvider())
+	}
+	return serverConfig(cfg, met, slog.Default())
+}
+
+func serverConfig(cfg hasynq.Config, met *metrics, log *slog.Logger) hasynq.Config {
 	delay := cfg.RetryDelayFunc
 	if delay == nil {
 		delay = hasynq.DefaultRetryDelayFunc
@@ -49,6 +161,7 @@ func ServerConfig(cfg hasynq.Config) hasynq.Config {
 	cfg.RetryDelayFunc = func(n int, err error, task *hasynq.Task) time.Duration {
 		var de *consume.DeferError
 		if errors.As(err, &de) {
+			seen(err, seenRetryDelay)
 			return retryDelay(de.Delay, time.Now())
 		}
 		return delay(n, err, task)
@@ -57,6 +170,7 @@ func ServerConfig(cfg hasynq.Config) hasynq.Config {
 	cfg.IsFailure = func(err error) bool {
 		var de *consume.DeferError
 		if errors.As(err, &de) {
+			seen(err, seenIsFailure)
 			return de.Capped()
 		}
 		if isFailure == nil {
@@ -72,7 +186,7 @@ func ServerConfig(cfg hasynq.Config) hasynq.Config {
 		})
 	}
 	if ga := cfg.GroupAggregator; ga != nil {
-		cfg.GroupAggregator = aggregator{ga}
+		cfg.GroupAggregator = newAggregator(ga, met, log)
 	}
 	if cfg.DelayedTaskCheckInterval == 0 {
 		cfg.DelayedTaskCheckInterval = DelayedTaskCheckInterval
@@ -97,46 +211,4 @@ func retryDelay(d time.Duration, now time.Time) time.Duration {
 		sec++
 	}
 	return time.Unix(sec, 0).Sub(now)
-}
-
-// aggregator stamps the task a GroupAggregator builds with what the tasks
-// of the group need.
-type aggregator struct{ next hasynq.GroupAggregator }
-
-var _ hasynq.GroupAggregator = aggregator{}
-
-func (a aggregator) Aggregate(group string, tasks []*hasynq.Task) *hasynq.Task {
-	out := a.next.Aggregate(group, tasks)
-	if out == nil {
-		return nil
-	}
-	var tok position.Token
-	all, dedup := true, false
-	for _, t := range tasks {
-		h := t.Headers()
-		if h[HeaderDedup] != "" {
-			dedup = true
-		}
-		text := h[position.HeaderName]
-		if text == "" {
-			all = false
-			continue
-		}
-		dt, err := position.Decode(text)
-		if err != nil {
-			all = false
-			continue
-		}
-		tok = tok.Merge(dt)
-	}
-	if !all {
-		// A task without a token reads the primary; so must the aggregate.
-		out = unstamp(out)
-		tok = position.Token{}
-	}
-	stamped, err := stamp(out, tok, dedup)
-	if err != nil {
-		return unstamp(out)
-	}
-	return stamped
 }

@@ -124,12 +124,12 @@ func value(id int64) string { return "v" + strconv.FormatInt(id, 10) }
 
 // read reads a row from the pool the middleware chose.
 func read(ctx context.Context, id int64) (string, error) {
-	pool := consume.DB(ctx, "main")
-	if pool == nil {
-		return "", fmt.Errorf("job %d: no routed pool in the handler's context", id)
+	pool, err := consume.Pool(ctx, "main")
+	if err != nil {
+		return "", fmt.Errorf("job %d: %w", id, err)
 	}
 	var v string
-	err := pool.QueryRow(ctx, `SELECT val FROM items WHERE id = $1`, id).Scan(&v)
+	err = pool.QueryRow(ctx, `SELECT val FROM items WHERE id = $1`, id).Scan(&v)
 	return v, err
 }
 
@@ -178,6 +178,28 @@ func (e *env) middleware(cfg caughtupasynq.MiddlewareConfig) hasynq.MiddlewareFu
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return caughtupasynq.Middleware(e.router, cfg)
+}
+
+// server starts a caughtupasynq.Server (the one-call wiring) on the env's
+// queue with h until the test ends (or stop is called).
+func (e *env) server(t testing.TB, cfg hasynq.Config, mcfg caughtupasynq.MiddlewareConfig, h hasynq.Handler) (stop func()) {
+	t.Helper()
+	mcfg.MeterProvider = e.mp
+	if mcfg.Logger == nil {
+		mcfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	srv, err := caughtupasynq.NewServer(e.opt, e.serverConfig(cfg), e.router, mcfg)
+	require.NoError(t, err)
+	require.NoError(t, srv.Start(h))
+	done := false
+	stop = func() {
+		if !done {
+			done = true
+			srv.Shutdown()
+		}
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // pauseAll pauses replay on every replica until resume (or the test's end).
@@ -229,14 +251,74 @@ func (e *env) sum(t testing.TB, name string, attrs map[string]string) int64 {
 	return n
 }
 
-// eventually polls cond every 20ms until it holds or timeout passes.
-func eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
+// waitFor waits until cond holds, checking every 20ms, for state that
+// announces no event of its own (a task's state in Redis, a counter).
+func waitFor(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf(msg, args...)
-		}
-		time.Sleep(20 * time.Millisecond)
+	require.Eventually(t, cond, timeout, 20*time.Millisecond, append([]any{msg}, args...)...)
+}
+
+// result is what a handler chain returned for one task attempt.
+type result struct {
+	id      string
+	retried int
+	err     error
+}
+
+// observe wraps h (the middleware and the handler) and reports what it
+// returned for every attempt: the event tests wait on for deferrals.
+func observe(h hasynq.Handler) (hasynq.Handler, <-chan result) {
+	ch := make(chan result, 1024)
+	return hasynq.HandlerFunc(func(ctx context.Context, task *hasynq.Task) error {
+		err := h.ProcessTask(ctx, task)
+		id, _ := hasynq.GetTaskID(ctx)
+		n, _ := hasynq.GetRetryCount(ctx)
+		ch <- result{id: id, retried: n, err: err}
+		return err
+	}), ch
+}
+
+// nextResult waits for the next attempt observe reports.
+func nextResult(t testing.TB, ch <-chan result, timeout time.Duration) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(timeout):
+		t.Fatalf("no attempt finished within %v", timeout)
+		return result{}
+	}
+}
+
+// logRecords is a slog.Handler that sends every record at or above a level
+// to a channel: the event tests wait on for logged errors.
+type logRecords struct {
+	level slog.Level
+	ch    chan slog.Record
+}
+
+func newLogRecords(level slog.Level) *logRecords {
+	return &logRecords{level: level, ch: make(chan slog.Record, 64)}
+}
+
+func (l *logRecords) Enabled(_ context.Context, lv slog.Level) bool { return lv >= l.level }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case l.ch <- r.Clone():
+	default:
+	}
+	return nil
+}
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecords) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecords) next(t testing.TB, timeout time.Duration) slog.Record {
+	t.Helper()
+	select {
+	case r := <-l.ch:
+		return r
+	case <-time.After(timeout):
+		t.Fatalf("nothing was logged within %v", timeout)
+		return slog.Record{}
 	}
 }

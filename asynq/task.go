@@ -1,16 +1,18 @@
 package asynq
 
 import (
+	"context"
+	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
-	"reflect"
 	"slices"
-	"sync"
-	"unsafe"
+	"strconv"
+	"time"
 
 	hasynq "github.com/hibiken/asynq"
 
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/weakkey"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -21,33 +23,93 @@ import (
 // Middleware). The value is "1".
 const HeaderDedup = "caughtup-dedup"
 
-// optsOffset is where asynq.Task keeps the options given to NewTask.
-// asynq v0.26 has no accessor for them, and a stamped task has to be
-// rebuilt with NewTaskWithHeaders (Task.Headers of a NewTask task is nil,
-// and the map of a NewTaskWithHeaders task is shared with every other
-// enqueue of it), so the options are read where asynq keeps them. The
-// field is found by name and checked by type when the package loads; if
-// a future asynq renames or retypes it, optsOK is false and stamping
-// leaves such tasks alone rather than drop their options (TestTaskLayout
-// fails first).
-var optsOffset, optsOK = func() (uintptr, bool) {
-	f, ok := reflect.TypeFor[hasynq.Task]().FieldByName("opts")
-	if !ok || f.Type != reflect.TypeFor[[]hasynq.Option]() {
-		return 0, false
-	}
-	return f.Offset, true
-}()
+// HeaderDeadline carries the task's absolute deadline (asynq.Deadline) the
+// way asynq stores it: Unix seconds, "0" for none. Client writes it next to
+// the token, from the options the task is enqueued with, because asynq
+// gives a handler only min(Deadline, start of the attempt + Timeout) as its
+// context's deadline and the middleware must not mistake a Timeout, which
+// restarts with every attempt, for a deadline that deferral could miss
+// (see Middleware).
+const HeaderDeadline = "caughtup-deadline"
 
-// taskOptions returns the options task was built with. The slice is
-// asynq's own: callers must not modify it.
-func taskOptions(task *hasynq.Task) ([]hasynq.Option, bool) {
-	if !optsOK {
-		return nil, false
-	}
-	return *(*[]hasynq.Option)(unsafe.Add(unsafe.Pointer(task), optsOffset)), true
+// ErrForeignTask is returned by Client when a task built by asynq.NewTask or
+// asynq.NewTaskWithHeaders needs a token. asynq keeps the options given to
+// those functions where no one else can read them, and headers can only be
+// set when a task is built, so stamping such a task means rebuilding it
+// without its options (Queue, MaxRetry, Timeout, Deadline, Unique, …). The
+// Client refuses instead of losing them or enqueueing the task unstamped.
+// Build the task with this package's NewTask or NewTaskWithHeaders: same
+// arguments, plus the context.
+var ErrForeignTask = errors.New("caughtup/asynq: the task was built by asynq.NewTask or asynq.NewTaskWithHeaders, whose options cannot be read back, so it cannot be stamped without losing them; build it with caughtupasynq.NewTask(ctx, typename, payload, opts...) or caughtupasynq.NewTaskWithHeaders instead")
+
+// known holds the options of the tasks this package built (NewTask,
+// NewTaskWithHeaders, Client's stamped copies), so that Client and the
+// GroupAggregator hook can rebuild them with more headers and every
+// option. Entries go away with their tasks (weakkey): the registry holds
+// no more than the live tasks this package built.
+var known weakkey.Map[hasynq.Task, []hasynq.Option]
+
+// NewTask is asynq.NewTask for tasks that carry a token: it records the
+// options, so that Client can stamp the task without losing them, and
+// stamps the task with the token ctx carries (enqueue.TokenFrom), so that
+// it also goes stamped through a plain *asynq.Client or an
+// asynq.Scheduler. Build every task that goes through Client with it (or
+// NewTaskWithHeaders):
+//
+//	task := caughtupasynq.NewTask(ctx, "email:welcome", payload, asynq.MaxRetry(5))
+//	_, err := client.EnqueueContext(ctx, task)
+//
+// A task with asynq.Unique or asynq.TaskID also gets HeaderDedup. A
+// token that cannot be encoded (more than position.MaxDatabases
+// databases) is left out, so the consumer reads the primary; Client
+// returns that error when the task goes through it.
+func NewTask(ctx context.Context, typename string, payload []byte, opts ...hasynq.Option) *hasynq.Task {
+	return NewTaskWithHeaders(ctx, typename, payload, nil, opts...)
 }
 
-var layoutWarning sync.Once
+// NewTaskWithHeaders is asynq.NewTaskWithHeaders for tasks that carry a
+// token, as NewTask: the token ctx carries is merged into the
+// position.HeaderName header of headers (position.MergeHeader: a value
+// that does not decode stays as it is). headers is copied, not kept.
+func NewTaskWithHeaders(ctx context.Context, typename string, payload []byte, headers map[string]string, opts ...hasynq.Option) *hasynq.Task {
+	opts = slices.Clip(opts)
+	tok, _ := enqueue.TokenFrom(ctx)
+	old := headers[position.HeaderName]
+	text, err := position.MergeHeader(old, tok)
+	if err != nil {
+		text = old
+	}
+	dedup := dedupOption(opts) && headers[HeaderDedup] == ""
+	if text != old || dedup {
+		h := make(map[string]string, len(headers)+2)
+		maps.Copy(h, headers)
+		if text != "" {
+			h[position.HeaderName] = text
+		}
+		if dedup {
+			h[HeaderDedup] = "1"
+		}
+		headers = h
+	}
+	task := hasynq.NewTaskWithHeaders(typename, payload, headers, opts...)
+	known.Store(task, opts)
+	return task
+}
+
+// optionsOf returns the options task was built with, if they are known:
+// those of a task this package built, and none for a task asynq's server
+// handed to a handler (the only tasks with a ResultWriter: asynq builds
+// them from the stored message, without options, so re-enqueueing one
+// through asynq's own Client applies only the enqueue's options too).
+func optionsOf(task *hasynq.Task) ([]hasynq.Option, bool) {
+	if opts, ok := known.Load(task); ok {
+		return opts, true
+	}
+	if task.ResultWriter() != nil {
+		return nil, true
+	}
+	return nil, false
+}
 
 // dedupOption reports whether opts make asynq reject later enqueues of the
 // same task (Unique) or id (TaskID).
@@ -64,75 +126,130 @@ func dedupOption(opts []hasynq.Option) bool {
 	return false
 }
 
-// stamp returns the task to enqueue in place of task: task itself when
-// there is nothing to add, else a new task with the same type, payload,
-// headers and options whose token header is tok merged with the token task
-// already carries, and the dedup marker when dedup is set. task is never
-// modified.
-//
-// A token header that does not decode is kept as it is: the consumer
-// then reads the primary, which is safe whatever tok says.
-func stamp(task *hasynq.Task, tok position.Token, dedup bool) (*hasynq.Task, error) {
-	h := task.Headers()
-	old := h[position.HeaderName]
-	needDedup := dedup && h[HeaderDedup] == ""
-	if tok.IsZero() && !needDedup {
-		return task, nil
-	}
-	text := old
-	if !tok.IsZero() {
-		merged := tok
-		if old != "" {
-			prev, err := position.Decode(old)
-			if err != nil {
-				// Unknown stays unknown: the consumer reads the primary.
-				merged = position.Token{}
-			} else {
-				merged = prev.Merge(tok)
+// deadlineValue is HeaderDeadline's value for a task enqueued with the
+// options of each list in turn: the last asynq.Deadline wins, as in
+// asynq's Client, and is stored in whole seconds as asynq stores it.
+func deadlineValue(lists ...[]hasynq.Option) string {
+	var dl time.Time
+	for _, opts := range lists {
+		for _, o := range opts {
+			if o == nil || o.Type() != hasynq.DeadlineOpt {
+				continue
 			}
-		}
-		if !merged.IsZero() {
-			var err error
-			if text, err = merged.Encode(); err != nil {
-				return nil, fmt.Errorf("caughtup/asynq: cannot stamp task %q: %w", task.Type(), err)
+			if t, ok := o.Value().(time.Time); ok {
+				dl = t
 			}
 		}
 	}
-	if text == old && !needDedup {
-		return task, nil
+	if dl.IsZero() {
+		return "0"
 	}
-	opts, ok := taskOptions(task)
-	if !ok {
-		layoutWarning.Do(func() {
-			slog.Warn("caughtup/asynq: this asynq version keeps task options where caughtup cannot read them; tasks are enqueued unstamped and read the primary")
-		})
-		return task, nil
-	}
-	headers := make(map[string]string, len(h)+2)
-	maps.Copy(headers, h)
-	if text != "" {
-		headers[position.HeaderName] = text
-	}
-	if needDedup {
-		headers[HeaderDedup] = "1"
-	}
-	// Clip, so that asynq's append of the enqueue options to the task's
-	// never writes into the caller's backing array.
-	return hasynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, slices.Clip(opts)...), nil
+	return strconv.FormatInt(dl.Unix(), 10)
 }
 
-// unstamp returns task without a token header (the consumer reads the
-// primary), keeping everything else.
-func unstamp(task *hasynq.Task) *hasynq.Task {
-	h := task.Headers()
-	if _, ok := h[position.HeaderName]; !ok {
-		return task
+// parseDeadline reads a HeaderDeadline value: the deadline, whether the
+// task has one, and whether the value is readable.
+func parseDeadline(v string) (time.Time, bool, bool) {
+	sec, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil || sec < 0:
+		return time.Time{}, false, false
+	case sec == 0:
+		return time.Time{}, false, true
 	}
-	// Without the options (an asynq whose layout is unknown) the task is
-	// still rebuilt: a token that may not cover the whole group is worse
-	// than lost options.
-	opts, _ := taskOptions(task)
-	headers := maps.Clone(h)
-	delete(headers, position.HeaderName)
-	return hasynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers, slices.Clip(opts)...)
+	return time.Unix(sec, 0), true, true
+}
+
+// headerEdit is what stamping changes in a task's headers.
+type headerEdit struct {
+	token    string // the token header's new value; "" deletes it
+	setToken bool
+	dedup    bool   // add HeaderDedup
+	deadline string // HeaderDeadline's new value; "" deletes it
+	setDL    bool
+}
+
+func (e headerEdit) empty() bool { return !e.setToken && !e.dedup && !e.setDL }
+
+// apply returns h with e applied, as a new map.
+func (e headerEdit) apply(h map[string]string) map[string]string {
+	out := make(map[string]string, len(h)+3)
+	maps.Copy(out, h)
+	e.applyInPlace(out)
+	return out
+}
+
+func (e headerEdit) applyInPlace(h map[string]string) {
+	if e.setToken {
+		if e.token == "" {
+			delete(h, position.HeaderName)
+		} else {
+			h[position.HeaderName] = e.token
+		}
+	}
+	if e.dedup {
+		h[HeaderDedup] = "1"
+	}
+	if e.setDL {
+		if e.deadline == "" {
+			delete(h, HeaderDeadline)
+		} else {
+			h[HeaderDeadline] = e.deadline
+		}
+	}
+}
+
+// rebuild returns a task like task, whose options are own, with e applied
+// to its headers; record records the new task's options too, for tasks
+// that may be stamped again.
+func rebuild(task *hasynq.Task, own []hasynq.Option, e headerEdit, record bool) *hasynq.Task {
+	// own is clipped (NewTaskWithHeaders clips it; nil otherwise), so that
+	// asynq's append of the enqueue options never writes into a shared
+	// backing array.
+	out := hasynq.NewTaskWithHeaders(task.Type(), task.Payload(), e.apply(task.Headers()), own...)
+	if record {
+		known.Store(out, own)
+	}
+	return out
+}
+
+// stamp returns the task to enqueue in place of task, with enqueue options
+// enq: task itself when there is nothing to add, else a new task with the
+// same type, payload, headers and options whose token header is tok
+// merged into task's (position.MergeHeader), with HeaderDedup when the
+// options ask for deduplication and HeaderDeadline next to a token. task is
+// never modified. A change to a task whose options are unknown is refused
+// (ErrForeignTask). record records the new task's options, for a stamped
+// task that is stamped again.
+func stamp(task *hasynq.Task, tok position.Token, enq []hasynq.Option, record bool) (*hasynq.Task, error) {
+	own, ok := optionsOf(task)
+	h := task.Headers()
+	old := h[position.HeaderName]
+	text, err := position.MergeHeader(old, tok)
+	if err != nil {
+		return nil, fmt.Errorf("caughtup/asynq: cannot stamp task %q: %w", task.Type(), err)
+	}
+	var e headerEdit
+	if text != old {
+		e.token, e.setToken = text, true
+	}
+	// Without a token the marker only lets the task use a replica that
+	// has the primary's current position instead of the primary itself:
+	// worth it for a task that is rebuilt anyway, not a reason to refuse
+	// a foreign one.
+	if h[HeaderDedup] == "" && (dedupOption(own) || dedupOption(enq)) && (ok || text != "") {
+		e.dedup = true
+	}
+	if ok && text != "" {
+		if dl := deadlineValue(own, enq); h[HeaderDeadline] != dl {
+			e.deadline, e.setDL = dl, true
+		}
+	}
+	switch {
+	case e.empty():
+		return task, nil
+	case !ok:
+		return nil, fmt.Errorf("%w (task type %q)", ErrForeignTask, task.Type())
+	}
+	return rebuild(task, own, e, record), nil
 }

@@ -1,13 +1,11 @@
 package enqueue
 
 import (
-	"runtime"
-	"sync"
 	"time"
-	"weak"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/caughtup/caughtup/internal/weakkey"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -16,8 +14,8 @@ import (
 // pg_control_system() and pg_control_init(), which read that file, run once
 // per connection and refresh period rather than on every capture.
 //
-// It is keyed by the connection itself through a weak pointer: a new
-// connection (to whatever server) always starts with a read, a pooled
+// It is keyed by the connection itself through a weak pointer (weakkey): a
+// new connection (to whatever server) always starts with a read, a pooled
 // connection's entry lives as long as the connection, and the entry is
 // dropped when the garbage collector frees the connection, so the map is
 // bounded by the number of live connections without any bookkeeping by the
@@ -25,8 +23,7 @@ import (
 // restored or re-initialised cluster on the same address inherit the old
 // identifier, and PIDs are reused.
 type sysIDCache struct {
-	mu sync.Mutex
-	m  map[weak.Pointer[pgconn.PgConn]]sysIDEntry
+	m weakkey.Map[pgconn.PgConn, sysIDEntry]
 }
 
 type sysIDEntry struct {
@@ -45,9 +42,7 @@ func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (s
 	if ttl <= 0 {
 		return server{}, false
 	}
-	c.mu.Lock()
-	e, ok := c.m[weak.Make(pc)]
-	c.mu.Unlock()
+	e, ok := c.m.Load(pc)
 	// A clock that steps backwards also forces a read.
 	if !ok || now.Before(e.readAt) || now.Sub(e.readAt) >= ttl {
 		return server{}, false
@@ -56,26 +51,7 @@ func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (s
 }
 
 func (c *sysIDCache) put(pc *pgconn.PgConn, srv server, now time.Time) {
-	k := weak.Make(pc)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = make(map[weak.Pointer[pgconn.PgConn]]sysIDEntry)
-	}
-	if _, ok := c.m[k]; !ok {
-		runtime.AddCleanup(pc, c.forget, k)
-	}
-	c.m[k] = sysIDEntry{srv: srv, readAt: now}
+	c.m.Store(pc, sysIDEntry{srv: srv, readAt: now})
 }
 
-func (c *sysIDCache) forget(k weak.Pointer[pgconn.PgConn]) {
-	c.mu.Lock()
-	delete(c.m, k)
-	c.mu.Unlock()
-}
-
-func (c *sysIDCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.m)
-}
+func (c *sysIDCache) len() int { return c.m.Len() }

@@ -106,8 +106,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	// The worker side: one router per process, the hooks on the server,
-	// the middleware on the mux.
+	// The worker side: one router per process, and one server that routes
+	// every task before its handler runs and keeps deferrals from costing
+	// retries.
 	router, err := consume.NewRouter(ctx, consume.Config{
 		Databases: map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
 		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
@@ -118,16 +119,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer router.Close()
 
 	st := newStats(o.tasks)
-	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{
+	srv, err := caughtupasynq.NewServer(redisOpt, asynq.Config{
 		Concurrency:       o.concurrency,
 		Queues:            map[string]int{"default": 1},
 		TaskCheckInterval: 100 * time.Millisecond,
 		LogLevel:          asynq.ErrorLevel,
-	}))
-	mux := asynq.NewServeMux()
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{
+	}, router, caughtupasynq.MiddlewareConfig{
 		Policies: map[string]consume.Policy{"item:": consume.Delayed},
-	}))
+		Logger:   slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		return err
+	}
+	mux := asynq.NewServeMux()
 	mux.HandleFunc(taskType, st.handle)
 	if err := srv.Start(mux); err != nil {
 		return err
@@ -173,7 +177,9 @@ func produce(ctx context.Context, o options, primary *pgxpool.Pool, client *caug
 					return err
 				})
 				if err == nil {
-					_, err = client.EnqueueContext(ctx, asynq.NewTask(taskType, strconv.AppendInt(nil, id, 10), asynq.MaxRetry(5)))
+					// caughtupasynq.NewTask keeps the options where the
+					// client can find them when it stamps the task.
+					_, err = client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, taskType, strconv.AppendInt(nil, id, 10), asynq.MaxRetry(5)))
 				}
 				if err != nil {
 					errs <- fmt.Errorf("task %d: %w", id, err)
@@ -212,6 +218,7 @@ type stats struct {
 	ran      map[int64]bool
 	outcomes map[consume.Outcome]int
 	stale    int
+	retried  int // runs after a failed attempt: deferrals must not count as one
 	runs     atomic.Int64
 	done     chan struct{}
 }
@@ -240,6 +247,9 @@ func (s *stats) handle(ctx context.Context, task *asynq.Task) error {
 	s.outcomes[d.Outcome]++
 	if stale {
 		s.stale++
+	}
+	if n, _ := asynq.GetRetryCount(ctx); n > 0 {
+		s.retried++
 	}
 	if !s.ran[id] {
 		s.ran[id] = true
@@ -272,7 +282,7 @@ func (s *stats) details() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "runs=%d", s.runs.Load())
+	fmt.Fprintf(&b, "runs=%d retried=%d", s.runs.Load(), s.retried)
 	for _, o := range []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited, consume.OutcomePrimary, consume.OutcomePrimaryNoToken, consume.OutcomePrimaryEpoch} {
 		if n := s.outcomes[o]; n > 0 {
 			fmt.Fprintf(&b, " %s=%d", o, n)

@@ -14,7 +14,8 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestRun runs the program on its own services, with replay paused at
-// random, and checks the summary line.
+// random, and checks the summary line, and that no task ran after a failed
+// attempt: caughtupasynq.NewServer keeps deferrals from counting as one.
 func TestRun(t *testing.T) {
 	t.Setenv("CAUGHTUP_PRIMARY_URL", "")
 	t.Setenv("REDIS_ADDR", "")
@@ -25,6 +26,7 @@ func TestRun(t *testing.T) {
 	t.Log(strings.TrimSpace(stderr.String()))
 	require.NoError(t, err)
 	require.Equal(t, "tasks=200 stale=0 lost=0\n", stdout.String())
+	require.Contains(t, stderr.String(), " retried=0")
 }
 
 func TestBadFlags(t *testing.T) {

@@ -87,7 +87,7 @@ type asynqPipe struct {
 // send enqueues through caughtup's stamping client, which reads the token
 // of the write from ctx.
 func (a *asynqPipe) send(ctx context.Context, p payload) error {
-	_, err := a.client.EnqueueContext(ctx, asynq.NewTask(taskType, p.encode()), asynq.Queue(a.queue), asynq.MaxRetry(a.maxRetry))
+	_, err := a.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, taskType, p.encode()), asynq.Queue(a.queue), asynq.MaxRetry(a.maxRetry))
 	return err
 }
 

@@ -381,7 +381,7 @@ func (a *app) request(ctx context.Context, id int64) error {
 	payload, _ := json.Marshal(upd)
 	for _, q := range []string{queueFresh, queueDirect} {
 		for attempt := 0; ; attempt++ {
-			_, err := a.client.EnqueueContext(tctx, asynq.NewTask(taskType, payload), asynq.Queue(q), asynq.MaxRetry(25))
+			_, err := a.client.EnqueueContext(tctx, caughtupasynq.NewTask(tctx, taskType, payload), asynq.Queue(q), asynq.MaxRetry(25))
 			if err == nil || attempt == 50 {
 				break
 			}

@@ -1,5 +1,0 @@
-//go:build !race
-
-package asynq_test
-
-const raceEnabled = false
