@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/internal/pgwal"
 )
 
 // sysIDCache remembers what each connection's server says about itself in
@@ -30,32 +30,26 @@ type sysIDCache struct {
 }
 
 type sysIDEntry struct {
-	srv    server
+	ctl    pgwal.ControlFile
 	readAt time.Time
 }
 
-// server is what the capture queries read from the control file.
-type server struct {
-	sysID  uint64
-	layout position.WALLayout
-}
-
 // get returns what was read on pc if it was read less than ttl ago.
-func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (server, bool) {
+func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (pgwal.ControlFile, bool) {
 	if ttl <= 0 {
-		return server{}, false
+		return pgwal.ControlFile{}, false
 	}
 	c.mu.Lock()
 	e, ok := c.m[weak.Make(pc)]
 	c.mu.Unlock()
 	// A clock that steps backwards also forces a read.
 	if !ok || now.Before(e.readAt) || now.Sub(e.readAt) >= ttl {
-		return server{}, false
+		return pgwal.ControlFile{}, false
 	}
-	return e.srv, true
+	return e.ctl, true
 }
 
-func (c *sysIDCache) put(pc *pgconn.PgConn, srv server, now time.Time) {
+func (c *sysIDCache) put(pc *pgconn.PgConn, ctl pgwal.ControlFile, now time.Time) {
 	k := weak.Make(pc)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -65,7 +59,7 @@ func (c *sysIDCache) put(pc *pgconn.PgConn, srv server, now time.Time) {
 	if _, ok := c.m[k]; !ok {
 		runtime.AddCleanup(pc, c.forget, k)
 	}
-	c.m[k] = sysIDEntry{srv: srv, readAt: now}
+	c.m[k] = sysIDEntry{ctl: ctl, readAt: now}
 }
 
 func (c *sysIDCache) forget(k weak.Pointer[pgconn.PgConn]) {
