@@ -22,8 +22,9 @@ type Incarnation = pgwal.Incarnation
 var ErrImpossibleObservation = errors.New("caughtup/consume: impossible observation: the replica's replay position is ahead of its primary's insert position")
 
 // PrimaryObservation is what one poll of a database's primary returned.
-// The tracker makes one per poll and merges it into the snapshot; a
-// position feed delivers the same values.
+// The tracker makes one per poll and merges it into the snapshot (see
+// "How observations merge" in the package documentation); a position feed
+// delivers the same values.
 type PrimaryObservation struct {
 	// ObservedAt is the local clock when the query was sent (polling), or
 	// when the feed message carrying the observation was received. Never
@@ -43,7 +44,9 @@ type PrimaryObservation struct {
 	HistoryKnown bool
 }
 
-// ReplicaObservation is what one poll of a replica returned.
+// ReplicaObservation is what one poll of a replica returned. An
+// observation without an Incarnation cannot reveal a restart: a feed must
+// carry it.
 type ReplicaObservation struct {
 	// ObservedAt: as PrimaryObservation.ObservedAt.
 	ObservedAt time.Time
@@ -64,63 +67,8 @@ type ReplicaObservation struct {
 	TimeLag         time.Duration
 }
 
-// How observations merge into the snapshot.
-//
-// A node's state is a fold of its observations, in whatever order they
-// arrive: the tracker's own polls arrive in order, a feed may deliver one
-// node's observations from several publishers out of order. mergeReplica
-// and mergePrimary are pure functions of (state, observation) and follow
-// these rules.
-//
-//  1. Monotone facts merge by maximum, so that order does not matter.
-//     Within one incarnation of a replica: its position, ordered by
-//     timeline then LSN, and its leaving recovery (once out, it stays out).
-//     For the primary, within one system: its position, ordered by
-//     timeline then insert LSN, and a timeline's history (a timeline's
-//     history file never changes).
-//  2. A change of incarnation (a restart) or of system is taken from the
-//     newest observation and never undone: an observation of a newer
-//     incarnation replaces the replica's state, position included, since
-//     a restarted standby may show less than it had replayed; nothing of an
-//     older incarnation (or, for the primary, of an older timeline) is
-//     merged after it, whenever it arrives. A primary of another system
-//     replaces the state only if it is the newest by ObservedAt.
-//  3. Transient conditions come from the newest observation by
-//     ObservedAt and are never undone by an older one: a failed query,
-//     an unknown timeline (no WAL receiver), the replay timestamp and time
-//     lag. ObservedAt, which staleness is judged by, is that of the newest
-//     successful observation.
-//  4. Impossible observations count as unknown. A replica position ahead
-//     of the primary's insert position in the same epoch, where the
-//     primary's was observed no earlier, cannot be true (replay never
-//     passes what was inserted): the observation is not merged and the
-//     replica's Err becomes ErrImpossibleObservation. A primary
-//     observation that shows a replica's merged position to be impossible
-//     drops that position too, so that it can never come back through the
-//     maximum.
-//  5. Derived values (byte lag, health, divergence, the restart hold and
-//     HighestReplayed) are recomputed from the merged state and the
-//     primary after every merge.
-//
-// Why these rules never produce a stale read. A replica's replay only
-// grows within an incarnation, and a position read at ObservedAt was
-// reached at or after that moment; so the maximum of the positions seen in
-// one incarnation is a lower bound of what the replica holds from then
-// on, whoever saw them and in whatever order they arrive (rule 1). A
-// restart is the one event that lowers what a replica shows; it always
-// comes with a newer incarnation, which replaces the state rather than
-// being merged with it, and after which positions from before the restart
-// are never used again (rule 2); the replica is then held behind until it
-// passes what it had (RestartFloor). A late or lost observation only
-// leaves the state older: staleness is judged by the local clock at which
-// observations were made or received, and a replica whose newest
-// observation is older than Config.StalenessBound is unknown, which is
-// infinitely behind. An error, an unknown timeline or an impossible value
-// make the replica unknown, never caught up (rules 3 and 4). What can go
-// wrong is availability, never freshness: a wrong "unknown" sends jobs to
-// wait, defer or read the primary.
-
-// mergePrimary folds o into p (rules 1 to 3).
+// mergePrimary folds o into p (rules 1 to 3 of "How observations merge"
+// in the package documentation).
 func mergePrimary(p PrimaryState, o PrimaryObservation) (PrimaryState, primaryChange) {
 	var ch primaryChange
 	if o.Err != nil {
@@ -196,7 +144,8 @@ type replicaChange struct {
 }
 
 // mergeReplica folds o into r, given the database's primary state p (rules
-// 1 to 5). cfg supplies the lag thresholds.
+// 1 to 5 of "How observations merge" in the package documentation). cfg
+// supplies the lag thresholds.
 func mergeReplica(r ReplicaState, o ReplicaObservation, p *PrimaryState, cfg *Config) (ReplicaState, replicaChange) {
 	var ch replicaChange
 	if o.Err == nil && impossible(o.Replayed, o.ObservedAt, p) {

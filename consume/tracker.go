@@ -164,6 +164,9 @@ func newTracker(cfg *Config, log *slog.Logger) (*tracker, error) {
 func trackerPool(p *pgxpool.Pool) (*pgxpool.Pool, error) {
 	c := p.Config()
 	c.MaxConns, c.MinConns, c.MinIdleConns = 1, 0, 0
+	if c.ConnConfig.RuntimeParams == nil {
+		c.ConnConfig.RuntimeParams = make(map[string]string)
+	}
 	c.ConnConfig.RuntimeParams["application_name"] = TrackerApplicationName
 	return pgxpool.NewWithConfig(context.Background(), c)
 }
