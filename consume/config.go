@@ -106,8 +106,9 @@ type Config struct {
 	// passing its token (well inside the 500ms WaitBudget, and two orders
 	// of magnitude below GitLab's 100-500ms sleeps), while the load stays
 	// a small fraction of a replica core even with many worker processes
-	// waiting at once; 1ms cost about 1,000 queries/s per process for a
-	// gain of a few milliseconds.
+	// waiting at once. The old default, 1ms, cost 500-1,500 queries/s per
+	// process (BenchmarkWaitLoad; issue reports) for a gain of a few
+	// milliseconds.
 	WaitPollInterval time.Duration
 
 	// StalenessBound: an observation older than this is unknown, and an
