@@ -88,7 +88,8 @@
 //     successful observation.
 //  4. Impossible observations count as unknown. A replica position ahead
 //     of the primary's insert position in the same epoch, where the
-//     primary's was observed no earlier, cannot be true (replay never
+//     primary's was read after the replica's (its ObservedAt is no earlier
+//     than the replica observation's ReadBy), cannot be true (replay never
 //     passes what was inserted): the observation is not merged and the
 //     replica's Err becomes ErrImpossibleObservation. A primary
 //     observation that shows a replica's merged position to be impossible

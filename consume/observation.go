@@ -48,8 +48,14 @@ type PrimaryObservation struct {
 // observation without an Incarnation cannot reveal a restart: a feed must
 // carry it.
 type ReplicaObservation struct {
-	// ObservedAt: as PrimaryObservation.ObservedAt.
+	// ObservedAt: as PrimaryObservation.ObservedAt. The values were read
+	// at or after it.
 	ObservedAt time.Time
+	// ReadBy is the local time by which the values had certainly been
+	// read: when the query returned (polling), or when the feed message was
+	// received. Zero means ObservedAt. A primary observation made after it
+	// shows what the replica cannot have exceeded (rule 4).
+	ReadBy time.Time
 	// Err is the query's error; nothing else is set then.
 	Err error
 	// Incarnation is the server run the values belong to.
@@ -148,7 +154,11 @@ type replicaChange struct {
 // supplies the lag thresholds.
 func mergeReplica(r ReplicaState, o ReplicaObservation, p *PrimaryState, cfg *Config) (ReplicaState, replicaChange) {
 	var ch replicaChange
-	if o.Err == nil && impossible(o.Replayed, o.ObservedAt, p) {
+	readBy := o.ReadBy
+	if readBy.IsZero() || readBy.Before(o.ObservedAt) {
+		readBy = o.ObservedAt
+	}
+	if o.Err == nil && impossible(o.Replayed, readBy, p) {
 		ch.impossible = true
 		o = ReplicaObservation{ObservedAt: o.ObservedAt, Err: ErrImpossibleObservation}
 	}
@@ -180,7 +190,7 @@ func mergeReplica(r ReplicaState, o ReplicaObservation, p *PrimaryState, cfg *Co
 		}
 		r.Incarnation = o.Incarnation
 		r.InRecovery = o.InRecovery
-		r.Replayed, r.replayedAt = o.Replayed, o.ObservedAt
+		r.Replayed, r.replayedBy = o.Replayed, readBy
 		if !o.InRecovery {
 			r.Replayed = position.Replayed{}
 		}
@@ -200,21 +210,21 @@ func mergeReplica(r ReplicaState, o ReplicaObservation, p *PrimaryState, cfg *Co
 		case o.Replayed.Epoch.IsZero():
 			// Timeline unknown: a transient condition (rule 3).
 			if newest {
-				r.Replayed, r.replayedAt = o.Replayed, o.ObservedAt
+				r.Replayed, r.replayedBy = o.Replayed, readBy
 			}
 		case r.Replayed.Epoch.IsZero():
 			if newest {
-				r.Replayed, r.replayedAt = o.Replayed, o.ObservedAt
+				r.Replayed, r.replayedBy = o.Replayed, readBy
 			}
 		case o.Replayed.Epoch.SystemID != r.Replayed.Epoch.SystemID:
 			// Another cluster in one server run cannot be.
 			ch.impossible = true
-			r.Replayed, r.replayedAt = position.Replayed{}, time.Time{}
+			r.Replayed, r.replayedBy = position.Replayed{}, time.Time{}
 			if newest {
 				r.Err, r.errAt = ErrImpossibleObservation, o.ObservedAt
 			}
 		case later(o.Replayed, r.Replayed):
-			r.Replayed, r.replayedAt = o.Replayed, o.ObservedAt
+			r.Replayed, r.replayedBy = o.Replayed, readBy
 		}
 		if newest {
 			r.ReplayTimestamp, r.TimeLag = o.ReplayTimestamp, max(o.TimeLag, 0)
@@ -242,20 +252,23 @@ func later(a, b position.Replayed) bool {
 	return a.LSN > b.LSN
 }
 
-// impossible reports a replica position (observed at at) ahead of the
-// primary's insert position of the same epoch, observed no earlier (rule
-// 4).
-func impossible(r position.Replayed, at time.Time, p *PrimaryState) bool {
+// impossible reports a replica position, read by readBy, ahead of the
+// primary's insert position of the same epoch read after it: the primary's
+// observation was made (its query sent) no earlier than readBy (rule 4).
+// With the tracker's own polls that proves the order of the two reads; a
+// primary query sent while the replica's was still running proves nothing
+// and is not used.
+func impossible(r position.Replayed, readBy time.Time, p *PrimaryState) bool {
 	return p != nil && !p.Epoch.IsZero() && r.Epoch == p.Epoch &&
-		r.LSN > p.InsertLSN && !p.insertAt.IsZero() && !p.insertAt.Before(at)
+		r.LSN > p.InsertLSN && !p.insertAt.IsZero() && !p.insertAt.Before(readBy)
 }
 
 // recheckReplica applies rule 4 to a replica after its primary's state
 // changed, and recomputes what derives from the primary (rule 5).
 func recheckReplica(r ReplicaState, p *PrimaryState, cfg *Config) (ReplicaState, bool) {
-	bad := r.InRecovery && impossible(r.Replayed, r.replayedAt, p)
+	bad := r.InRecovery && impossible(r.Replayed, r.replayedBy, p)
 	if bad {
-		r.Replayed, r.replayedAt = position.Replayed{}, time.Time{}
+		r.Replayed, r.replayedBy = position.Replayed{}, time.Time{}
 		if !p.insertAt.Before(r.errAt) {
 			r.Err, r.errAt = ErrImpossibleObservation, p.insertAt
 		}

@@ -157,6 +157,17 @@ func TestMergeReplica(t *testing.T) {
 			highest: lsn("0/0800000"), changes: replicaChange{impossible: true, failed: true},
 		},
 		{
+			name: "a primary read sent while the replica's query ran proves nothing",
+			p:    primaryAt(10, 1, "0/1000000", nil),
+			obs: []ReplicaObservation{func() ReplicaObservation {
+				o := robs(0, i1, 1, "0/1100000")
+				o.ReadBy = at(20)
+				return o
+			}()},
+			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/1100000")}, fresh: at(0), usable: true,
+			highest: lsn("0/1100000"),
+		},
+		{
 			name:   "ahead of an older primary observation is possible (the primary wrote since)",
 			p:      primaryAt(-50, 1, "0/1000000", nil),
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/1100000")},
@@ -338,8 +349,17 @@ func TestRecheckReplicaDropsImpossiblePosition(t *testing.T) {
 	r, _ := foldReplica(p, robs(0, inc(0, 1), 1, "FFFFFFFF/0"))
 	require.NoError(t, r.Err, "ahead of an older primary observation: possible so far")
 
+	// A primary read sent before the replica's query returned proves
+	// nothing; one sent after it does.
+	early := robs(0, inc(0, 1), 1, "FFFFFFFF/0")
+	early.ReadBy = at(5)
+	r2, _ := foldReplica(p, early)
+	p1, _ := mergePrimary(*p, pobs(4, 1, "0/1100000", nil))
+	_, bad := recheckReplica(r2, &p1, &cfg)
+	require.False(t, bad)
+
 	p2, _ := mergePrimary(*p, pobs(10, 1, "0/1100000", nil))
-	r, bad := recheckReplica(r, &p2, &cfg)
+	r, bad = recheckReplica(r, &p2, &cfg)
 	require.True(t, bad)
 	require.ErrorIs(t, r.Err, ErrImpossibleObservation)
 	require.Zero(t, r.Replayed)

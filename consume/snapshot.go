@@ -129,7 +129,7 @@ type ReplicaState struct {
 	Diverged bool
 
 	errAt      time.Time // when the observation behind Err was made
-	replayedAt time.Time // when the observation behind Replayed was made
+	replayedBy time.Time // when the observation behind Replayed had certainly been read (ReadBy)
 }
 
 // usable reports whether the replica's state may be trusted: a fresh

@@ -268,6 +268,7 @@ func (t *tracker) observeReplica(p *replicaPoller) (ReplicaObservation, bool) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.StalenessBound)
 	r, err := pgwal.ReadReplica(ctx, p.pool, pgwal.Control|pgwal.Status)
 	cancel()
+	o.ReadBy = t.cfg.Now()
 	t.queries.Add(1)
 	p.queries.Add(1)
 	if t.ctx.Err() != nil {
