@@ -20,9 +20,15 @@ type Replica struct {
 	// Name identifies the replica in decisions, logs and metrics
 	// (caughtup.replica); unique within its database.
 	Name string
-	// Pool connects to the replica. The tracker borrows one connection
-	// per poll; the rest serve the handlers.
+	// Pool connects to the replica. The tracker makes its own
+	// one-connection pool from its config (hooks included); Pool serves
+	// the handlers.
 	Pool *pgxpool.Pool
+	// Guard, if not nil, is the ReplicaGuard installed on Pool's config:
+	// the Router feeds it what the tracker sees, which closes the window
+	// in which a replica restarted between a job's routing and its read
+	// shows less than it had replayed. Optional; see ReplicaGuard.
+	Guard *ReplicaGuard
 }
 
 // Replicas names plain pools "host:port" after their first configured
@@ -63,10 +69,12 @@ type Database struct {
 //
 // The tracker's roles need pg_monitor (pg_stat_wal_receiver shows
 // received_tli only to pg_read_all_stats; without it every replica's epoch
-// is unknown and every job reads the primary) and, after a failover, the
-// right to pg_read_file the timeline history (superuser or
+// is unknown and every job reads the primary; it also shows the startup
+// process's start, which tells a crash restart from progress) and, after a
+// failover, the right to pg_read_file the timeline history (superuser or
 // pg_read_server_files; without it tokens from before the failover read
-// the primary).
+// the primary and a standby left on the old timeline is not recognized as
+// diverged). Its connections are named TrackerApplicationName.
 type Config struct {
 	// Databases maps the logical names tokens carry to pools. Required.
 	Databases map[string]Database
@@ -88,9 +96,19 @@ type Config struct {
 	PollInterval time.Duration
 
 	// WaitPollInterval is the poll period for a replica while at least one
-	// job waits on it. Default 1ms: a local round trip costs about 0.1ms,
-	// so a waiting job wakes about 1ms after the replica passes its
-	// token, and the extra load lasts only as long as the wait.
+	// job waits on it (or a ReplicaGuard holds a connection to it). It is
+	// also the closest two polls of one replica ever are: however many
+	// jobs wait, and however often new ones arrive (a new waiter makes the
+	// tracker poll at once only if the last poll is that old), a replica
+	// costs each process at most 1/WaitPollInterval queries per second.
+	// Default 5ms, so at most 200 queries/s per awaited replica per
+	// process: a waiting job wakes within about 5ms of the replica
+	// passing its token (well inside the 500ms WaitBudget, and two orders
+	// of magnitude below GitLab's 100-500ms sleeps), while the load stays
+	// a small fraction of a replica core even with many worker processes
+	// waiting at once. The old default, 1ms, cost 500-1,500 queries/s per
+	// process (BenchmarkWaitLoad; issue reports) for a gain of a few
+	// milliseconds.
 	WaitPollInterval time.Duration
 
 	// StalenessBound: an observation older than this is unknown, and an
@@ -164,7 +182,7 @@ type Config struct {
 // Defaults, exported so that documentation and adapters can refer to them.
 const (
 	DefaultPollInterval     = 100 * time.Millisecond
-	DefaultWaitPollInterval = time.Millisecond
+	DefaultWaitPollInterval = 5 * time.Millisecond
 	DefaultStalenessBound   = time.Second
 	DefaultMaxLagBytes      = 16 << 20
 	DefaultMaxLagTime       = 60 * time.Second
@@ -237,6 +255,7 @@ func (c Config) Validate() error {
 	if len(c.Databases) == 0 {
 		return bad("Databases is empty: name at least one database with its primary pool")
 	}
+	guards := make(map[*ReplicaGuard]bool)
 	for name, db := range c.Databases {
 		if !position.ValidDatabaseName(name) {
 			return bad("database name %q must be 1-63 of [A-Za-z0-9_-] to be carried in tokens", name)
@@ -246,6 +265,15 @@ func (c Config) Validate() error {
 		}
 		seen := make(map[string]bool, len(db.Replicas))
 		for i, r := range db.Replicas {
+			if r.Guard != nil {
+				if !r.Guard.installed.Load() {
+					return bad("database %q replica %q: its Guard is not installed; call Guard.Install(poolConfig) before pgxpool.NewWithConfig", name, r.Name)
+				}
+				if guards[r.Guard] {
+					return bad("database %q replica %q: one ReplicaGuard serves one replica pool; make one per replica", name, r.Name)
+				}
+				guards[r.Guard] = true
+			}
 			if r.Name == "" {
 				return bad("database %q replica %d has no Name (consume.Replicas names plain pools)", name, i)
 			}

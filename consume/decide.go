@@ -292,9 +292,9 @@ func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, c
 
 	var caught uint64 // bit i: replica i is caught up
 	nc := uint32(0)
-	behind := false
+	behind, held := false, true // held: every replica behind is held after a restart
 	minBehind := uint64(math.MaxUint64)
-	usable, stale := 0, 0
+	usable, stale, divergent := 0, 0, 0
 	notCmp := position.Comparable
 	for i := range db.Replicas {
 		r := &db.Replicas[i]
@@ -302,6 +302,13 @@ func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, c
 			if r.Err == nil && r.stale(cutoff) {
 				stale++
 			}
+			continue
+		}
+		// A diverged standby holds WAL the primary's history lacks:
+		// neither read (it may show rows the primary never had) nor
+		// waited on (it never reaches the primary's timeline).
+		if histKnown && diverged(r.Replayed, p) {
+			divergent++
 			continue
 		}
 		usable++
@@ -315,6 +322,11 @@ func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, c
 		}
 		c := e.Compare(r.Replayed, rh)
 		switch {
+		case c.Status == position.CaughtUp && r.held():
+			// Restarted: it may show less than it had replayed until it
+			// passes RestartFloor.
+			behind = true
+			minBehind = min(minBehind, r.Replayed.LSN.BytesBefore(max(e.LSN, r.RestartFloor)))
 		case c.Status == position.CaughtUp:
 			if i < maxCandidates {
 				caught |= 1 << i
@@ -322,11 +334,13 @@ func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, c
 			}
 		case c.Status == position.Behind:
 			behind = true
+			held = held && r.held()
 			minBehind = min(minBehind, c.BytesBehind)
 		case c.Reason == position.NewerTimeline:
 			// Not yet following the promotion the entry was written
 			// after; it may within the wait.
 			behind = true
+			held = held && r.held()
 		default:
 			notCmp = c.Reason
 		}
@@ -341,11 +355,16 @@ func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, c
 		dd.Outcome, dd.Reason, dd.Replica, dd.replica, dd.ReadAt = OutcomeReplica, ReasonNone, r.Name, k, r.Replayed
 	case behind:
 		dd.Outcome, dd.Reason = outcomeWait, ReasonReplicaBehind
+		if held {
+			dd.Reason = ReasonReplicaRestarted
+		}
 		if minBehind != math.MaxUint64 {
 			dd.BytesBehind = minBehind
 		}
 	case usable > 0:
 		dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, notCmp
+	case divergent > 0:
+		dd.Reason = ReasonDivergedStandby
 	case stale == len(db.Replicas):
 		dd.Reason = ReasonTrackerStale
 	default:

@@ -185,8 +185,20 @@ const (
 	ReasonUnknownDatabase
 	// ReasonCapped: the fallback cap refused a promotion to the primary.
 	ReasonCapped
+	// ReasonDivergedStandby: no replica could serve the job, and at least
+	// one was a diverged standby: on an older timeline than the primary's,
+	// past the point where the primary's history left it (a standby still
+	// following the old primary after a failover). It holds rows the new
+	// primary never had and will never reach the new timeline, so it is
+	// neither read nor waited on; the job reads the primary at once.
+	ReasonDivergedStandby
+	// ReasonReplicaRestarted: the only replicas that could catch up with
+	// the token are held after a restart until they replay what they had
+	// before (ReplicaState.RestartFloor); the job waits or defers as for
+	// ReasonReplicaBehind.
+	ReasonReplicaRestarted
 
-	numReasons = int(ReasonCapped) + 1
+	numReasons = int(ReasonReplicaRestarted) + 1
 )
 
 var reasonNames = [numReasons]string{
@@ -203,6 +215,8 @@ var reasonNames = [numReasons]string{
 	ReasonNoReplicas:       "no_replicas",
 	ReasonUnknownDatabase:  "unknown_database",
 	ReasonCapped:           "capped",
+	ReasonDivergedStandby:  "diverged_standby",
+	ReasonReplicaRestarted: "replica_restarted",
 }
 
 // String is the reason's name in metrics and logs ("replica_behind", …).
@@ -223,7 +237,8 @@ func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 // would move to a replica, so capping them would only refuse work.
 func (r Reason) fallback() bool {
 	switch r {
-	case ReasonReplicaBehind, ReasonDeadline, ReasonUnknownAge, ReasonNoHealthyReplica, ReasonTrackerStale:
+	case ReasonReplicaBehind, ReasonDeadline, ReasonUnknownAge, ReasonNoHealthyReplica, ReasonTrackerStale,
+		ReasonDivergedStandby, ReasonReplicaRestarted:
 		return true
 	}
 	return false

@@ -142,10 +142,13 @@ func TestRouteWaitsForReplay(t *testing.T) {
 		t.Fatalf("routed while every replica was paused: %+v", res.d)
 	case <-time.After(300 * time.Millisecond):
 	}
-	// The waiting job makes the tracker poll the replicas fast.
-	q0 := r.tr.queries.Load()
-	time.Sleep(100 * time.Millisecond)
-	require.Greater(t, r.tr.queries.Load()-q0, uint64(20), "replicas polled every WaitPollInterval while a job waits")
+	// The waiting job makes the tracker poll the replicas every
+	// WaitPollInterval (nextPoll), and they are polled while it waits.
+	for _, p := range r.tr.replicas[0] {
+		require.Positive(t, p.waiters.Load(), "replica %s is watched while a job waits", p.name)
+		q0 := p.queries.Load()
+		require.Eventually(t, func() bool { return p.queries.Load() > q0+2 }, 10*time.Second, time.Millisecond)
+	}
 
 	resumed := time.Now()
 	resumeAll(t, c)
@@ -163,11 +166,11 @@ func TestRouteWaitsForReplay(t *testing.T) {
 	require.True(t, found(t, pool, id), "the replica the job waited for has the row")
 	t.Logf("wait returned %v after resume (waited %v in all)", res.at.Sub(resumed), res.d.Waited)
 
-	// With nobody waiting the tracker is back to one query per interval.
-	time.Sleep(100 * time.Millisecond)
-	q0 = r.tr.queries.Load()
-	time.Sleep(500 * time.Millisecond)
-	require.LessOrEqual(t, r.tr.queries.Load()-q0, uint64(3*(500/50+2)))
+	// With nobody waiting the tracker is back to one query per
+	// PollInterval.
+	for _, p := range r.tr.replicas[0] {
+		require.Zero(t, p.waiters.Load(), "replica %s is no longer watched", p.name)
+	}
 }
 
 func TestRouteLagPastBudget(t *testing.T) {

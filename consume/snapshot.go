@@ -58,10 +58,15 @@ type PrimaryState struct {
 	// known. Decide uses it to compare insert positions that point just
 	// past a page header (position.WALLayout.InsertEnd).
 	WAL position.WALLayout
-	// ObservedAt is when the last successful query was sent.
+	// ObservedAt is when the newest successful observation was made (its
+	// query sent, or its feed message received).
 	ObservedAt time.Time
-	// Err is the last query's error; nil after a success.
+	// Err is the newest observation's error; nil once a newer observation
+	// succeeded.
 	Err error
+
+	errAt    time.Time // when the observation behind Err was made
+	insertAt time.Time // when the observation behind InsertLSN was made
 }
 
 // ReplicaState is the last observation of a replica.
@@ -89,24 +94,59 @@ type ReplicaState struct {
 	// and over Config.MaxLagTime. Unknown lag counts as healthy, since the
 	// token comparison alone decides correctness.
 	Healthy bool
-	// ObservedAt is when the last successful query was sent: what it
-	// returned was true at least from then on.
+	// ObservedAt is when the newest successful observation was made (its
+	// query sent, or its feed message received): what it returned was
+	// true at least from then on.
 	ObservedAt time.Time
-	// Err is the last query's error; nil after a success. A replica
-	// with an error is unusable until its next successful observation.
+	// Err is the newest observation's error (ErrImpossibleObservation for
+	// one that cannot be true); nil once a newer observation succeeded. A
+	// replica with an error is unusable.
 	Err error
-	// Observations counts successful observations.
+	// Observations counts successful observations merged.
 	Observations uint64
+
+	// Incarnation is the run of the server the state belongs to: its
+	// replay only grows within one. A newer one is a restart.
+	Incarnation Incarnation
+	// Restarts counts the restarts seen (newer incarnations after the
+	// first).
+	Restarts uint64
+	// HighestReplayed is the highest position the replica was ever seen
+	// at while it could serve reads (in recovery, epoch known, not
+	// diverged), across restarts: no decision's ReadAt exceeds it. A
+	// ReplicaGuard holds new connections below it.
+	HighestReplayed position.LSN
+	// RestartFloor is set when a restart is seen: the replica counts as
+	// behind every token until its replay reaches this (HighestReplayed
+	// before the restart), since it may show less than it had replayed
+	// (design fact 9). Zero when not held.
+	RestartFloor position.LSN
+	// Diverged: the replica is on an ancestor of the primary's timeline
+	// and has replayed past the point where the primary's history left it
+	// (or is on a timeline the primary's history does not contain). It
+	// holds WAL the primary does not have and will never follow it, so it
+	// is used for no token and waited on by none (ReasonDivergedStandby).
+	Diverged bool
+
+	errAt      time.Time // when the observation behind Err was made
+	replayedBy time.Time // when the observation behind Replayed had certainly been read (ReadBy)
 }
 
 // usable reports whether the replica's state may be trusted: a fresh
 // (observed at or after cutoff), successful observation of a healthy node
 // in recovery with a known position and epoch. Anything else is
-// infinitely behind.
+// infinitely behind. Divergence and the restart hold depend on the token
+// and the primary, and are Decide's to check.
 func (r *ReplicaState) usable(cutoff time.Time) bool {
 	return r.Err == nil && r.InRecovery && r.Healthy &&
 		r.Replayed.LSN != position.InvalidLSN && !r.Replayed.Epoch.IsZero() &&
 		!r.ObservedAt.IsZero() && !r.ObservedAt.Before(cutoff)
+}
+
+// held reports whether the replica is behind every token because it
+// restarted and has not yet replayed what it had before.
+func (r *ReplicaState) held() bool {
+	return r.RestartFloor != 0 && r.Replayed.LSN < r.RestartFloor
 }
 
 func (r *ReplicaState) stale(cutoff time.Time) bool {

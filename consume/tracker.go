@@ -7,49 +7,34 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
 )
 
-// One round trip per replica: everything a decision needs, read in one
-// statement so the values belong together. The time lag is computed on the
-// server so client clock skew does not enter it.
-const replicaQuery = `SELECT pg_is_in_recovery(),
-	pg_last_wal_replay_lsn()::text,
-	pg_last_xact_replay_timestamp(),
-	extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8,
-	(SELECT received_tli FROM pg_stat_wal_receiver),
-	(SELECT system_identifier FROM pg_control_system())`
+// TrackerApplicationName is the application_name of the tracker's own
+// connections, so that they can be told apart in pg_stat_activity.
+const TrackerApplicationName = "caughtup-tracker"
 
-// The primary's timeline comes from the WAL file name of its current
-// position (design fact 3): pg_control_checkpoint() lags a promotion until
-// the next checkpoint. pg_walfile_name errors during recovery, which is
-// what a "primary" that is really a standby deserves.
-//
-// The WAL page and segment sizes let Decide see that an insert position
-// just past a page header is the end of the record before it (see
-// recordEnd).
-const primaryQuery = `SELECT pg_current_wal_insert_lsn()::text,
-	pg_walfile_name(pg_current_wal_lsn()),
-	(SELECT system_identifier FROM pg_control_system()),
-	c.max_data_alignment::int8, c.wal_block_size::int8, c.bytes_per_wal_segment::int8
-	FROM pg_control_init() c`
-
-const historyQuery = `SELECT pg_read_file('pg_wal/' || lpad(to_hex($1::int), 8, '0') || '.history')`
+// trackerConnKey marks the contexts of the tracker's queries, so that a
+// ReplicaGuard installed on the application's pool config (which the
+// tracker's pools copy) lets the tracker's connections through: the
+// tracker must see a restarted replica as it is.
+type trackerConnKey struct{}
 
 // tracker polls every node with its own one-connection pool, so its
-// queries never queue behind handlers on the application's pools, and
-// publishes an immutable Snapshot after every observation.
+// queries never queue behind handlers on the application's pools. Each
+// poll produces an observation; apply merges it into the snapshot
+// (mergePrimary, mergeReplica) and publishes an immutable Snapshot.
 type tracker struct {
 	cfg *Config
 	log *slog.Logger
+	met *trackerMetrics
 
 	mu   sync.Mutex // serializes publishers; readers use snap
 	snap atomic.Pointer[Snapshot]
@@ -72,11 +57,15 @@ type replicaPoller struct {
 	dbName  string
 	name    string
 	pool    *pgxpool.Pool
+	guard   *ReplicaGuard
 
 	// waiters counts jobs waiting on this replica; above zero the poller
-	// uses WaitPollInterval. kick wakes it when the first one arrives.
+	// polls every WaitPollInterval. kick wakes it when the first one
+	// arrives, no sooner than WaitPollInterval after its last poll.
 	waiters atomic.Int32
 	kick    chan struct{}
+	// queries counts this replica's polls.
+	queries atomic.Uint64
 }
 
 type primaryPoller struct {
@@ -99,13 +88,19 @@ func newTracker(cfg *Config, log *slog.Logger) (*tracker, error) {
 	sort.Strings(names)
 
 	t := &tracker{cfg: cfg, log: log, initDone: make(chan struct{})}
-	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.ctx, t.cancel = context.WithCancel(context.WithValue(context.Background(), trackerConnKey{}, true))
 	snap := &Snapshot{Databases: make([]DatabaseState, len(names)), changed: make(chan struct{})}
-	var pools []*pgxpool.Pool
+	var (
+		pools   []*pgxpool.Pool
+		adopted []*ReplicaGuard
+	)
 	fail := func(err error) (*tracker, error) {
 		t.cancel()
 		for _, p := range pools {
 			p.Close()
+		}
+		for _, g := range adopted {
+			g.release(t)
 		}
 		return nil, err
 	}
@@ -128,11 +123,22 @@ func newTracker(cfg *Config, log *slog.Logger) (*tracker, error) {
 				return fail(fmt.Errorf("caughtup/consume: tracker pool for database %q replica %q: %w", name, r.Name, err))
 			}
 			pools = append(pools, rp)
-			rps = append(rps, &replicaPoller{db: i, idx: j, dbName: name, name: r.Name, pool: rp, kick: make(chan struct{}, 1)})
+			p := &replicaPoller{db: i, idx: j, dbName: name, name: r.Name, pool: rp, guard: r.Guard, kick: make(chan struct{}, 1)}
+			if r.Guard != nil {
+				if err := r.Guard.adopt(t, p); err != nil {
+					return fail(fmt.Errorf("caughtup/consume: database %q replica %q: %w", name, r.Name, err))
+				}
+				adopted = append(adopted, r.Guard)
+			}
+			rps = append(rps, p)
 		}
 		t.replicas = append(t.replicas, rps)
 	}
 	t.snap.Store(snap)
+	var err error
+	if t.met, err = newTrackerMetrics(cfg.MeterProvider, t); err != nil {
+		return fail(fmt.Errorf("caughtup/consume: creating the tracker's instruments: %w", err))
+	}
 
 	n := len(t.primarys)
 	for _, rps := range t.replicas {
@@ -153,22 +159,31 @@ func newTracker(cfg *Config, log *slog.Logger) (*tracker, error) {
 }
 
 // trackerPool copies the application's pool config (hooks included, so
-// credentials rotate the same way) into a pool of one connection.
+// credentials rotate the same way) into a pool of one connection, named
+// TrackerApplicationName.
 func trackerPool(p *pgxpool.Pool) (*pgxpool.Pool, error) {
 	c := p.Config()
 	c.MaxConns, c.MinConns, c.MinIdleConns = 1, 0, 0
+	if c.ConnConfig.RuntimeParams == nil {
+		c.ConnConfig.RuntimeParams = make(map[string]string)
+	}
+	c.ConnConfig.RuntimeParams["application_name"] = TrackerApplicationName
 	return pgxpool.NewWithConfig(context.Background(), c)
 }
 
 func (t *tracker) close() {
 	t.cancel()
 	t.wg.Wait()
+	t.met.close()
 	for _, p := range t.primarys {
 		p.pool.Close()
 	}
 	for _, rps := range t.replicas {
 		for _, p := range rps {
 			p.pool.Close()
+			if p.guard != nil {
+				p.guard.release(t)
+			}
 		}
 	}
 }
@@ -181,60 +196,40 @@ func (t *tracker) initialized() {
 	}
 }
 
-// update publishes a copy of the snapshot with database db changed by fn,
-// then wakes everything waiting on the old one.
-func (t *tracker) update(db int, fn func(ds *DatabaseState)) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := t.snap.Load()
+// publish replaces the snapshot with one whose database db is ds, then
+// wakes everything waiting on the old one. t.mu must be held.
+func (t *tracker) publish(old *Snapshot, db int, ds DatabaseState) {
 	ns := &Snapshot{Seq: old.Seq + 1, Databases: slices.Clone(old.Databases), changed: make(chan struct{})}
-	ds := &ns.Databases[db]
-	ds.Replicas = slices.Clone(ds.Replicas)
-	fn(ds)
+	ns.Databases[db] = ds
 	t.snap.Store(ns)
 	close(old.changed)
 }
 
-// sleep waits until next, returning early when kicked (if kick is not
-// nil); false when the tracker stops.
-func (t *tracker) sleep(timer *time.Timer, d time.Duration, kick chan struct{}) bool {
-	if d <= 0 {
-		select {
-		case <-t.ctx.Done():
-			return false
-		default:
-			return true
-		}
+// nextPoll is when the poll after one that started at last is due: one
+// PollInterval later, or one WaitPollInterval later while jobs wait. Polls
+// of one node are never closer than WaitPollInterval, however many jobs
+// wait and however often they arrive: that is the bound on the load
+// waiting puts on a replica.
+func nextPoll(last time.Time, waiting bool, cfg *Config) time.Time {
+	if waiting {
+		return last.Add(cfg.WaitPollInterval)
 	}
-	timer.Reset(d)
-	select {
-	case <-t.ctx.Done():
-		return false
-	case <-timer.C:
-	case <-kick:
-		timer.Stop()
-	}
-	return true
+	return last.Add(cfg.PollInterval)
 }
 
 func (t *tracker) runReplica(p *replicaPoller) {
-	t.run(func() { t.pollReplica(p) }, func() time.Duration {
-		if p.waiters.Load() > 0 {
-			return t.cfg.WaitPollInterval
-		}
-		return t.cfg.PollInterval
-	}, p.kick)
+	t.run(func() { t.pollReplica(p) }, func() bool { return p.waiters.Load() > 0 }, p.kick)
 }
 
 func (t *tracker) runPrimary(p *primaryPoller) {
-	t.run(func() { t.pollPrimary(p) }, func() time.Duration { return t.cfg.PollInterval }, nil)
+	t.run(func() { t.pollPrimary(p) }, func() bool { return false }, nil)
 }
 
-// run polls once per interval (measured from the start of each poll, so
-// a slow query does not stretch the period) until the tracker stops, and
-// marks the node initialized after its first poll. kick cuts a sleep
-// short.
-func (t *tracker) run(poll func(), interval func() time.Duration, kick chan struct{}) {
+// run polls on the schedule of nextPoll (measured from the start of each
+// poll, so that a slow query does not stretch the period) until the
+// tracker stops, and marks the node initialized after its first poll. A
+// kick (a first waiter) makes it look at the schedule again.
+func (t *tracker) run(poll func(), waiting func() bool, kick chan struct{}) {
 	defer t.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -246,174 +241,234 @@ func (t *tracker) run(poll func(), interval func() time.Duration, kick chan stru
 			first = false
 			t.initialized()
 		}
-		if !t.sleep(timer, interval()-time.Since(start), kick) {
-			return
+		for {
+			d := time.Until(nextPoll(start, waiting(), t.cfg))
+			if d <= 0 {
+				if t.ctx.Err() != nil {
+					return
+				}
+				break
+			}
+			timer.Reset(d)
+			select {
+			case <-t.ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			case <-kick:
+				timer.Stop()
+			}
 		}
 	}
 }
 
-func (t *tracker) pollReplica(p *replicaPoller) {
-	var (
-		inRecovery bool
-		lsnText    *string
-		replayTS   *time.Time
-		lagSeconds *float64
-		tli        *int32
-		sysID      *int64
-	)
-	sent := t.cfg.Now()
+// observeReplica polls a replica once.
+func (t *tracker) observeReplica(p *replicaPoller) (ReplicaObservation, bool) {
+	o := ReplicaObservation{ObservedAt: t.cfg.Now()}
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.StalenessBound)
-	err := p.pool.QueryRow(ctx, replicaQuery).Scan(&inRecovery, &lsnText, &replayTS, &lagSeconds, &tli, &sysID)
+	r, err := pgwal.ReadReplica(ctx, p.pool, pgwal.Control|pgwal.Status)
 	cancel()
+	o.ReadBy = t.cfg.Now()
 	t.queries.Add(1)
+	p.queries.Add(1)
 	if t.ctx.Err() != nil {
-		return // shutting down: not an observation
+		return o, false // shutting down: not an observation
 	}
-	var lsn position.LSN
-	if err == nil && lsnText != nil {
-		lsn, err = position.ParseLSN(*lsnText)
+	if err != nil {
+		o.Err = err
+		return o, true
 	}
-	var prev ReplicaState
-	t.update(p.db, func(ds *DatabaseState) {
-		r := &ds.Replicas[p.idx]
-		prev = *r
-		if err != nil {
-			// Keep the last values for display; Err makes them unusable.
-			r.Err = err
-			return
-		}
-		r.Err = nil
-		r.ObservedAt = sent
-		r.Observations++
-		r.InRecovery = inRecovery
-		r.Replayed = position.Replayed{LSN: lsn}
+	o.Incarnation, o.InRecovery = r.Incarnation(), r.InRecovery
+	if r.InRecovery {
 		// Without a running WAL receiver the timeline the replay belongs
 		// to is not known for sure (the checkpoint's timeline lags a
 		// promotion), so the epoch stays unknown and the replica is never
 		// caught up until the receiver is back.
-		if tli != nil && sysID != nil && *tli > 0 {
-			r.Replayed.Epoch = position.Epoch{SystemID: uint64(*sysID), Timeline: uint32(*tli)}
+		o.Replayed.LSN = r.LSN
+		if r.Timeline != 0 {
+			o.Replayed.Epoch = r.Replayed().Epoch
 		}
-		r.ReplayTimestamp = time.Time{}
-		if replayTS != nil {
-			r.ReplayTimestamp = *replayTS
-		}
-		r.TimeLag = 0
-		if lagSeconds != nil && *lagSeconds > 0 {
-			r.TimeLag = time.Duration(*lagSeconds * float64(time.Second))
-		}
-		r.LagBytes, r.LagKnown = 0, false
-		if pe := ds.Primary.Epoch; !pe.IsZero() && pe == r.Replayed.Epoch && lsn != 0 {
-			r.LagBytes, r.LagKnown = lsn.BytesBefore(ds.Primary.InsertLSN), true
-		}
-		r.Healthy = !r.LagKnown ||
-			(r.LagBytes <= t.cfg.MaxLagBytes && (r.LagBytes == 0 || r.TimeLag <= t.cfg.MaxLagTime))
-	})
-	t.logReplicaChange(p, prev, err, inRecovery)
+	}
+	o.ReplayTimestamp = r.ReplayTimestamp
+	if r.TimeLagKnown {
+		o.TimeLag = r.TimeLag
+	}
+	return o, true
 }
 
-func (t *tracker) logReplicaChange(p *replicaPoller, prev ReplicaState, err error, inRecovery bool) {
-	attrs := func(extra ...any) []any {
-		return append([]any{slog.String(attrDatabase, p.dbName), slog.String(attrReplica, p.name)}, extra...)
+func (t *tracker) pollReplica(p *replicaPoller) {
+	if o, ok := t.observeReplica(p); ok {
+		t.applyReplica(p, o)
 	}
+}
+
+// applyReplica merges one observation of a replica and publishes the
+// result. The guard's source (the snapshot) is updated in the same step,
+// so that HighestReplayed is never behind a position a decision can use.
+func (t *tracker) applyReplica(p *replicaPoller, o ReplicaObservation) {
+	t.mu.Lock()
+	old := t.snap.Load()
+	ds := old.Databases[p.db]
+	ds.Replicas = slices.Clone(ds.Replicas)
+	prev := ds.Replicas[p.idx]
+	next, ch := mergeReplica(prev, o, &ds.Primary, t.cfg)
+	ds.Replicas[p.idx] = next
+	t.publish(old, p.db, ds)
+	t.mu.Unlock()
+	t.reportReplica(p.db, p.idx, prev, next, ch)
+}
+
+// reportReplica logs and counts what a merge changed.
+func (t *tracker) reportReplica(db, idx int, prev, next ReplicaState, ch replicaChange) {
+	dbName := t.primarys[db].dbName
+	attrs := func(extra ...any) []any {
+		return append([]any{slog.String(attrDatabase, dbName), slog.String(attrReplica, next.Name)}, extra...)
+	}
+	t.met.replicaChange(db, idx, ch)
 	switch {
-	case err != nil && prev.Err == nil:
-		t.log.Warn("caughtup: replica unreadable; not used until it answers", attrs(slog.Any("error", err))...)
-	case err == nil && prev.Err != nil:
+	case ch.impossible:
+		t.log.Warn("caughtup: impossible replica observation (replay ahead of the primary's insert position); the replica counts as unknown",
+			attrs()...)
+	case ch.failed:
+		t.log.Warn("caughtup: replica unreadable; not used until it answers", attrs(slog.Any("error", next.Err))...)
+	case ch.recovered:
 		t.log.Info("caughtup: replica readable again", attrs()...)
 	}
-	if err == nil && !inRecovery && (prev.InRecovery || prev.Observations == 0) {
+	if ch.restarted {
+		t.log.Warn("caughtup: replica restarted; it counts as behind until it replays what it had before (it may show less)",
+			attrs(slog.String("restart_floor", next.RestartFloor.String()), slog.String("replayed", next.Replayed.LSN.String()))...)
+	}
+	if ch.released {
+		t.log.Info("caughtup: restarted replica has replayed what it had before; used again", attrs()...)
+	}
+	if next.Observations > 0 && !next.InRecovery && (ch.leftRecovery || prev.Observations == 0 || ch.restarted) {
 		t.log.Warn("caughtup: node is not in recovery (promoted?); it is no longer used as a replica", attrs()...)
 	}
+	t.reportDiverged(db, prev, next)
+}
+
+func (t *tracker) reportDiverged(db int, prev, next ReplicaState) {
+	if prev.Diverged == next.Diverged {
+		return
+	}
+	attrs := []any{slog.String(attrDatabase, t.primarys[db].dbName), slog.String(attrReplica, next.Name)}
+	if next.Diverged {
+		p := t.snapshot().Databases[db].Primary
+		t.log.Warn("caughtup: diverged standby: it replayed past the point where the primary's timeline left its own, so it holds WAL the primary lacks; no job reads or waits on it until it is rebuilt (pg_rewind or a new base backup) and follows the primary",
+			append(attrs, slog.String("replica_epoch", next.Replayed.Epoch.String()), slog.String("replayed", next.Replayed.LSN.String()),
+				slog.String("primary_epoch", p.Epoch.String()))...)
+		return
+	}
+	t.log.Info("caughtup: standby no longer diverged", attrs...)
+}
+
+// observePrimary polls a primary once, reading the timeline history when
+// the timeline is new to the poller.
+func (t *tracker) observePrimary(p *primaryPoller) (PrimaryObservation, bool) {
+	o := PrimaryObservation{ObservedAt: t.cfg.Now()}
+	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.StalenessBound)
+	defer cancel()
+	r, err := pgwal.ReadPrimary(ctx, p.pool, pgwal.Control)
+	t.queries.Add(1)
+	if t.ctx.Err() != nil {
+		return o, false
+	}
+	if err != nil {
+		o.Err = err
+		return o, true
+	}
+	if r.Timeline != p.histTLI {
+		p.histTLI, p.hist, p.histKnown, p.histDenied = r.Timeline, nil, r.Timeline == 1, false
+	}
+	if !p.histKnown && !p.histDenied {
+		t.readHistory(ctx, p)
+	}
+	o.Epoch, o.InsertLSN, o.WAL = r.Epoch(), r.InsertLSN, r.Control.WAL
+	o.History, o.HistoryKnown = p.hist, p.histKnown
+	return o, true
 }
 
 func (t *tracker) pollPrimary(p *primaryPoller) {
-	var (
-		lsnText         string
-		walfile         string
-		sysID           int64
-		align, blk, seg int64
-		tli             uint64
-		insertAt        position.LSN
-	)
-	sent := t.cfg.Now()
-	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.StalenessBound)
-	defer cancel()
-	err := p.pool.QueryRow(ctx, primaryQuery).Scan(&lsnText, &walfile, &sysID, &align, &blk, &seg)
-	t.queries.Add(1)
-	if t.ctx.Err() != nil {
-		return
+	if o, ok := t.observePrimary(p); ok {
+		t.applyPrimary(p.db, o)
 	}
-	if err == nil {
-		insertAt, err = position.ParseLSN(lsnText)
-	}
-	if err == nil {
-		if len(walfile) < 8 {
-			err = fmt.Errorf("caughtup/consume: unexpected WAL file name %q", walfile)
-		} else if tli, err = strconv.ParseUint(walfile[:8], 16, 32); err == nil && tli == 0 {
-			err = fmt.Errorf("caughtup/consume: timeline 0 in WAL file name %q", walfile)
+}
+
+// applyPrimary merges one observation of a primary, re-derives its
+// replicas' states (rules 4 and 5) and publishes the result.
+func (t *tracker) applyPrimary(db int, o PrimaryObservation) {
+	t.mu.Lock()
+	old := t.snap.Load()
+	ds := old.Databases[db]
+	prev := ds.Primary
+	var ch primaryChange
+	ds.Primary, ch = mergePrimary(prev, o)
+	ds.Replicas = slices.Clone(ds.Replicas)
+	prevReplicas := old.Databases[db].Replicas
+	var bad []int
+	for i := range ds.Replicas {
+		var impossible bool
+		if ds.Replicas[i], impossible = recheckReplica(ds.Replicas[i], &ds.Primary, t.cfg); impossible {
+			bad = append(bad, i)
 		}
 	}
-	if err == nil && uint32(tli) != p.histTLI {
-		p.histTLI, p.hist, p.histKnown, p.histDenied = uint32(tli), nil, tli == 1, false
-	}
-	if err == nil && !p.histKnown && !p.histDenied {
-		t.readHistory(ctx, p)
-	}
-	epoch := position.Epoch{SystemID: uint64(sysID), Timeline: uint32(tli)}
-	var prev PrimaryState
-	t.update(p.db, func(ds *DatabaseState) {
-		prev = ds.Primary
-		if err != nil {
-			ds.Primary.Err = err
-			return
-		}
-		ds.Primary = PrimaryState{
-			Epoch: epoch, History: p.hist, HistoryKnown: p.histKnown,
-			InsertLSN: insertAt, ObservedAt: sent,
-			WAL: position.WALLayout{MaxAlign: uint64(max(align, 0)), BlockSize: uint64(max(blk, 0)), SegmentSize: uint64(max(seg, 0))},
-		}
-	})
+	t.publish(old, db, ds)
+	t.mu.Unlock()
+
+	dbName := t.primarys[db].dbName
 	switch {
-	case err != nil && prev.Err == nil:
+	case ch.failed:
 		t.log.Warn("caughtup: primary unreadable; its epoch is unknown and replica lag unmeasured",
-			slog.String(attrDatabase, p.dbName), slog.Any("error", err))
-	case err == nil && !prev.Epoch.IsZero() && prev.Epoch != epoch:
+			slog.String(attrDatabase, dbName), slog.Any("error", ds.Primary.Err))
+	case ch.recovered:
+		t.log.Info("caughtup: primary readable again", slog.String(attrDatabase, dbName))
+	}
+	if ch.epochChanged {
 		t.log.Warn("caughtup: primary epoch changed",
-			slog.String(attrDatabase, p.dbName), slog.String("from", prev.Epoch.String()), slog.String("to", epoch.String()),
-			slog.Bool("history_known", p.histKnown))
-	case err == nil && prev.Err != nil:
-		t.log.Info("caughtup: primary readable again", slog.String(attrDatabase, p.dbName))
+			slog.String(attrDatabase, dbName), slog.String("from", prev.Epoch.String()), slog.String("to", ds.Primary.Epoch.String()),
+			slog.Bool("history_known", ds.Primary.HistoryKnown))
+	}
+	if ch.superseded {
+		t.log.Warn("caughtup: the primary reports an older timeline than already seen (a former primary?); its observations are ignored",
+			slog.String(attrDatabase, dbName), slog.String("seen", ds.Primary.Epoch.String()), slog.String("reported", o.Epoch.String()))
+	}
+	t.met.primaryChange(db, ch)
+	for _, i := range bad {
+		t.met.replicaChange(db, i, replicaChange{impossible: true})
+		t.log.Warn("caughtup: a replica's replay position is ahead of its primary's insert position; the replica counts as unknown",
+			slog.String(attrDatabase, dbName), slog.String(attrReplica, ds.Replicas[i].Name))
+	}
+	for i := range ds.Replicas {
+		t.reportDiverged(db, prevReplicas[i], ds.Replicas[i])
 	}
 }
 
 // readHistory reads the timeline history file. Without it, tokens from
-// older timelines cannot be placed and read the primary; with no right to
-// read it (SQLSTATE 42501) it is not asked for again on this timeline.
+// older timelines cannot be placed and read the primary, and diverged
+// standbys cannot be recognized; with no right to read it it is not asked
+// for again on this timeline.
 func (t *tracker) readHistory(ctx context.Context, p *primaryPoller) {
-	var text string
-	err := p.pool.QueryRow(ctx, historyQuery, int32(p.histTLI)).Scan(&text)
+	h, err := pgwal.ReadHistory(ctx, p.pool, p.histTLI)
 	t.queries.Add(1)
 	if err == nil {
-		var h position.History
-		if h, err = position.ParseHistory(text); err == nil {
-			p.hist, p.histKnown = h, true
-			return
-		}
+		p.hist, p.histKnown = h, true
+		return
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		p.histDenied = true
-	}
-	t.log.Warn("caughtup: cannot read the timeline history; tokens from older timelines will read the primary",
+	p.histDenied = errors.Is(err, pgwal.ErrHistoryDenied)
+	t.log.Warn("caughtup: cannot read the timeline history; tokens from older timelines will read the primary, and a standby left on an older timeline is not recognized as diverged",
 		slog.String(attrDatabase, p.dbName), slog.Uint64("timeline", uint64(p.histTLI)), slog.Any("error", err))
 }
 
-// watch makes the pollers of the given replicas poll fast until the
-// returned function is called.
+// watch makes the pollers of the given replicas poll every
+// WaitPollInterval until the returned function is called. Replicas that
+// cannot catch up with any token (diverged, promoted) are not sped up.
 func (t *tracker) watch(db int, replicas []int) func() {
 	var ps []*replicaPoller
+	states := t.snapshot().Databases[db].Replicas
 	for _, i := range replicas {
+		if st := &states[i]; st.Diverged || (st.Observations > 0 && !st.InRecovery) {
+			continue
+		}
 		p := t.replicas[db][i]
 		ps = append(ps, p)
 		if p.waiters.Add(1) == 1 {

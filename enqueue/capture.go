@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -86,70 +85,16 @@ func NewCapturer(cfg Config) *Capturer {
 // Database returns the logical database name the capturer stamps.
 func (c *Capturer) Database() string { return c.cfg.Database }
 
-// The capture queries run in the simple protocol: one round trip, no
-// prepared statement (so they also work through transaction-pooling
-// proxies), and text results that are parsed here exactly.
-//
-// Why pg_current_wal_insert_lsn() after COMMIT has returned: it is where
-// the next record will go, so it is at or past the end of the commit
-// record, which pg_last_wal_replay_lsn() on a replica must reach before the
-// row is visible there. pg_current_wal_lsn() is the *write* position and,
-// with synchronous_commit = off, can still be below the commit record when
-// COMMIT returns. A position read inside the transaction is below its own
-// commit record: a replica can pass it while the row is still invisible.
-// (position.WALLayout.InsertEnd then moves it back from just past a page header to the page
-// boundary, where replay positions are.)
-//
-// The primary's timeline is read in the same query from the WAL file name
-// of the current position (its first 8 hex digits). It cannot change under
-// a primary, so reading both together makes the epoch exact even right
-// after a failover, unlike pg_control_checkpoint().timeline_id, which lags
-// a promotion until the next checkpoint.
-//
-// The control-file columns (system identifier, WAL layout) are added only
-// when the connection's cached copy is missing or due.
-const (
-	primaryQuery   = "SELECT pg_current_wal_insert_lsn()::text, pg_walfile_name(pg_current_wal_lsn())"
-	controlColumns = ",\n (SELECT system_identifier FROM pg_control_system())::text, i.max_data_alignment, i.wal_block_size, i.bytes_per_wal_segment"
-	controlFrom    = "pg_control_init() AS i"
-
-	primaryQueryControl = primaryQuery + controlColumns + "\nFROM " + controlFrom
-
-	// On a standby: the replay position and the timeline the WAL receiver
-	// is on. pg_is_in_recovery() is evaluated once (FROM), so a promotion
-	// between columns cannot mix the two branches; a server that is not in
-	// recovery (a promoted standby, or a primary used for reads) answers
-	// like Capture, which is at or past anything a read there saw.
-	replicaQuery = `SELECT r,
- CASE WHEN r THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END::text,
- CASE WHEN r THEN (SELECT received_tli FROM pg_stat_wal_receiver)::text ELSE pg_walfile_name(pg_current_wal_lsn()) END,
- r AND (SELECT pid FROM pg_stat_wal_receiver) IS NOT NULL`
-	replicaFrom = "\nFROM pg_is_in_recovery() AS r"
-
-	replicaQueryCached  = replicaQuery + replicaFrom
-	replicaQueryControl = replicaQuery + controlColumns + replicaFrom + ", " + controlFrom
-)
-
-// control holds the scan targets of controlColumns.
-type control struct {
-	sysID                        string
-	maxAlign, blockSize, segSize int64
-}
-
-func (ct *control) dest() []any {
-	return []any{&ct.sysID, &ct.maxAlign, &ct.blockSize, &ct.segSize}
-}
-
-func (ct *control) server() (server, error) {
-	id, err := position.ParseSystemIdentifier(ct.sysID)
-	if err != nil {
-		return server{}, err
-	}
-	if ct.maxAlign <= 0 || ct.blockSize <= 0 || ct.segSize <= 0 {
-		return server{}, fmt.Errorf("caughtup/enqueue: unexpected pg_control_init() values %d, %d, %d", ct.maxAlign, ct.blockSize, ct.segSize)
-	}
-	return server{sysID: id, layout: position.WALLayout{MaxAlign: uint64(ct.maxAlign), BlockSize: uint64(ct.blockSize), SegmentSize: uint64(ct.segSize)}}, nil
-}
+// The SQL lives in internal/pgwal, shared with consume's tracker. In
+// short: pg_current_wal_insert_lsn() read after COMMIT has returned is at
+// or past the end of the commit record, which a replica's
+// pg_last_wal_replay_lsn() must reach before the row is visible there;
+// pg_current_wal_lsn() (the write position) can be below it with
+// synchronous_commit = off, and a position read inside the transaction is
+// below its own commit record. The timeline comes from the current WAL
+// file name in the same round trip, exact even right after a failover.
+// The control file (system identifier, WAL layout) is read only when the
+// connection's cached copy is missing or due.
 
 // Capture returns a token for the write that just committed on conn: the
 // primary's pg_current_wal_insert_lsn() and epoch, with SourcePrimary.
@@ -193,35 +138,21 @@ func (c *Capturer) CaptureCommitted(ctx context.Context, tx pgx.Tx) (position.To
 func (c *Capturer) capture(ctx context.Context, conn *pgx.Conn) (position.Token, error) {
 	now := c.cfg.Now()
 	pc := conn.PgConn()
-	srv, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
-
-	var lsnText, walfile string
-	var ct control
-	var err error
+	ctl, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
+	fields := pgwal.Control
 	if cached {
-		err = conn.QueryRow(ctx, primaryQuery, pgx.QueryExecModeSimpleProtocol).Scan(&lsnText, &walfile)
-	} else {
-		err = conn.QueryRow(ctx, primaryQueryControl, pgx.QueryExecModeSimpleProtocol).Scan(append([]any{&lsnText, &walfile}, ct.dest()...)...)
+		fields = 0
 	}
+	p, err := pgwal.ReadPrimary(ctx, conn, fields)
 	if err != nil {
 		return position.Token{}, queryError(err)
 	}
-	if !cached {
-		if srv, err = ct.server(); err != nil {
-			return position.Token{}, err
-		}
-		c.sysIDs.put(pc, srv, now)
+	if cached {
+		p.Control = ctl
+	} else {
+		c.sysIDs.put(pc, p.Control, now)
 	}
-	lsn, err := position.ParseLSN(lsnText)
-	if err != nil {
-		return position.Token{}, err
-	}
-	tli, err := position.TimelineFromWALFileName(walfile)
-	if err != nil {
-		return position.Token{}, err
-	}
-	epoch := position.Epoch{SystemID: srv.sysID, Timeline: tli}
-	return position.New(c.cfg.Database, epoch, srv.layout.InsertEnd(lsn), position.SourcePrimary, now), nil
+	return position.New(c.cfg.Database, p.Epoch(), p.InsertEnd(), position.SourcePrimary, now), nil
 }
 
 // AfterWrite is Capture that merges the token into ctx (see WithToken), for
@@ -256,59 +187,32 @@ func (c *Capturer) ReplicaRead(ctx context.Context, conn *pgx.Conn) (position.To
 	}
 	now := c.cfg.Now()
 	pc := conn.PgConn()
-	srv, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
-
-	var (
-		inRecovery, receiver bool
-		lsnText, tliText     *string
-		ct                   control
-		err                  error
-	)
+	ctl, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
+	fields := pgwal.Control
 	if cached {
-		err = conn.QueryRow(ctx, replicaQueryCached, pgx.QueryExecModeSimpleProtocol).Scan(&inRecovery, &lsnText, &tliText, &receiver)
-	} else {
-		err = conn.QueryRow(ctx, replicaQueryControl, pgx.QueryExecModeSimpleProtocol).Scan(append([]any{&inRecovery, &lsnText, &tliText, &receiver}, ct.dest()...)...)
+		fields = 0
 	}
+	r, err := pgwal.ReadReplica(ctx, conn, fields)
 	if err != nil {
 		return position.Token{}, queryError(err)
 	}
-	if !cached {
-		if srv, err = ct.server(); err != nil {
-			return position.Token{}, err
-		}
-		c.sysIDs.put(pc, srv, now)
+	if cached {
+		r.Control = ctl
+	} else {
+		c.sysIDs.put(pc, r.Control, now)
 	}
-	if lsnText == nil {
-		return position.Token{}, ErrNoReplayPosition
-	}
-	lsn, err := position.ParseLSN(*lsnText)
-	if err != nil {
-		return position.Token{}, err
-	}
-	source := position.SourceReplica
-	var tli uint32
 	switch {
-	case !inRecovery:
-		source = position.SourcePrimary
-		lsn = srv.layout.InsertEnd(lsn)
-		if tliText == nil {
-			return position.Token{}, fmt.Errorf("caughtup/enqueue: pg_walfile_name returned NULL")
-		}
-		if tli, err = position.TimelineFromWALFileName(*tliText); err != nil {
-			return position.Token{}, err
-		}
-	case tliText == nil && receiver:
+	case !r.InRecovery:
+		// Not a standby (any more): the insert position, like Capture.
+		return position.New(c.cfg.Database, r.Replayed().Epoch, r.Control.WAL.InsertEnd(r.LSN), position.SourcePrimary, now), nil
+	case r.LSN == position.InvalidLSN:
+		return position.Token{}, ErrNoReplayPosition
+	case r.Timeline == 0 && r.ReceiverRunning:
 		return position.Token{}, fmt.Errorf("%w: pg_stat_wal_receiver hides received_tli from this role; GRANT pg_read_all_stats TO it", ErrTimelineUnknown)
-	case tliText == nil:
+	case r.Timeline == 0:
 		return position.Token{}, fmt.Errorf("%w: the WAL receiver is not running (standby disconnected from its upstream or replaying from an archive); read from another replica or the primary", ErrTimelineUnknown)
-	default:
-		v, perr := strconv.ParseUint(*tliText, 10, 32)
-		if perr != nil || v == 0 {
-			return position.Token{}, fmt.Errorf("caughtup/enqueue: unexpected received_tli %q", *tliText)
-		}
-		tli = uint32(v)
 	}
-	return position.New(c.cfg.Database, position.Epoch{SystemID: srv.sysID, Timeline: tli}, lsn, source, now), nil
+	return position.New(c.cfg.Database, r.Replayed().Epoch, r.LSN, position.SourceReplica, now), nil
 }
 
 // AfterReplicaRead is ReplicaRead that merges the token into ctx (see
@@ -334,11 +238,9 @@ func checkIdle(conn *pgx.Conn) error {
 	return nil
 }
 
-// queryError marks the server's "recovery is in progress" (SQLSTATE 55000
-// from the WAL control functions on a standby) as ErrNotPrimary.
+// queryError marks a primary read on a standby as ErrNotPrimary.
 func queryError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55000" {
+	if errors.Is(err, pgwal.ErrInRecovery) {
 		return fmt.Errorf("%w: %w", ErrNotPrimary, err)
 	}
 	return fmt.Errorf("caughtup/enqueue: reading the WAL position: %w", err)

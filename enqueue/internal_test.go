@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgwal"
 )
 
 func TestSysIDCache(t *testing.T) {
@@ -17,10 +19,10 @@ func TestSysIDCache(t *testing.T) {
 
 	_, ok := c.get(a, now, time.Minute)
 	require.False(t, ok)
-	c.put(a, server{sysID: 7}, now)
+	c.put(a, pgwal.ControlFile{SystemID: 7}, now)
 	id, ok := c.get(a, now.Add(59*time.Second), time.Minute)
 	require.True(t, ok)
-	require.Equal(t, uint64(7), id.sysID)
+	require.Equal(t, uint64(7), id.SystemID)
 	_, ok = c.get(a, now.Add(time.Minute), time.Minute)
 	require.False(t, ok, "due for refresh")
 	_, ok = c.get(a, now.Add(-time.Second), time.Minute)
@@ -30,7 +32,7 @@ func TestSysIDCache(t *testing.T) {
 	_, ok = c.get(b, now, time.Minute)
 	require.False(t, ok, "another connection")
 
-	c.put(a, server{sysID: 8}, now) // refresh: same entry, no second cleanup
+	c.put(a, pgwal.ControlFile{SystemID: 8}, now) // refresh: same entry, no second cleanup
 	require.Equal(t, 1, c.len())
 	runtime.KeepAlive(a)
 	runtime.KeepAlive(b)
@@ -41,7 +43,7 @@ func TestSysIDCacheForgetsCollectedConnections(t *testing.T) {
 	var c sysIDCache
 	now := time.Now()
 	for range 100 {
-		c.put(new(pgconn.PgConn), server{sysID: 1}, now)
+		c.put(new(pgconn.PgConn), pgwal.ControlFile{SystemID: 1}, now)
 	}
 	require.Equal(t, 100, c.len())
 	require.Eventually(t, func() bool {

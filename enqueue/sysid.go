@@ -5,8 +5,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/internal/weakkey"
-	"github.com/caughtup/caughtup/position"
 )
 
 // sysIDCache remembers what each connection's server says about itself in
@@ -27,31 +27,25 @@ type sysIDCache struct {
 }
 
 type sysIDEntry struct {
-	srv    server
+	ctl    pgwal.ControlFile
 	readAt time.Time
 }
 
-// server is what the capture queries read from the control file.
-type server struct {
-	sysID  uint64
-	layout position.WALLayout
-}
-
 // get returns what was read on pc if it was read less than ttl ago.
-func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (server, bool) {
+func (c *sysIDCache) get(pc *pgconn.PgConn, now time.Time, ttl time.Duration) (pgwal.ControlFile, bool) {
 	if ttl <= 0 {
-		return server{}, false
+		return pgwal.ControlFile{}, false
 	}
 	e, ok := c.m.Load(pc)
 	// A clock that steps backwards also forces a read.
 	if !ok || now.Before(e.readAt) || now.Sub(e.readAt) >= ttl {
-		return server{}, false
+		return pgwal.ControlFile{}, false
 	}
-	return e.srv, true
+	return e.ctl, true
 }
 
-func (c *sysIDCache) put(pc *pgconn.PgConn, srv server, now time.Time) {
-	c.m.Store(pc, sysIDEntry{srv: srv, readAt: now})
+func (c *sysIDCache) put(pc *pgconn.PgConn, ctl pgwal.ControlFile, now time.Time) {
+	c.m.Store(pc, sysIDEntry{ctl: ctl, readAt: now})
 }
 
 func (c *sysIDCache) len() int { return c.m.Len() }

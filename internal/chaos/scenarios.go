@@ -294,11 +294,6 @@ func checkFailover(r *run, res *scenarioResult) {
 	}
 }
 
-// trackerQuery matches the tracker's replica query (consume/tracker.go
-// replicaQuery) in pg_stat_activity; no other query of the suite starts
-// this way.
-const trackerQuery = `SELECT pg_is_in_recovery(),%pg_last_wal_replay_lsn()::text%`
-
 func trackerWedge(ctx context.Context, r *run) error {
 	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
@@ -321,7 +316,7 @@ func trackerWedge(ctx context.Context, r *run) error {
 		n := 0
 		for i, c := range ctrl {
 			rows, err := c.Query(ctx, `SELECT pid FROM pg_stat_activity
-				WHERE datname = $1 AND state = 'idle' AND query LIKE $2 AND pid <> pg_backend_pid()`, r.env.name, trackerQuery)
+				WHERE datname = $1 AND state = 'idle' AND application_name = $2 AND pid <> pg_backend_pid()`, r.env.name, consume.TrackerApplicationName)
 			if err != nil {
 				return n, fmt.Errorf("%s: %w", nodes[i].Name(), err)
 			}

@@ -411,30 +411,17 @@ func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
 		return fmt.Errorf("pgtest: Promote: stopping old primary: %w", err)
 	}
 
-	conn, err := replica.connect(ctx, "")
-	if err != nil {
+	if err := replica.promote(ctx); err != nil {
 		return err
 	}
-	var ok bool
-	err = conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok)
-	if err == nil && !ok {
-		err = errors.New("pg_promote returned false (not promoted within 60 s)")
-	}
-	if err == nil {
-		// Slots do not survive promotion; recreate one per follower so the
-		// new primary keeps their WAL while they are stopped.
-		for _, r := range c.Replicas() {
-			if r != replica {
-				_, err = conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", r.name)
-				if err != nil {
-					break
-				}
+	// Slots do not survive promotion; recreate one per follower so the
+	// new primary keeps their WAL while they are stopped.
+	for _, r := range c.Replicas() {
+		if r != replica {
+			if err := replica.ensureSlot(ctx, r.name); err != nil {
+				return err
 			}
 		}
-	}
-	_ = conn.Close(ctx)
-	if err != nil {
-		return fmt.Errorf("pgtest: Promote %s: %w; log:\n%s", replica.name, err, logTail(replica.logPath, 0))
 	}
 
 	c.mu.Lock()
@@ -463,4 +450,71 @@ func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// PromoteAlone promotes replica without touching anything else: the old
+// primary keeps running and accepting writes, and every other replica
+// keeps following it. This is the split a failover leaves when the old
+// primary was not fenced: a standby still streaming from it replays, past
+// the new timeline's switchpoint, writes that the new primary never had
+// (a diverged standby). Promote is the clean switchover.
+//
+// Afterwards Primary() is replica and the old primary leaves Nodes() but
+// keeps running until Close (it is returned, so that the caller can write
+// on it); Replicas() still lists the others, on the old timeline, and
+// WaitReplicasCaughtUp would wait for them in vain. Node.Follow re-points
+// one of them at the new primary.
+func (c *Cluster) PromoteAlone(ctx context.Context, replica *Node) (oldPrimary *Node, err error) {
+	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c.mu.Lock()
+	old := c.primary
+	idx := -1
+	for i, r := range c.replicas {
+		if r == replica {
+			idx = i
+		}
+	}
+	c.mu.Unlock()
+	if idx < 0 {
+		return nil, fmt.Errorf("pgtest: PromoteAlone: %s is not a replica of this cluster", replica.Name())
+	}
+	if !replica.Running() {
+		return nil, fmt.Errorf("pgtest: PromoteAlone: %s is not running", replica.name)
+	}
+	if err := replica.promote(ctx); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.primary = replica
+	c.replicas = append(append([]*Node(nil), c.replicas[:idx]...), c.replicas[idx+1:]...)
+	c.retired = append(c.retired, old)
+	c.mu.Unlock()
+	old.mu.Lock()
+	old.retired = true
+	old.mu.Unlock()
+	tli, err := replica.Timeline(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.logf("promoted %s alone (timeline %d); %s still runs on the old timeline", replica.name, tli, old.name)
+	return old, nil
+}
+
+// promote runs pg_promote on n and waits for it.
+func (n *Node) promote(ctx context.Context) error {
+	conn, err := n.connect(ctx, "")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	var ok bool
+	err = conn.QueryRow(ctx, "SELECT pg_promote(true, 60)").Scan(&ok)
+	if err == nil && !ok {
+		err = errors.New("pg_promote returned false (not promoted within 60 s)")
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: promote %s: %w; log:\n%s", n.name, err, logTail(n.logPath, 0))
+	}
+	return nil
 }

@@ -19,7 +19,12 @@
 //
 // Tests that break things (Promote, Kill, Stop of the primary) start their own
 // cluster with Start and Close it in t.Cleanup, because the shared cluster
-// must stay healthy for every other test in the binary.
+// must stay healthy for every other test in the binary. Promote is a clean
+// switchover; PromoteAlone leaves the old primary running and its other
+// replicas following it (a diverged standby in the making), and Node.Follow
+// re-points one of them. Node.SetConf changes a node's settings, running or
+// stopped, and Node.StartAccepting restarts a replica without waiting for
+// it to stream (one held back by recovery_min_apply_delay, say).
 //
 // With goleak, wrap m instead: goleak.VerifyTestMain(pgtest.Wrap(m, opts)).
 //

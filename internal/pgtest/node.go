@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -488,6 +489,96 @@ func (n *Node) follow(ctx context.Context, primary *Node, tli uint32) error {
 		return fmt.Errorf("pgtest: %w", err)
 	}
 	return n.cloneFrom(ctx, primary, false)
+}
+
+// Follow re-points this replica at primary, the cluster's current
+// primary (after PromoteAlone, say): its slot is created there, then the
+// replica reloads, restarts or, if it has diverged (replayed past the
+// switchpoint of primary's timeline), is rebuilt from a fresh base backup.
+// It returns once the replica streams on primary's timeline.
+func (n *Node) Follow(ctx context.Context, primary *Node) error {
+	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if primary != n.c.Primary() {
+		return fmt.Errorf("pgtest: Follow: %s is not the cluster's primary", primary.name)
+	}
+	if !n.isReplica() {
+		return fmt.Errorf("pgtest: Follow: %s is not a replica", n.name)
+	}
+	if err := primary.ensureSlot(ctx, n.name); err != nil {
+		return err
+	}
+	tli, err := primary.Timeline(ctx)
+	if err != nil {
+		return err
+	}
+	return n.follow(ctx, primary, tli)
+}
+
+// ensureSlot creates the physical replication slot name on n if missing.
+func (n *Node) ensureSlot(ctx context.Context, name string) error {
+	return n.Exec(ctx, "", "SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", name)
+}
+
+// SetConf sets postgresql.conf parameters for this node in its
+// postgresql.auto.conf (an empty value removes the line), as ALTER SYSTEM
+// would, but also while the node is stopped. A running node reloads its
+// configuration; parameters that need a restart take effect at the next
+// Start. Values are written verbatim: quote strings as postgresql.conf
+// wants them, e.g. {"recovery_min_apply_delay": "'1h'"}.
+func (n *Node) SetConf(ctx context.Context, settings map[string]string) error {
+	path := filepath.Join(n.dataDir, "postgresql.auto.conf")
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	var b strings.Builder
+	for _, line := range strings.Split(strings.TrimRight(string(old), "\n"), "\n") {
+		key := strings.TrimSpace(strings.SplitN(line, "=", 2)[0])
+		if _, set := settings[key]; set || line == "" {
+			continue
+		}
+		b.WriteString(line + "\n")
+	}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if settings[k] != "" {
+			fmt.Fprintf(&b, "%s = %s\n", k, settings[k])
+		}
+	}
+	if err := writeServiceFile(path, []byte(b.String())); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if n.Running() {
+		return n.Exec(ctx, "", "SELECT pg_reload_conf()")
+	}
+	return nil
+}
+
+// StartAccepting is Start without waiting for the WAL receiver: it
+// returns as soon as the node accepts connections. A replica restarted
+// with recovery_min_apply_delay (SetConf), for one, replays what it has
+// locally up to its first delayed commit and does not start streaming
+// until it needs more WAL.
+func (n *Node) StartAccepting(ctx context.Context) error {
+	n.mu.Lock()
+	retired := n.retired
+	n.mu.Unlock()
+	if retired {
+		return fmt.Errorf("pgtest: %s was the primary before a promotion; it cannot be started again", n.name)
+	}
+	ctx, cancel := withDefaultTimeout(ctx, time.Minute)
+	defer cancel()
+	n.opMu.Lock()
+	defer n.opMu.Unlock()
+	if n.Running() {
+		return nil
+	}
+	return n.startOn(ctx, n.Port())
 }
 
 // Exec runs sql in database ("" = "postgres") on its own short-lived

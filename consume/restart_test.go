@@ -1,0 +1,182 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/internal/pgwal"
+	"github.com/caughtup/caughtup/position"
+)
+
+// guardedPool is a pool on replica n with a ReplicaGuard installed.
+func guardedPool(t *testing.T, n *pgtest.Node, db string, cfg ReplicaGuardConfig) (*pgxpool.Pool, *ReplicaGuard) {
+	t.Helper()
+	g, err := NewReplicaGuard(cfg)
+	require.NoError(t, err)
+	pc, err := pgxpool.ParseConfig(n.DSN(db))
+	require.NoError(t, err)
+	g.Install(pc)
+	p, err := pgxpool.NewWithConfig(ctxT(t), pc)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p, g
+}
+
+// readRow is a handler's read: whether the row is there, or the error.
+func readRow(ctx context.Context, pool *pgxpool.Pool, id int64) (bool, error) {
+	var n int
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n)
+	return n == 1, err
+}
+
+// The restart window, on the real cluster: a job is routed to a replica
+// that has replayed its row; the replica then crashes and comes back
+// showing less than it had replayed (held below the row by
+// recovery_min_apply_delay, as a slow or stuck replay would); the handler
+// reads after that. Without a guard that read is stale, with no error.
+// With a ReplicaGuard on the replica's pool it never is: the new
+// connection is held, then refused, until the replica has replayed what
+// the tracker had seen. The tracker, meanwhile, sees the restart and routes
+// no new job to the replica until it passes its old position.
+func TestReplicaRestartWindow(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	c := privateCluster(t)
+	e := setup(t, c)
+	node := c.Replicas()[0]
+	guarded, guard := guardedPool(t, node, e.db, ReplicaGuardConfig{HoldTimeout: 300 * time.Millisecond})
+	plain := e.replicas[0]
+	// A restartpoint, so that the restarted replica still has the table.
+	require.NoError(t, node.Exec(ctx, "", "CHECKPOINT"))
+
+	oneReplica := func(pool *pgxpool.Pool, g *ReplicaGuard) func(*Config) {
+		return func(cfg *Config) {
+			cfg.Databases = map[string]Database{"main": {Primary: e.primary, Replicas: []Replica{{Name: "r1", Pool: pool, Guard: g}}}}
+		}
+	}
+	withGuard := e.router(t, oneReplica(guarded, guard))
+	without := e.router(t, oneReplica(plain, nil))
+	// Both pools hold a connection opened before the restart.
+	_, err := readRow(ctx, guarded, 0)
+	require.NoError(t, err)
+	_, err = readRow(ctx, plain, 0)
+	require.NoError(t, err)
+
+	id, tok := e.write(t)
+	seen(t, withGuard, tok)
+	seen(t, without, tok)
+	hGuard, d, err := withGuard.RouteToken(ctx, tok, Sticky)
+	require.NoError(t, err)
+	require.Equal(t, "r1", d.Databases[0].Replica)
+	hPlain, d, err := without.RouteToken(ctx, tok, Sticky)
+	require.NoError(t, err)
+	require.Equal(t, "r1", d.Databases[0].Replica)
+
+	// Between the decisions and the reads: a crash, and a restart that
+	// stops short of the row.
+	require.NoError(t, node.Kill())
+	require.NoError(t, node.SetConf(ctx, map[string]string{"recovery_min_apply_delay": "'1h'"}))
+	require.NoError(t, node.StartAccepting(ctx))
+	t.Cleanup(func() { _ = node.SetConf(context.Background(), map[string]string{"recovery_min_apply_delay": ""}) })
+	at, err := node.ReplayLSN(ctx)
+	require.NoError(t, err)
+	require.Less(t, position.MustParseLSN(at), tok.Entries[0].LSN,
+		"precondition: the restarted replica must show less than it had replayed (it is at %s)", at)
+
+	// Each read is a handler's attempt; a failed one is retried, as a
+	// queue would.
+	attempt := func(h context.Context) (stale, failed int, last error) {
+		for range 5 {
+			ok, err := readRow(ctx, DB(h, "main"), id)
+			switch {
+			case err != nil:
+				failed++
+				last = err
+			case !ok:
+				stale++
+			default:
+				return
+			}
+		}
+		return
+	}
+	stale, _, _ := attempt(hPlain)
+	require.Positive(t, stale, "without a guard the read after the restart is stale: the window is real")
+	stale, failed, last := attempt(hGuard)
+	require.Zero(t, stale, "no stale read through the guard")
+	require.Positive(t, failed)
+	require.ErrorIs(t, last, ErrReplicaBehind)
+
+	// The tracker saw the restart: the replica is held (or its epoch
+	// unknown until its WAL receiver runs); no new decision uses it.
+	require.Eventually(t, func() bool {
+		rs := withGuard.Snapshot().Database("main").Replicas[0]
+		return rs.Restarts == 1 && rs.Err == nil && rs.RestartFloor >= tok.Entries[0].LSN
+	}, 30*time.Second, 10*time.Millisecond)
+	for _, r := range []*Router{withGuard, without} {
+		_, d, err := r.RouteToken(ctx, tok, Sticky)
+		require.NoError(t, err)
+		require.Equal(t, OutcomePrimary, d.Outcome, "%+v", d)
+	}
+
+	// Replay resumes: the guard admits connections, the hold ends, the row
+	// is read from the replica.
+	require.NoError(t, node.SetConf(ctx, map[string]string{"recovery_min_apply_delay": ""}))
+	require.Eventually(t, func() bool {
+		ok, err := readRow(ctx, DB(hGuard, "main"), id)
+		if err != nil && !errors.Is(err, ErrReplicaBehind) {
+			t.Logf("read: %v", err)
+		}
+		return err == nil && ok
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		rs := withGuard.Snapshot().Database("main").Replicas[0]
+		return rs.RestartFloor == 0 && rs.usable(time.Now().Add(-time.Second))
+	}, 30*time.Second, 10*time.Millisecond)
+	_, d, err = withGuard.RouteToken(ctx, tok, Sticky)
+	require.NoError(t, err)
+	require.Equal(t, "r1", d.Databases[0].Replica)
+}
+
+// The guard's rule as a pure function.
+func TestGuardAdmit(t *testing.T) {
+	t.Parallel()
+	i1, i2 := inc(0, 1), inc(5000, 5001)
+	st := ReplicaState{Observations: 3, Incarnation: i1, HighestReplayed: lsn("0/3000000")}
+	conn := func(i Incarnation, at string) pgwal.Replica {
+		return pgwal.Replica{InRecovery: true, LSN: lsn(at), PostmasterStart: i.PostmasterStart, RecoveryStart: i.RecoveryStart}
+	}
+	require.True(t, admit(conn(i1, "0/3000000"), &st), "at the highest replay")
+	require.False(t, admit(conn(i1, "0/2FFFFFF"), &st), "below it")
+	require.False(t, admit(conn(i2, "0/3800000"), &st), "a run the tracker has not seen yet")
+	st2 := st
+	st2.Incarnation = i2
+	require.True(t, admit(conn(i1, "0/3000000"), &st2), "the tracker has seen a newer run (this connection is about to die)")
+	require.False(t, admit(conn(i1, "0/3000000"), &ReplicaState{}), "the tracker has not observed the replica")
+	require.True(t, admit(pgwal.Replica{InRecovery: false}, &st), "out of recovery it has everything it replayed")
+}
+
+func TestGuardConfig(t *testing.T) {
+	t.Parallel()
+	_, err := NewReplicaGuard(ReplicaGuardConfig{HoldTimeout: -1})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	g, err := NewReplicaGuard(ReplicaGuardConfig{})
+	require.NoError(t, err)
+	require.Equal(t, DefaultGuardHoldTimeout, g.cfg.HoldTimeout)
+
+	e := &env{primary: &pgxpool.Pool{}}
+	cfg := Config{Databases: map[string]Database{"main": {Primary: e.primary,
+		Replicas: []Replica{{Name: "r1", Pool: &pgxpool.Pool{}, Guard: g}}}}}.WithDefaults()
+	require.ErrorContains(t, cfg.Validate(), "not installed")
+	g.Install(&pgxpool.Config{})
+	require.NoError(t, cfg.Validate())
+	cfg.Databases["main"] = Database{Primary: e.primary, Replicas: []Replica{
+		{Name: "r1", Pool: &pgxpool.Pool{}, Guard: g}, {Name: "r2", Pool: &pgxpool.Pool{}, Guard: g}}}
+	require.ErrorContains(t, cfg.Validate(), "one ReplicaGuard serves one replica pool")
+}

@@ -1,0 +1,168 @@
+package consume
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/position"
+)
+
+// BenchmarkWaitLoad measures what waiting jobs cost a replica and how soon
+// they learn that it caught up, at WaitPollInterval 1ms (the old default)
+// and 5ms (the default: at most 200 queries/s per awaited replica per
+// process), with 1 and with 50 jobs waiting on one replica. It prints a
+// table and asserts nothing about time.
+//
+//   - replica queries/s: the tracker's replica queries counted by the
+//     replica itself (pg_stat_statements) during a 10 s replay pause with
+//     the jobs waiting;
+//   - catch-up → wait returns: per job, from the moment a probe looping on
+//     its own connection first saw pg_last_wal_replay_lsn() pass the job's
+//     token (midpoint of that query) to Route's return; samples from the
+//     10 s pause and from short pauses (100 for 1 job, 10 × 50 jobs).
+//
+// Run it alone: go test -run '^$' -bench WaitLoad -benchtime 1x ./consume/
+func BenchmarkWaitLoad(b *testing.B) {
+	ctx := context.Background()
+	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Settings: map[string]string{
+		"shared_preload_libraries": "'pg_stat_statements'",
+	}})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = c.Close() })
+	e := setup(b, c)
+	_, err = e.primary.Exec(ctx, "CREATE EXTENSION pg_stat_statements")
+	require.NoError(b, err)
+	require.NoError(b, c.WaitReplicasCaughtUp(ctx))
+	node := c.Replicas()[0]
+	stats, err := pgx.Connect(ctx, node.DSN(e.db))
+	require.NoError(b, err)
+	defer stats.Close(ctx)
+	trackerCalls := func() int64 {
+		var n int64
+		require.NoError(b, stats.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
+			WHERE query LIKE 'SELECT r,%' AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
+		return n
+	}
+	probe, err := pgx.Connect(ctx, node.DSN(e.db))
+	require.NoError(b, err)
+	defer probe.Close(ctx)
+	b.Cleanup(func() { _ = node.ResumeReplay(context.Background()) })
+
+	type row struct {
+		interval time.Duration
+		jobs     int
+		qps      float64
+		lat      []time.Duration
+	}
+	var rows []row
+	for b.Loop() {
+		rows = rows[:0]
+		for _, interval := range []time.Duration{time.Millisecond, DefaultWaitPollInterval} {
+			r, err := NewRouter(ctx, e.config(b, func(cfg *Config) {
+				cfg.Databases = map[string]Database{"main": {Primary: e.primary, Replicas: []Replica{{Name: "r1", Pool: e.replicas[0]}}}}
+				cfg.PollInterval = DefaultPollInterval
+				cfg.WaitPollInterval = interval
+				cfg.WaitBudget = time.Minute
+				cfg.Logger = nil
+			}))
+			require.NoError(b, err)
+			poller := r.tr.replicas[0][0]
+			for _, jobs := range []int{1, 50} {
+				// round pauses replay, starts jobs waiting on fresh
+				// tokens, holds the pause for hold (measuring the
+				// tracker's queries if asked), resumes and returns the
+				// catch-up → return latencies.
+				round := func(hold time.Duration, measure bool) (float64, []time.Duration) {
+					require.NoError(b, node.PauseReplay(ctx))
+					toks := make([]position.LSN, jobs)
+					var wg sync.WaitGroup
+					returned := make([]time.Time, jobs)
+					outcomes := make([]Outcome, jobs)
+					for i := range jobs {
+						_, tok := e.write(b)
+						toks[i] = tok.Entries[0].LSN
+						wg.Go(func() {
+							_, d, err := r.RouteToken(ctx, tok, Delayed)
+							returned[i] = time.Now()
+							if err != nil {
+								b.Errorf("route: %v", err)
+							}
+							outcomes[i] = d.Outcome
+						})
+					}
+					for poller.waiters.Load() < int32(jobs) {
+						time.Sleep(100 * time.Microsecond)
+					}
+					var qps float64
+					if measure {
+						c0, t0 := trackerCalls(), time.Now()
+						time.Sleep(hold)
+						qps = float64(trackerCalls()-c0) / time.Since(t0).Seconds()
+					} else {
+						time.Sleep(hold)
+					}
+					passed := make([]time.Time, jobs)
+					_, err := probe.Exec(ctx, "SELECT pg_wal_replay_resume()")
+					require.NoError(b, err)
+					for left := jobs; left > 0; {
+						var s string
+						sent := time.Now()
+						require.NoError(b, probe.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&s))
+						at := sent.Add(time.Since(sent) / 2)
+						replayed := position.MustParseLSN(s)
+						for i, t := range toks {
+							if passed[i].IsZero() && replayed >= t {
+								passed[i] = at
+								left--
+							}
+						}
+					}
+					wg.Wait()
+					var lat []time.Duration
+					for i := range jobs {
+						if outcomes[i] == OutcomeReplicaWaited {
+							lat = append(lat, max(returned[i].Sub(passed[i]), 0))
+						}
+					}
+					return qps, lat
+				}
+				qps, lat := round(10*time.Second, true)
+				rounds := 100
+				if jobs > 1 {
+					rounds = 10
+				}
+				for range rounds {
+					_, l := round(20*time.Millisecond, false)
+					lat = append(lat, l...)
+				}
+				rows = append(rows, row{interval, jobs, qps, lat})
+			}
+			require.NoError(b, r.Close())
+		}
+	}
+	pct := func(s []time.Duration, p float64) time.Duration {
+		if len(s) == 0 {
+			return 0
+		}
+		s = slices.Clone(s)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(float64(len(s))*p))]
+	}
+	var tb strings.Builder
+	fmt.Fprintf(&tb, "\n| WaitPollInterval | waiting jobs | replica queries/s (server side, 10 s pause) | catch-up → wait returns p50 | p99 | samples |\n|---|---|---|---|---|---|\n")
+	for _, rw := range rows {
+		fmt.Fprintf(&tb, "| %v | %d | %.0f | %v | %v | %d |\n", rw.interval, rw.jobs, rw.qps,
+			pct(rw.lat, 0.5).Round(10*time.Microsecond), pct(rw.lat, 0.99).Round(10*time.Microsecond), len(rw.lat))
+		b.ReportMetric(rw.qps, fmt.Sprintf("queries/s-%v-%djobs", rw.interval, rw.jobs))
+	}
+	b.Log(tb.String())
+}

@@ -1,0 +1,13 @@
+package pgwal_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(pgtest.Wrap(m, pgtest.Options{}))
+}

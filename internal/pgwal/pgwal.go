@@ -1,0 +1,358 @@
+package pgwal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caughtup/caughtup/position"
+)
+
+// Querier runs one query: *pgx.Conn, *pgxpool.Pool, *pgxpool.Conn and
+// pgx.Tx all are.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	// ErrInRecovery: a primary-only function ran on a server in recovery
+	// (SQLSTATE 55000 from pg_walfile_name or pg_current_wal_insert_lsn).
+	// The server's own error is wrapped with it.
+	ErrInRecovery = errors.New("caughtup: the server is in recovery (a standby)")
+
+	// ErrHistoryDenied: the role may not read the timeline history file
+	// (SQLSTATE 42501); grant pg_read_server_files, or accept that tokens
+	// from older timelines read the primary.
+	ErrHistoryDenied = errors.New("caughtup: no permission to read the timeline history file (pg_read_server_files)")
+)
+
+// ControlFile is what a server's control file says about it, fixed at initdb:
+// pg_control_system().system_identifier and pg_control_init()'s WAL
+// geometry.
+type ControlFile struct {
+	SystemID uint64
+	WAL      position.WALLayout
+}
+
+// Fields says what a read adds to the position and the timeline.
+type Fields uint8
+
+const (
+	// Control adds the control file: system identifier and WAL layout,
+	// fixed at initdb. Readers that cache it per connection ask for it
+	// once in a while; without it Epoch has no SystemID.
+	Control Fields = 1 << iota
+	// Status adds, on a replica, what a tracker watches besides the
+	// position: the replay timestamp and time lag, and the incarnation
+	// (postmaster and startup process start times). It costs the server
+	// a scan of its backend status array.
+	Status
+)
+
+// The control-file columns.
+const (
+	controlColumns = `,
+ (SELECT system_identifier FROM pg_control_system())::text, i.max_data_alignment, i.wal_block_size, i.bytes_per_wal_segment`
+	controlFrom = "pg_control_init() AS i"
+)
+
+// controlScan holds the scan targets of controlColumns.
+type controlScan struct {
+	sysID                        string
+	maxAlign, blockSize, segSize int64
+}
+
+func (c *controlScan) dest() []any {
+	return []any{&c.sysID, &c.maxAlign, &c.blockSize, &c.segSize}
+}
+
+func (c *controlScan) parse() (ControlFile, error) {
+	id, err := position.ParseSystemIdentifier(c.sysID)
+	if err != nil {
+		return ControlFile{}, err
+	}
+	if c.maxAlign <= 0 || c.blockSize <= 0 || c.segSize <= 0 {
+		return ControlFile{}, fmt.Errorf("caughtup: unexpected pg_control_init() values %d, %d, %d", c.maxAlign, c.blockSize, c.segSize)
+	}
+	return ControlFile{SystemID: id, WAL: position.WALLayout{MaxAlign: uint64(c.maxAlign), BlockSize: uint64(c.blockSize), SegmentSize: uint64(c.segSize)}}, nil
+}
+
+// Primary is what ReadPrimary read.
+type Primary struct {
+	// InsertLSN is pg_current_wal_insert_lsn() as the server returned it.
+	InsertLSN position.LSN
+	// Timeline is the current WAL file's timeline.
+	Timeline uint32
+	// Control is zero unless the read asked for it.
+	Control ControlFile
+}
+
+// Epoch is the primary's system identifier and timeline; zero in part
+// when Control was not read.
+func (p Primary) Epoch() position.Epoch {
+	return position.Epoch{SystemID: p.Control.SystemID, Timeline: p.Timeline}
+}
+
+// InsertEnd is InsertLSN as an end position (position.WALLayout.InsertEnd),
+// the form tokens and replay positions have. Without Control it is
+// InsertLSN, which is at worst late.
+func (p Primary) InsertEnd() position.LSN { return p.Control.WAL.InsertEnd(p.InsertLSN) }
+
+const (
+	primaryQuery        = "SELECT pg_current_wal_insert_lsn()::text, pg_walfile_name(pg_current_wal_lsn())"
+	primaryQueryControl = primaryQuery + controlColumns + "\nFROM " + controlFrom
+)
+
+// ReadPrimary reads the primary's insert position and timeline and, with
+// Control in fields, its control file, in one round trip (Status adds
+// nothing here). On a standby it returns an error wrapping ErrInRecovery.
+//
+// Read after COMMIT has returned, on the connection that wrote: the insert
+// position is then at or past the commit record. Inside a transaction it
+// covers only what others committed before the transaction's snapshot.
+func ReadPrimary(ctx context.Context, q Querier, fields Fields) (Primary, error) {
+	withControl := fields&Control != 0
+	var (
+		lsnText, walfile string
+		cs               controlScan
+		err              error
+	)
+	if withControl {
+		err = q.QueryRow(ctx, primaryQueryControl, pgx.QueryExecModeSimpleProtocol).Scan(append([]any{&lsnText, &walfile}, cs.dest()...)...)
+	} else {
+		err = q.QueryRow(ctx, primaryQuery, pgx.QueryExecModeSimpleProtocol).Scan(&lsnText, &walfile)
+	}
+	if err != nil {
+		return Primary{}, queryError(err)
+	}
+	var p Primary
+	if p.InsertLSN, err = position.ParseLSN(lsnText); err != nil {
+		return Primary{}, err
+	}
+	if p.Timeline, err = position.TimelineFromWALFileName(walfile); err != nil {
+		return Primary{}, err
+	}
+	if withControl {
+		if p.Control, err = cs.parse(); err != nil {
+			return Primary{}, err
+		}
+	}
+	return p, nil
+}
+
+// Replica is what ReadReplica read. On a server in recovery the position
+// is the replay position and the timeline the WAL receiver's; on a server
+// that is not (a promoted standby, or a primary used for reads) they are
+// ReadPrimary's, which is at or past anything a read there saw.
+type Replica struct {
+	// InRecovery is pg_is_in_recovery(), evaluated once for the whole row
+	// so that a promotion cannot mix the two kinds of columns.
+	InRecovery bool
+	// LSN is pg_last_wal_replay_lsn() in recovery (0 while it is NULL:
+	// nothing replayed yet), else pg_current_wal_insert_lsn().
+	LSN position.LSN
+	// Timeline is pg_stat_wal_receiver.received_tli in recovery (0 when
+	// no receiver runs or the role lacks pg_read_all_stats), else the
+	// current WAL file's timeline.
+	Timeline uint32
+	// ReceiverRunning: in recovery, a WAL receiver process exists. Its pid
+	// is visible to every role, its timeline only to pg_read_all_stats, so
+	// ReceiverRunning with Timeline 0 means a missing grant.
+	ReceiverRunning bool
+	// The rest is read with Status only.
+
+	// ReplayTimestamp is pg_last_xact_replay_timestamp(), the primary's
+	// commit time of the last replayed transaction; zero if none.
+	ReplayTimestamp time.Time
+	// TimeLag is the server's clock minus ReplayTimestamp, computed on the
+	// server so that client clock skew does not enter it; TimeLagKnown is
+	// false when there is no ReplayTimestamp. It grows on an idle primary.
+	TimeLag      time.Duration
+	TimeLagKnown bool
+	// PostmasterStart is pg_postmaster_start_time().
+	PostmasterStart time.Time
+	// RecoveryStart is when the startup process (the one that replays
+	// WAL) started, from pg_stat_get_activity; zero when the server is not
+	// in recovery or the role lacks pg_read_all_stats. Unlike
+	// PostmasterStart it also changes when the postmaster survives a
+	// backend crash and reinitializes, which restarts replay from the last
+	// restartpoint.
+	RecoveryStart time.Time
+	// Control is zero unless the read asked for it.
+	Control ControlFile
+}
+
+// Incarnation names the run of the server a reading belongs to; see
+// Incarnation.
+func (r Replica) Incarnation() Incarnation {
+	return Incarnation{PostmasterStart: r.PostmasterStart, RecoveryStart: r.RecoveryStart}
+}
+
+// Replayed is the position with its epoch; the epoch is zero in part when
+// the timeline or Control is unknown.
+func (r Replica) Replayed() position.Replayed {
+	return position.Replayed{Epoch: position.Epoch{SystemID: r.Control.SystemID, Timeline: r.Timeline}, LSN: r.LSN}
+}
+
+// Incarnation identifies one run of a server: its replay position only
+// grows within one, and may start lower in the next. PostmasterStart
+// changes when the server restarts, RecoveryStart also when the postmaster
+// reinitializes after a backend crash. Later is newer.
+type Incarnation struct {
+	PostmasterStart time.Time
+	RecoveryStart   time.Time
+}
+
+// IsZero reports an incarnation that was not read.
+func (i Incarnation) IsZero() bool { return i.PostmasterStart.IsZero() }
+
+// Compare orders incarnations of one server: -1 if i is older than o, +1
+// if newer, 0 if they cannot be told apart. RecoveryStart decides only
+// when the postmaster is the same and both know it.
+func (i Incarnation) Compare(o Incarnation) int {
+	if c := i.PostmasterStart.Compare(o.PostmasterStart); c != 0 {
+		return c
+	}
+	if i.RecoveryStart.IsZero() || o.RecoveryStart.IsZero() {
+		return 0
+	}
+	return i.RecoveryStart.Compare(o.RecoveryStart)
+}
+
+// The replica query. pg_stat_wal_receiver yields no row without a
+// receiver, hence the lateral join. Times are microseconds since the Unix
+// epoch. The startup process is the only one of its type.
+const (
+	replicaColumns = `SELECT r,
+ (CASE WHEN r THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END)::text,
+ CASE WHEN r THEN w.received_tli::text ELSE pg_walfile_name(pg_current_wal_lsn()) END,
+ r AND w.pid IS NOT NULL`
+	statusColumns = `,
+ (extract(epoch FROM pg_last_xact_replay_timestamp()) * 1000000)::int8,
+ (extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()) * 1000000)::int8,
+ (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8,
+ CASE WHEN r THEN (SELECT (extract(epoch FROM a.backend_start) * 1000000)::int8
+   FROM pg_stat_get_activity(NULL) a WHERE a.backend_type = 'startup' LIMIT 1) END`
+	replicaFrom = `
+FROM pg_is_in_recovery() AS r
+ LEFT JOIN LATERAL (SELECT received_tli, pid FROM pg_stat_wal_receiver) w ON true`
+)
+
+// replicaQueries by Fields.
+var replicaQueries = [4]string{
+	0:                replicaColumns + replicaFrom,
+	Control:          replicaColumns + controlColumns + replicaFrom + ", " + controlFrom,
+	Status:           replicaColumns + statusColumns + replicaFrom,
+	Control | Status: replicaColumns + statusColumns + controlColumns + replicaFrom + ", " + controlFrom,
+}
+
+// ReadReplica reads what a standby has replayed, with its timeline, in one
+// round trip; fields adds its control file (Control) and its replay lag
+// and incarnation (Status). Read it after the reads it stands for, on the
+// same connection: replay only moves forward within an incarnation.
+func ReadReplica(ctx context.Context, q Querier, fields Fields) (Replica, error) {
+	fields &= Control | Status
+	var (
+		r                                     Replica
+		lsnText, tliText                      *string
+		replayTS, lag, pmStart, recoveryStart *int64
+		cs                                    controlScan
+	)
+	dest := []any{&r.InRecovery, &lsnText, &tliText, &r.ReceiverRunning}
+	if fields&Status != 0 {
+		dest = append(dest, &replayTS, &lag, &pmStart, &recoveryStart)
+	}
+	if fields&Control != 0 {
+		dest = append(dest, cs.dest()...)
+	}
+	if err := q.QueryRow(ctx, replicaQueries[fields], pgx.QueryExecModeSimpleProtocol).Scan(dest...); err != nil {
+		return Replica{}, queryError(err)
+	}
+	var err error
+	if lsnText != nil {
+		if r.LSN, err = position.ParseLSN(*lsnText); err != nil {
+			return Replica{}, err
+		}
+	} else if !r.InRecovery {
+		return Replica{}, errors.New("caughtup: pg_current_wal_insert_lsn() returned NULL")
+	}
+	switch {
+	case tliText == nil && !r.InRecovery:
+		return Replica{}, errors.New("caughtup: pg_walfile_name returned NULL")
+	case tliText == nil:
+	case r.InRecovery:
+		if r.Timeline, err = ParseTimeline(*tliText); err != nil {
+			return Replica{}, err
+		}
+	default:
+		if r.Timeline, err = position.TimelineFromWALFileName(*tliText); err != nil {
+			return Replica{}, err
+		}
+	}
+	if replayTS != nil {
+		r.ReplayTimestamp = time.UnixMicro(*replayTS)
+	}
+	if lag != nil {
+		r.TimeLag, r.TimeLagKnown = time.Duration(*lag)*time.Microsecond, true
+	}
+	if pmStart != nil {
+		r.PostmasterStart = time.UnixMicro(*pmStart)
+	}
+	if recoveryStart != nil {
+		r.RecoveryStart = time.UnixMicro(*recoveryStart)
+	}
+	if fields&Control != 0 {
+		if r.Control, err = cs.parse(); err != nil {
+			return Replica{}, err
+		}
+	}
+	return r, nil
+}
+
+// ParseTimeline reads a timeline ID printed in decimal, as
+// pg_stat_wal_receiver.received_tli and history files print it; 0 is not a
+// timeline.
+func ParseTimeline(s string) (uint32, error) {
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || v == 0 {
+		return 0, &position.SyntaxError{What: "timeline", Input: s}
+	}
+	return uint32(v), nil
+}
+
+const historyQuery = `SELECT pg_read_file('pg_wal/' || lpad(to_hex($1::int), 8, '0') || '.history')`
+
+// ReadHistory reads the history file of timeline tli (which must be above
+// 1; timeline 1 has no history) from the server's pg_wal: the ancestors of
+// tli with their switchpoints. It needs superuser or pg_read_server_files;
+// without them the error wraps ErrHistoryDenied.
+func ReadHistory(ctx context.Context, q Querier, tli uint32) (position.History, error) {
+	if tli < 2 {
+		return nil, nil
+	}
+	var text string
+	if err := q.QueryRow(ctx, historyQuery, pgx.QueryExecModeSimpleProtocol, int64(tli)).Scan(&text); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.InsufficientPrivilege {
+			return nil, fmt.Errorf("%w: %w", ErrHistoryDenied, err)
+		}
+		return nil, err
+	}
+	return position.ParseHistory(text)
+}
+
+// queryError marks the server's "recovery is in progress" (SQLSTATE 55000
+// from the WAL control functions on a standby) as ErrInRecovery.
+func queryError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ObjectNotInPrerequisiteState {
+		return fmt.Errorf("%w: %w", ErrInRecovery, err)
+	}
+	return err
+}
