@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/enqueue"
@@ -29,6 +30,7 @@ type Router struct {
 	tr     *tracker
 	lim    *rate.Limiter
 	met    *metrics
+	gauges metric.Registration // the tracker's state gauges, until Close
 	log    *slog.Logger
 	spread atomic.Uint32
 	pools  map[string]*Database
@@ -51,6 +53,47 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	r := newRouter(cfg)
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	fail := func(err error) (*Router, error) {
+		if r.tr != nil {
+			r.tr.close()
+		}
+		r.closeSQL()
+		return nil, err
+	}
+	met, err := newMetrics(mp, r.cfg.Databases)
+	if err != nil {
+		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
+	}
+	r.met = met
+	if r.tr, err = newTracker(&r.cfg, r.log, met.queries); err != nil {
+		return fail(err)
+	}
+	if r.gauges, err = met.gauges(r.tr); err != nil {
+		return fail(fmt.Errorf("caughtup/consume: registering gauges: %w", err))
+	}
+	tr := r.tr
+	bound := time.NewTimer(cfg.StalenessBound)
+	defer bound.Stop()
+	select {
+	case <-tr.initDone:
+	case <-bound.C:
+		r.log.Warn("caughtup: not every node answered the tracker in time; jobs read the primary until they do",
+			slog.Duration("waited", cfg.StalenessBound))
+	case <-ctx.Done():
+		_ = r.Close()
+		return nil, ctx.Err()
+	}
+	return r, nil
+}
+
+// newRouter is a Router for cfg (defaults applied) without its metrics
+// and tracker.
+func newRouter(cfg Config) *Router {
 	// Copy what the tracker and DB read, so the caller's map and slices
 	// may change afterwards.
 	cfg.Databases = maps.Clone(cfg.Databases)
@@ -77,55 +120,41 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	if r.log == nil {
 		r.log = slog.Default()
 	}
-	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	tr, err := newTracker(&r.cfg, r.log)
-	if err != nil {
-		return nil, err
-	}
-	r.tr = tr
-	if r.met, err = newMetrics(mp, tr); err != nil {
-		tr.close()
-		return nil, fmt.Errorf("caughtup/consume: creating instruments: %w", err)
-	}
-	bound := time.NewTimer(cfg.StalenessBound)
-	defer bound.Stop()
-	select {
-	case <-tr.initDone:
-	case <-bound.C:
-		r.log.Warn("caughtup: not every node answered the tracker in time; jobs read the primary until they do",
-			slog.Duration("waited", cfg.StalenessBound))
-	case <-ctx.Done():
-		_ = r.Close()
-		return nil, ctx.Err()
-	}
-	return r, nil
+	return r
 }
 
 // Close stops the tracker's goroutines and closes its connections. It
 // does not close the application's pools. Routing after Close still works
 // but, with the tracker stopped, every replica soon counts as stale. The
-// tracker's gauges end; the decision counters stay with the
-// MeterProvider, as a synchronous counter's sums do, so that a collection
-// after Close (at MeterProvider.Shutdown) still reports every job.
+// tracker's gauges end with it (their callback is unregistered); the
+// counts are synchronous instruments whose sums the MeterProvider keeps,
+// so a collection after Close (at MeterProvider.Shutdown) still reports
+// every job, and a Router made next on the same MeterProvider adds to the
+// same series.
 func (r *Router) Close() error {
 	var err error
 	r.closeOnce.Do(func() {
-		err = r.met.reg.Unregister()
+		err = r.gauges.Unregister()
 		r.tr.close()
-		for _, db := range r.sqlDBs {
-			err = errors.Join(err, db.Close())
-		}
+		err = errors.Join(err, r.closeSQL())
 	})
+	return err
+}
+
+// closeSQL closes the *sql.DBs that SQLDB hands out; not the pools under
+// them.
+func (r *Router) closeSQL() error {
+	var err error
+	for _, db := range r.sqlDBs {
+		err = errors.Join(err, db.Close())
+	}
 	return err
 }
 
 // openSQL opens the *sql.DB that SQLDB hands out for p. Opening one
 // connects nothing: connections come from p as they are used.
 func (r *Router) openSQL(p *pgxpool.Pool) {
-	if _, ok := r.sqlDBs[p]; !ok {
+	if _, ok := r.sqlDBs[p]; !ok && p != nil {
 		r.sqlDBs[p] = stdlib.OpenDBFromPool(p)
 	}
 }
