@@ -2,93 +2,84 @@ package consume
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
 )
 
-// routed is the handler's context: the parent's, with the decision and,
-// as an enqueue.TokenSource, the token of the jobs the handler enqueues.
-// Most handlers enqueue nothing, so that token is merged only when asked
-// for, and not kept: merging again costs less than an enqueue. One
-// allocation serves both, where context.WithValue would add another, and
-// holds the decision's Databases too (newRouted).
-type routed struct {
-	context.Context
-	r *Router
-	d Decision
-	// tok and now are the child token's inputs besides d: the job's token
-	// and the decision time.
+// routing is what Route puts in the handler's context (context.WithValue
+// under routingKey): the router, the decision and, for the child token,
+// the job's token and the decision time. The same allocation holds the
+// decision's Databases for the one or two databases most tokens name
+// (newRouting).
+type routing struct {
+	r   *Router
+	d   Decision
 	tok position.Token
 	now time.Time
 }
+
+type routingKey struct{}
 
 // noDatabases is Decision.Databases of a job without a token: empty, not
 // nil, and without room for appends, which go elsewhere.
 var noDatabases = []DatabaseDecision{}
 
-// newRouted allocates a routed and, in the same allocation for the one or
-// two databases most tokens name, the buffer for its decision's
-// Databases. Sized to the token, the common single database takes 352
-// bytes rather than 512 (past 512, objects with pointers also need a
-// malloc header).
-func newRouted(databases int) (*routed, []DatabaseDecision) {
+// newRouting allocates a routing and, in the same allocation for one or
+// two databases, the buffer for its decision's Databases.
+func newRouting(databases int) (*routing, []DatabaseDecision) {
 	switch databases {
 	case 0:
-		return &routed{}, noDatabases
+		return &routing{}, noDatabases
 	case 1:
-		rc := &struct {
-			routed
+		rv := &struct {
+			routing
 			small [1]DatabaseDecision
 		}{}
-		return &rc.routed, rc.small[:0]
+		return &rv.routing, rv.small[:0]
 	case 2:
-		rc := &struct {
-			routed
+		rv := &struct {
+			routing
 			small [2]DatabaseDecision
 		}{}
-		return &rc.routed, rc.small[:0]
+		return &rv.routing, rv.small[:0]
 	}
-	return &routed{}, make([]DatabaseDecision, 0, databases)
+	return &routing{}, make([]DatabaseDecision, 0, databases)
 }
 
-// Value answers routedKey and leaves every other key to the parent.
-func (rc *routed) Value(key any) any {
-	if key == (routedKey{}) {
-		return rc
+// handlerContext is ctx with rv and, for a job with a token, the child
+// token as an enqueue.TokenSource: most handlers enqueue nothing, so the
+// child token is merged only when asked for (enqueue.TokenFrom), and not
+// kept, since merging again costs less than an enqueue.
+func handlerContext(ctx context.Context, rv *routing) context.Context {
+	ctx = context.WithValue(ctx, routingKey{}, rv)
+	if rv.tok.IsZero() {
+		return ctx
 	}
-	return rc.Context.Value(key)
+	return enqueue.WithTokenSource(ctx, (*childSource)(rv))
 }
 
-// String reads as context.WithValue's would.
-func (rc *routed) String() string {
-	parent := fmt.Sprintf("%T", rc.Context)
-	if s, ok := rc.Context.(fmt.Stringer); ok {
-		parent = s.String()
-	}
-	return parent + ".WithValue(consume.routedKey, *consume.routed)"
+// routingFrom returns what Route put in ctx, or nil.
+func routingFrom(ctx context.Context) *routing {
+	rv, _ := ctx.Value(routingKey{}).(*routing)
+	return rv
 }
 
-// childSource is routed as the enqueue.TokenSource of the handler's
-// token; a type of its own, so that the context's String does not repeat
-// itself.
-type childSource routed
+// childSource is a routing as the enqueue.TokenSource of the child token.
+type childSource routing
 
 var _ enqueue.TokenSource = (*childSource)(nil)
 
 func (s *childSource) Token() position.Token { return childToken(s.tok, &s.d, s.now) }
 
-type routedKey struct{}
-
 // DecisionFrom returns the decision of a context that came from Route.
 func DecisionFrom(ctx context.Context) (Decision, bool) {
-	rc, _ := ctx.Value(routedKey{}).(*routed)
-	if rc == nil {
+	rv := routingFrom(ctx)
+	if rv == nil {
 		return Decision{}, false
 	}
-	return rc.d, true
+	return rv.d, true
 }
 
 // childToken is what jobs enqueued by the handler must carry: the job's

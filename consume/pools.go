@@ -17,15 +17,15 @@ import (
 // ErrNotRouted. A database missing from Config.Databases returns an error
 // wrapping ErrUnknownDatabase that names the configured ones.
 func Pool(ctx context.Context, database string) (*pgxpool.Pool, error) {
-	rc, _ := ctx.Value(routedKey{}).(*routed)
-	if rc == nil {
+	rv := routingFrom(ctx)
+	if rv == nil {
 		return nil, ErrNotRouted
 	}
-	db := rc.r.pools[database]
+	db := rv.r.pools[database]
 	if db == nil {
-		return nil, rc.r.unknownDatabase(database)
+		return nil, rv.r.unknownDatabase(database)
 	}
-	for _, dd := range rc.d.Databases {
+	for _, dd := range rv.d.Databases {
 		if dd.Database == database && dd.replica >= 0 && int(dd.replica) < len(db.Replicas) {
 			return db.Replicas[dd.replica].Pool, nil
 		}
@@ -55,8 +55,7 @@ func SQLDB(ctx context.Context, database string) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc := ctx.Value(routedKey{}).(*routed)
-	return rc.r.sqlDBs[p], nil
+	return routingFrom(ctx).r.sqlDBs[p], nil
 }
 
 func (r *Router) unknownDatabase(database string) error {

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
@@ -206,8 +205,7 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 }
 
 func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy) (context.Context, Decision, error) {
-	rc, buf := newRouted(len(tok.Entries))
-	rc.r = r
+	rv, buf := newRouting(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
 		Token:    tok,
@@ -242,10 +240,6 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 	case ActionDefer, ActionRefuse:
 		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}
 	}
-	rc.Context, rc.d = ctx, d
-	if tok.IsZero() {
-		return rc, d, nil
-	}
-	rc.tok, rc.now = tok, in.Now
-	return enqueue.WithTokenSource(rc, (*childSource)(rc)), d, nil
+	rv.r, rv.d, rv.tok, rv.now = r, d, tok, in.Now
+	return handlerContext(ctx, rv), d, nil
 }
