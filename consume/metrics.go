@@ -24,6 +24,7 @@ const (
 	attrReason   = "caughtup.reason"
 	attrDatabase = "caughtup.database"
 	attrReplica  = "caughtup.replica"
+	attrSource   = "caughtup.source" // logs only: WithSource
 )
 
 // metrics holds a Router's instruments.
@@ -47,6 +48,7 @@ type metrics struct {
 	routes     metric.Int64Counter
 	missing    metric.Int64Counter
 	crossEpoch metric.Int64Counter
+	future     metric.Int64Counter
 	wait       metric.Float64Histogram
 	queries    queryCounter
 
@@ -54,8 +56,9 @@ type metrics struct {
 	lagTime   metric.Float64ObservableGauge
 	staleness metric.Float64ObservableGauge
 
-	decisionSets attrSets    // policy × outcome × reason
-	missingSets  attrSets    // reason
+	decisionSets attrSets // policy × outcome × reason
+	missingSets  attrSets // reason
+	futureSet    *measurement
 	dbs          []dbMetrics // sorted by name, as Snapshot.Databases
 }
 
@@ -217,6 +220,11 @@ func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metric
 		metric.WithDescription("Token entries whose epoch cannot be compared with the replicas (reason: how); they read the primary.")); err != nil {
 		return nil, err
 	}
+	if m.future, err = meter.Int64Counter("caughtup.consume.tokens.future",
+		metric.WithUnit("{token}"),
+		metric.WithDescription("Jobs whose token was captured more than Config.ClockSkewTolerance ahead of the consumer's clock (producer clock ahead); their age counts as unknown, so they are not deferred.")); err != nil {
+		return nil, err
+	}
 	queries, err := meter.Int64Counter("caughtup.consume.tracker.queries",
 		metric.WithUnit("{query}"),
 		metric.WithDescription("Queries the tracker has sent; independent of the job rate except while jobs wait."))
@@ -244,6 +252,7 @@ func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metric
 		return decisionAttrs(Policy(slot/(numOutcomes*numReasons)), Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
 	})
 	m.missingSets = newAttrSets(numReasons, func(slot int) []attribute.KeyValue { return reasonAttrs(Reason(slot)) })
+	m.futureSet = newMeasurement()
 	names := make([]string, 0, len(databases))
 	for name := range databases {
 		names = append(names, name)
@@ -364,6 +373,9 @@ func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
 			set = newMeasurement(reasonAttrs(d.Reason)...)
 		}
 		m.missing.Add(ctx, 1, set.add...)
+	}
+	if d.ClockSkew > 0 {
+		m.future.Add(ctx, 1, m.futureSet.add...)
 	}
 	for i := range d.Databases {
 		dd := &d.Databases[i]

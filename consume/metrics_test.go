@@ -249,6 +249,7 @@ func TestMetricsContract(t *testing.T) {
 		{Policy: Delayed, Action: ActionRun, Outcome: OutcomeReplicaWaited, Waited: time.Millisecond,
 			Databases: []DatabaseDecision{{Database: "main", Replica: "r1", replica: 0, Outcome: OutcomeReplicaWaited}}},
 		{Policy: Sticky, Action: ActionRun, Outcome: OutcomePrimaryNoToken, Reason: ReasonNoToken},
+		{Policy: Delayed, Action: ActionRun, Outcome: OutcomePrimary, Reason: ReasonUnknownAge, ClockSkew: time.Hour},
 		{Policy: Sticky, Action: ActionRun, Outcome: OutcomePrimaryEpoch, Reason: ReasonEpoch,
 			Databases: []DatabaseDecision{{Database: "main", replica: -1, Outcome: OutcomePrimaryEpoch, Reason: ReasonEpoch, Incomparable: position.OtherSystem}}},
 	} {
@@ -311,6 +312,7 @@ func TestMetricsContract(t *testing.T) {
 		"caughtup.consume.database.routes":    {"{route}", sum, []string{"caughtup.database,caughtup.outcome,caughtup.reason,caughtup.replica,db.system.name", "caughtup.database,caughtup.outcome,caughtup.reason,db.system.name"}},
 		"caughtup.consume.tokens.missing":     {"{token}", sum, []string{"caughtup.reason,db.system.name"}},
 		"caughtup.consume.tokens.cross_epoch": {"{token}", sum, []string{"caughtup.database,caughtup.reason,db.system.name"}},
+		"caughtup.consume.tokens.future":      {"{token}", sum, []string{"db.system.name"}},
 		"caughtup.consume.tracker.queries":    {"{query}", sum, []string{"db.system.name"}},
 		"caughtup.consume.replica.lag":        {"By", "metricdata.Gauge[int64]", []string{"caughtup.database,caughtup.replica,db.system.name"}},
 		"caughtup.consume.replica.lag.time":   {"s", gauge, []string{"caughtup.database,caughtup.replica,db.system.name"}},

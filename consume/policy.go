@@ -164,9 +164,10 @@ const (
 	// ReasonDeadline: the token is older than Config.MaxAge, so the job
 	// stops waiting for replicas.
 	ReasonDeadline
-	// ReasonUnknownAge: the token has no capture time, so a Delayed job
-	// cannot be deferred (its deferral would have no bound) and goes to
-	// the primary after the wait.
+	// ReasonUnknownAge: the token has no capture time, or one more than
+	// Config.ClockSkewTolerance ahead of the consumer's clock, so a
+	// Delayed job cannot be deferred (its deferral would have no bound)
+	// and goes to the primary after the wait.
 	ReasonUnknownAge
 	// ReasonEpoch: the token's epoch cannot be compared with the
 	// replicas' (DatabaseDecision.Incomparable says how).

@@ -237,6 +237,30 @@ func TestRouteLagPastBudget(t *testing.T) {
 	require.Equal(t, ReasonPolicyAlways, d.Reason)
 }
 
+// TestRouteFutureToken: a job whose token was captured an hour ahead of
+// the consumer's clock, and whose position no replica has, reads the
+// primary after its wait instead of being deferred for the hour.
+func TestRouteFutureToken(t *testing.T) {
+	c := pgtest.Shared(t)
+	e := setup(t, c)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := e.router(t, func(c *Config) { c.WaitBudget = 100 * time.Millisecond; c.MeterProvider = mp })
+	pauseAll(t, c)
+	id, tok := e.write(t)
+	tok.CapturedAt = time.Now().Add(time.Hour)
+
+	hctx, d, err := r.RouteToken(ctxT(t), tok, Delayed)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimary, d.Outcome)
+	require.Equal(t, ReasonUnknownAge, d.Reason)
+	require.Greater(t, d.ClockSkew, 59*time.Minute)
+	require.Same(t, e.primary, DB(hctx, "main"))
+	require.True(t, found(t, DB(hctx, "main"), id))
+	require.Equal(t, int64(1), total(sums(t, reader)["caughtup.consume.tokens.future"]))
+}
+
 func TestRouteContextEndsDuringWait(t *testing.T) {
 	c := pgtest.Shared(t)
 	e := setup(t, c)

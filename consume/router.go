@@ -34,8 +34,7 @@ type Router struct {
 	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
 	sqlDBs map[*pgxpool.Pool]*sql.DB
 
-	warnMu sync.Mutex
-	warns  map[Reason]*rate.Sometimes
+	warns warnings
 
 	closeOnce sync.Once
 }
@@ -106,7 +105,6 @@ func newRouter(cfg Config) *Router {
 		log:    cfg.Logger,
 		pools:  pools,
 		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
-		warns:  make(map[Reason]*rate.Sometimes),
 	}
 	for _, db := range pools {
 		r.openSQL(db.Primary)
@@ -235,7 +233,7 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		d.Waited = w
 	}
 	r.met.record(ctx, &d, waited)
-	r.logDecision(ctx, &d)
+	r.logDecision(ctx, &d, tokErr)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
 		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,4 +241,50 @@ func total(series map[string]int64) int64 {
 		n += v
 	}
 	return n
+}
+
+// captured is a slog.Handler that keeps every record at Warn and above,
+// for tests of what is logged.
+type captured struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (c *captured) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (c *captured) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	c.records = append(c.records, r.Clone())
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *captured) WithAttrs([]slog.Attr) slog.Handler { panic("not used") }
+func (c *captured) WithGroup(string) slog.Handler      { panic("not used") }
+
+// lines returns the records whose message starts with prefix, each as its
+// attributes (groups flattened with dots).
+func (c *captured) lines(prefix string) []map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []map[string]string
+	for _, r := range c.records {
+		if !strings.HasPrefix(r.Message, prefix) {
+			continue
+		}
+		m := map[string]string{}
+		var add func(prefix string, a slog.Attr)
+		add = func(prefix string, a slog.Attr) {
+			if a.Value.Kind() == slog.KindGroup {
+				for _, g := range a.Value.Group() {
+					add(prefix+a.Key+".", g)
+				}
+				return
+			}
+			m[prefix+a.Key] = a.Value.String()
+		}
+		r.Attrs(func(a slog.Attr) bool { add("", a); return true })
+		out = append(out, m)
+	}
+	return out
 }
