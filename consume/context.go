@@ -71,6 +71,7 @@ type childSource routing
 
 var _ enqueue.TokenSource = (*childSource)(nil)
 
+// Token merges the child token when enqueue first asks for it.
 func (s *childSource) Token() position.Token { return childToken(s.tok, &s.d, s.now) }
 
 // DecisionFrom returns the decision of a context that came from Route.

@@ -55,9 +55,12 @@ func (d *Decision) Database(name string) (DatabaseDecision, bool) {
 
 // DatabaseDecision is where one database of a job is read.
 type DatabaseDecision struct {
+	// Database is the logical name from the token's entry.
 	Database string
 	// Replica names the replica chosen; "" means the primary.
 	Replica string
+	// Outcome and Reason say how this database is read and why, as
+	// Decision's do for the whole job.
 	Outcome Outcome
 	Reason  Reason
 	// Incomparable says why the token's epoch did not compare, for

@@ -23,10 +23,13 @@ var ErrCapped = errors.New("caughtup/consume: primary fallback capped")
 type DeferError struct {
 	// Delay is when to try again: the deferral delay, or for
 	// OutcomeCapped a suggestion.
-	Delay    time.Duration
+	Delay time.Duration
+	// Decision is the decision that kept the job from running, for logs
+	// and for adapters that pick their own retry delay.
 	Decision Decision
 }
 
+// Error says why the job did not run and when to run it again.
 func (e *DeferError) Error() string {
 	if e.Decision.Outcome == OutcomeCapped {
 		return fmt.Sprintf("caughtup/consume: job capped: it needs the primary but the fallback cap (Config.PrimaryRate) is exhausted; retry in %v", e.Delay)
