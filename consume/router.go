@@ -12,11 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caughtup/caughtup/position"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/position"
 )
 
 // Router routes jobs: one per process, shared by every worker goroutine.
@@ -72,11 +73,10 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	if r.gauges, err = met.gauges(r.tr); err != nil {
 		return fail(fmt.Errorf("caughtup/consume: registering gauges: %w", err))
 	}
-	tr := r.tr
 	bound := time.NewTimer(cfg.StalenessBound)
 	defer bound.Stop()
 	select {
-	case <-tr.initDone:
+	case <-r.tr.initDone:
 	case <-bound.C:
 		r.log.Warn("caughtup: not every node answered the tracker in time; jobs read the primary until they do",
 			slog.Duration("waited", cfg.StalenessBound))
