@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
@@ -101,9 +103,7 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 			_, d, err := r.RouteToken(ctx, tok, Delayed)
 			done <- result{d, err, time.Now()}
 		}()
-		for poller.waiters.Load() == 0 {
-			time.Sleep(50 * time.Microsecond)
-		}
+		waitUntil(b, r, "the job waits", func(*Snapshot) bool { return poller.waiters.Load() > 0 })
 		passed := make(chan time.Time, 1)
 		go func() {
 			for {
@@ -150,4 +150,44 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 	b.ReportMetric(float64(pct(resume, 0.99).Microseconds()), "resume-p99-µs")
 	b.Logf("%d samples (%d waited): catch-up p50 %v p99 %v; from resume p50 %v p99 %v",
 		b.N, waitedSamples, pct(catchup, 0.5), pct(catchup, 0.99), pct(resume, 0.5), pct(resume, 0.99))
+}
+
+// BenchmarkTrackerQueries routes caught-up jobs from 4 workers at a
+// paced rate and reports the tracker's queries per second next to the
+// decisions per second: the first stays at one query per node per
+// PollInterval (3 nodes, 50ms: 60/s) whatever the second.
+func BenchmarkTrackerQueries(b *testing.B) {
+	for _, perSecond := range []int{100, 10000} {
+		b.Run(fmt.Sprintf("rate=%d", perSecond), func(b *testing.B) {
+			e := setup(b, pgtest.Shared(b))
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+			r := e.router(b, func(c *Config) { c.Logger = nil; c.MeterProvider = mp })
+			_, tok := e.write(b)
+			seen(b, r, tok)
+			queries := func() int64 { return total(sums(b, reader)["caughtup.consume.tracker.queries"]) }
+			lim := rate.NewLimiter(rate.Limit(perSecond), max(1, perSecond/100))
+			ctx := ctxT(b)
+			b.SetParallelism(2) // 4 workers on 2 cores
+			q0, start := queries(), time.Now()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := lim.Wait(ctx); err != nil {
+						b.Error(err)
+						return
+					}
+					if _, d, err := r.RouteToken(ctx, tok, Delayed); err != nil || d.Outcome != OutcomeReplica {
+						b.Errorf("outcome %s: %v", d.Outcome, err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			el := time.Since(start).Seconds()
+			b.ReportMetric(float64(queries()-q0)/el, "queries/s")
+			b.ReportMetric(float64(b.N)/el, "decisions/s")
+		})
+	}
 }

@@ -141,10 +141,31 @@ type Config struct {
 
 	// MaxAge: once a token is older than this, a Delayed job stops being
 	// deferred and reads the primary (ReasonDeadline). It bounds every
-	// deferral, which is why deferrals need not count as failed attempts.
-	// Default 2m: several deferral steps, yet short enough that a stuck
+	// deferral, which is why deferrals need not count as failed attempts
+	// (measured from the producer's capture time: a token captured ahead
+	// of the consumer's clock, within ClockSkewTolerance, is deferred
+	// for at most MaxAge plus its skew). Default 2m: several deferral steps, yet short enough that a stuck
 	// replica delays work by minutes, not hours.
 	MaxAge time.Duration
+
+	// ClockSkewTolerance is how far ahead of the consumer's clock a
+	// token's capture time may be and still count as captured just now
+	// (age 0): a producer's clock is as often a little ahead of the
+	// consumer's as behind. A capture time further ahead is not trusted:
+	// the token's age counts as unknown, as for a token without a capture
+	// time, so a Delayed job that no replica can serve waits its
+	// WaitBudget and then reads the primary under the fallback cap
+	// (ReasonUnknownAge) instead of being deferred; the decision reports
+	// the skew (Decision.ClockSkew), caughtup.consume.tokens.future counts
+	// it and a rate-limited warning logs it. Clamping such a time to now
+	// would bound nothing, since asynq retries and Kafka retry topics
+	// decide every attempt afresh and the token would look new on each
+	// for as long as the skew lasts. Default 5s: far above what
+	// NTP-synchronized hosts differ by (ntpd and chrony step a clock
+	// that is more than 128ms off), small beside MaxAge, which a token
+	// within the tolerance can outlast by at most the tolerance, and
+	// within asynq's 5s scheduling granularity. Must not be negative.
+	ClockSkewTolerance time.Duration
 
 	// DeferInitial, DeferMultiplier and DeferMax shape the deferral delay,
 	// computed from the token's age alone (so it needs no attempt
@@ -181,18 +202,19 @@ type Config struct {
 
 // Defaults, exported so that documentation and adapters can refer to them.
 const (
-	DefaultPollInterval     = 100 * time.Millisecond
-	DefaultWaitPollInterval = 5 * time.Millisecond
-	DefaultStalenessBound   = time.Second
-	DefaultMaxLagBytes      = 16 << 20
-	DefaultMaxLagTime       = 60 * time.Second
-	DefaultWaitBudget       = 500 * time.Millisecond
-	DefaultMaxAge           = 2 * time.Minute
-	DefaultDeferInitial     = time.Second
-	DefaultDeferMultiplier  = 2.0
-	DefaultDeferMax         = 30 * time.Second
-	DefaultPrimaryRate      = rate.Limit(50)
-	DefaultPrimaryBurst     = 100
+	DefaultPollInterval       = 100 * time.Millisecond
+	DefaultWaitPollInterval   = 5 * time.Millisecond
+	DefaultStalenessBound     = time.Second
+	DefaultMaxLagBytes        = 16 << 20
+	DefaultMaxLagTime         = 60 * time.Second
+	DefaultWaitBudget         = 500 * time.Millisecond
+	DefaultMaxAge             = 2 * time.Minute
+	DefaultClockSkewTolerance = 5 * time.Second
+	DefaultDeferInitial       = time.Second
+	DefaultDeferMultiplier    = 2.0
+	DefaultDeferMax           = 30 * time.Second
+	DefaultPrimaryRate        = rate.Limit(50)
+	DefaultPrimaryBurst       = 100
 )
 
 // WithDefaults returns c with every zero field set to its default. It does
@@ -222,6 +244,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxAge == 0 {
 		c.MaxAge = DefaultMaxAge
+	}
+	if c.ClockSkewTolerance == 0 {
+		c.ClockSkewTolerance = DefaultClockSkewTolerance
 	}
 	if c.DeferInitial == 0 {
 		c.DeferInitial = DefaultDeferInitial
@@ -290,7 +315,7 @@ func (c Config) Validate() error {
 	case !c.DefaultPolicy.valid() || c.DefaultPolicy == PolicyDefault:
 		return bad("DefaultPolicy %d is not Always, Sticky or Delayed", c.DefaultPolicy)
 	case c.PollInterval < 0, c.WaitPollInterval < 0, c.StalenessBound < 0, c.MaxLagTime < 0,
-		c.MaxAge < 0, c.DeferInitial < 0, c.DeferMax < 0:
+		c.MaxAge < 0, c.ClockSkewTolerance < 0, c.DeferInitial < 0, c.DeferMax < 0:
 		return bad("durations must not be negative (only WaitBudget may be, to disable waiting)")
 	case c.StalenessBound <= c.PollInterval:
 		return bad("StalenessBound %v must exceed PollInterval %v, or every replica would look stale between polls", c.StalenessBound, c.PollInterval)

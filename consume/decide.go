@@ -29,6 +29,11 @@ type Decision struct {
 	Fallback bool
 	// TokenAge is the token's age at the decision; zero when unknown.
 	TokenAge time.Duration
+	// ClockSkew is how far the token's capture time was ahead of the
+	// decision time, when that is more than Config.ClockSkewTolerance
+	// (the producer's clock is ahead of the consumer's): the token's age
+	// is then unknown. Zero otherwise.
+	ClockSkew time.Duration
 	// Waited is how long the Router waited for a replica (zero from
 	// Decide itself).
 	Waited time.Duration
@@ -50,9 +55,12 @@ func (d *Decision) Database(name string) (DatabaseDecision, bool) {
 
 // DatabaseDecision is where one database of a job is read.
 type DatabaseDecision struct {
+	// Database is the logical name from the token's entry.
 	Database string
 	// Replica names the replica chosen; "" means the primary.
 	Replica string
+	// Outcome and Reason say how this database is read and why, as
+	// Decision's do for the whole job.
 	Outcome Outcome
 	Reason  Reason
 	// Incomparable says why the token's epoch did not compare, for
@@ -121,8 +129,10 @@ var defaultConfig = Config{}.WithDefaults()
 // policy decides what "behind" means for the whole job: Sticky promotes to
 // the primary; Delayed waits (unless NoWait), then defers with a delay
 // growing with the token's age, then promotes once the token is older
-// than MaxAge. A job waits or is deferred as a whole, since its handler
-// reads all its databases in one run.
+// than MaxAge. A token of unknown age (no capture time, or one more than
+// ClockSkewTolerance ahead of Now) is never deferred: after the wait it
+// reads the primary. A job waits or is deferred as a whole, since its
+// handler reads all its databases in one run.
 func Decide(in DecideInput) Decision {
 	cfg := in.Config
 	if cfg == nil {
@@ -133,8 +143,8 @@ func Decide(in DecideInput) Decision {
 		pol = cfg.DefaultPolicy
 	}
 	d := Decision{Policy: pol, Action: ActionRun, Outcome: OutcomeReplica, Reason: ReasonNone, Databases: in.Buf[:0]}
-	age, ageKnown := tokenAge(in.Token, in.Now)
-	d.TokenAge = age
+	age, ageKnown, skew := tokenAge(in.Token, in.Now, cfg.ClockSkewTolerance)
+	d.TokenAge, d.ClockSkew = age, skew
 
 	switch {
 	case in.TokenErr != nil:
@@ -242,15 +252,28 @@ func (d Decision) setAll(from, to Outcome, reason Reason, a Action) Decision {
 	return d
 }
 
-func tokenAge(t position.Token, now time.Time) (time.Duration, bool) {
+// tokenAge is the token's age at now and whether it is known, from the
+// producer's wall clock (a monotonic reading would not help). A capture
+// time ahead of now by at most tolerance counts as age 0. One further
+// ahead makes the age unknown, and ahead says by how much: clamping it
+// to now would not bound deferral, since every attempt decides afresh
+// and would find the token new again for as long as the skew lasts,
+// while an unknown age is never deferred (Decide). time.Time.Sub
+// saturates, so capture times centuries away are safe.
+func tokenAge(t position.Token, now time.Time, tolerance time.Duration) (age time.Duration, known bool, ahead time.Duration) {
 	if t.CapturedAt.IsZero() {
-		return 0, false
+		return 0, false, 0
 	}
-	// Token times come from another process's wall clock, so a monotonic
-	// reading would not help; UnixNano is also much cheaper than Sub. A
-	// capture time in the future (producer clock ahead) counts as age 0;
-	// the deferral bound then starts late by the skew.
-	return time.Duration(max(now.UnixNano()-t.CapturedAt.UnixNano(), 0)), true
+	age = now.Sub(t.CapturedAt)
+	switch {
+	case age >= 0:
+		return age, true, 0
+	case age >= -tolerance:
+		return 0, true, 0
+	case age == math.MinInt64:
+		return 0, false, math.MaxInt64
+	}
+	return 0, false, -age
 }
 
 // maxCandidates bounds the caught-up replicas Spread chooses among (a

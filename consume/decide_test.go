@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -579,4 +580,104 @@ func TestReplicasNamesPools(t *testing.T) {
 	got := Replicas(pools...)
 	require.Equal(t, []string{"db1:5433", "db2:5432", "replica-2"}, []string{got[0].Name, got[1].Name, got[2].Name})
 	require.Same(t, pools[2], got[2].Pool)
+}
+
+// TestDecideClockSkew: a capture time ahead of the decision time counts
+// as age 0 within Config.ClockSkewTolerance and as unknown beyond it, so
+// a Delayed job whose position no replica has is never deferred on a
+// future capture time.
+func TestDecideClockSkew(t *testing.T) {
+	t.Parallel()
+	main := dbState("main", 1, nil, rep("r1", 1, "0/3000000"))
+	ahead := func(skew time.Duration, at string) position.Token {
+		return position.Of(t0.Add(skew), ent("main", 1, at))
+	}
+	const tol = DefaultClockSkewTolerance
+	for _, c := range []struct {
+		name     string
+		tok      position.Token
+		policy   Policy
+		noWait   bool
+		capped   bool
+		action   Action
+		outcome  Outcome
+		reason   Reason
+		delay    time.Duration
+		age      time.Duration
+		skew     time.Duration
+		fallback bool
+	}{
+		{name: "in the past", tok: ahead(-10*time.Second, "0/4000000"), policy: Delayed, noWait: true,
+			action: ActionDefer, outcome: OutcomeDeferred, reason: ReasonReplicaBehind, delay: 8 * time.Second, age: 10 * time.Second},
+		{name: "ahead within the tolerance is age 0", tok: ahead(time.Second, "0/4000000"), policy: Delayed, noWait: true,
+			action: ActionDefer, outcome: OutcomeDeferred, reason: ReasonReplicaBehind, delay: time.Second},
+		{name: "exactly the tolerance ahead is age 0", tok: ahead(tol, "0/4000000"), policy: Delayed, noWait: true,
+			action: ActionDefer, outcome: OutcomeDeferred, reason: ReasonReplicaBehind, delay: time.Second},
+		{name: "past the tolerance: waits first", tok: ahead(tol+time.Nanosecond, "0/4000000"), policy: Delayed,
+			action: ActionWait, outcome: outcomeWait, reason: ReasonReplicaBehind, skew: tol + time.Nanosecond},
+		{name: "past the tolerance: primary after the wait, not deferred", tok: ahead(tol+time.Nanosecond, "0/4000000"), policy: Delayed, noWait: true,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonUnknownAge, skew: tol + time.Nanosecond, fallback: true},
+		{name: "an hour ahead", tok: ahead(time.Hour, "0/4000000"), policy: Delayed, noWait: true,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonUnknownAge, skew: time.Hour, fallback: true},
+		{name: "an hour ahead, capped: refused as a failed attempt", tok: ahead(time.Hour, "0/4000000"), policy: Delayed, noWait: true, capped: true,
+			action: ActionRefuse, outcome: OutcomeCapped, reason: ReasonCapped, delay: time.Second, skew: time.Hour},
+		{name: "an hour ahead, sticky", tok: ahead(time.Hour, "0/4000000"), policy: Sticky,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonReplicaBehind, skew: time.Hour, fallback: true},
+		{name: "an hour ahead, caught up: the replica", tok: ahead(time.Hour, "0/2000000"), policy: Delayed,
+			action: ActionRun, outcome: OutcomeReplica, reason: ReasonNone, skew: time.Hour},
+		{name: "centuries ahead", tok: position.Of(time.UnixMilli(1<<53), ent("main", 1, "0/4000000")), policy: Delayed, noWait: true,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonUnknownAge, skew: math.MaxInt64, fallback: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			d := Decide(DecideInput{Policy: c.policy, Token: c.tok, Snapshot: snap(main), Now: t0, NoWait: c.noWait, Capped: c.capped})
+			require.Equal(t, c.action, d.Action, "action")
+			require.Equal(t, c.outcome, d.Outcome, "outcome")
+			require.Equal(t, c.reason, d.Reason, "reason")
+			require.Equal(t, c.delay, d.Delay, "delay")
+			require.Equal(t, c.age, d.TokenAge, "age")
+			require.Equal(t, c.skew, d.ClockSkew, "skew")
+			require.Equal(t, c.fallback, d.Fallback, "fallback")
+		})
+	}
+}
+
+// TestDeferralBoundedUnderClockSkew retries a Delayed job whose position
+// no replica ever reaches, as asynq and Kafka retry topics do: every
+// attempt decides afresh, with no memory of the last, at the time the
+// previous deferral named. Whatever the producer's skew, the job stops
+// being deferred within MaxAge plus the tolerance of its capture time,
+// and then reads the primary.
+func TestDeferralBoundedUnderClockSkew(t *testing.T) {
+	t.Parallel()
+	for _, tol := range []time.Duration{0, DefaultClockSkewTolerance, time.Minute} {
+		cfg := Config{ClockSkewTolerance: tol, MaxAge: 30 * time.Second}.WithDefaults()
+		if tol == 0 {
+			cfg.ClockSkewTolerance = 0 // no tolerance at all (WithDefaults would fill it in)
+		}
+		for _, skew := range []time.Duration{-time.Hour, -time.Second, 0, time.Second, tol, tol + time.Millisecond, time.Hour, 1000 * time.Hour} {
+			tk := position.Of(t0.Add(skew), ent("main", 1, "0/4000000"))
+			now, attempts := t0, 0
+			var d Decision
+			for {
+				attempts++
+				require.Less(t, attempts, 1000, "tolerance %v, skew %v: never stops deferring", tol, skew)
+				// The tracker keeps observing the replica, which stays behind.
+				s := snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", func(r *ReplicaState) { r.ObservedAt = now })))
+				d = Decide(DecideInput{Policy: Delayed, Token: tk, Snapshot: s, Now: now, Config: &cfg, NoWait: true})
+				if d.Action != ActionDefer {
+					break
+				}
+				now = now.Add(d.Delay)
+			}
+			require.Equal(t, ActionRun, d.Action)
+			require.Equal(t, OutcomePrimary, d.Outcome)
+			require.Contains(t, []Reason{ReasonDeadline, ReasonUnknownAge}, d.Reason)
+			deferred := now.Sub(t0)
+			require.LessOrEqual(t, deferred, cfg.MaxAge+tol, "tolerance %v, skew %v", tol, skew)
+			if skew > tol {
+				require.Zero(t, deferred, "tolerance %v, skew %v: a capture time past the tolerance is never deferred", tol, skew)
+			}
+		}
+	}
 }

@@ -2,7 +2,8 @@ package consume
 
 import (
 	"context"
-	"sync"
+	"slices"
+	"sort"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -23,93 +24,113 @@ const (
 	attrReason   = "caughtup.reason"
 	attrDatabase = "caughtup.database"
 	attrReplica  = "caughtup.replica"
+	attrSource   = "caughtup.source" // logs only: WithSource
 )
 
-// The decision counters are observable counters over atomics: Route adds
-// one to a slot indexed by the decision's policy, outcome and reason (and
-// per database by replica), all small fixed sets, and a callback reports
-// the slots. A synchronous counter costs an SDK call with an attribute
-// lookup per job, about half of Route. Data points are the same: a
-// monotonic Sum per attribute set that has been counted.
+// metrics holds a Router's instruments.
 //
-// The counts outlive the Router, as a synchronous counter's would: the
-// callback stays registered after Close, so the collection that usually
-// follows it (MeterProvider.Shutdown) still sees the last jobs. It holds
-// only the counts, not the Router.
+// Counts are synchronous instruments: the SDK keeps their sums, so they
+// survive Close, and two routers made one after the other on one
+// MeterProvider add to the same series instead of reporting it twice.
+// Every attribute set is built once per combination (policy × outcome ×
+// reason, database × replica × outcome × reason, …) and kept with its
+// ready-made option slices, so recording a job does no attribute work.
+// Sets are built on first use because Decide produces few of the
+// combinations the enums allow.
+//
+// The state gauges (replica lag, lag time, tracker staleness) are
+// observable: the Router registers their callback (gauges) and
+// unregisters it on Close.
 type metrics struct {
-	wait  metric.Float64Histogram
-	reg   metric.Registration // the gauges, which need the tracker
-	insts [numInstruments]metric.Int64ObservableCounter
+	meter metric.Meter
 
-	decisions counterSet // policy × outcome × reason
-	missing   counterSet // reason
-	dbNames   []string   // as in Snapshot.Databases
-	dbs       []dbCounters
+	decisions  metric.Int64Counter
+	routes     metric.Int64Counter
+	missing    metric.Int64Counter
+	crossEpoch metric.Int64Counter
+	future     metric.Int64Counter
+	wait       metric.Float64Histogram
+	queries    queryCounter
 
-	// mu guards the counterSets' options and other, which counts what has
-	// no slot (a database the router does not know), so nothing is
-	// dropped.
-	mu    sync.Mutex
-	other map[otherKey]*otherCount
+	lagBytes  metric.Int64ObservableGauge
+	lagTime   metric.Float64ObservableGauge
+	staleness metric.Float64ObservableGauge
+
+	decisionSets attrSets // policy × outcome × reason
+	missingSets  attrSets // reason
+	futureSet    *measurement
+	dbs          []dbMetrics // sorted by name, as Snapshot.Databases
 }
 
-type dbCounters struct {
-	replicas   []string   // Config order; slot 0 is the primary
-	routes     counterSet // (1 + replica) × outcome × reason
-	crossEpoch counterSet // position.Incomparable
+// dbMetrics holds the attribute sets of one configured database.
+type dbMetrics struct {
+	name       string
+	replicas   []string // Config order
+	routes     attrSets // (1 + replica) × outcome × reason; slot 0 is the primary
+	crossEpoch attrSets // position.Incomparable
+	// node gauges: the primary, then each replica.
+	primary *measurement
+	nodes   []*measurement
 }
 
-const (
-	instDecisions = iota
-	instRoutes
-	instMissing
-	instCrossEpoch
-	numInstruments
-)
-
-// counterSet counts one instrument for a fixed list of attribute sets.
-type counterSet struct {
-	n     []atomic.Int64
-	attrs func(slot int) []attribute.KeyValue // without db.system.name
-	opts  []metric.MeasurementOption          // built when first needed, under metrics.mu
+// measurement is one attribute set, as the options the instruments take.
+type measurement struct {
+	add     []metric.AddOption
+	rec     []metric.RecordOption
+	observe []metric.ObserveOption
 }
 
-func newCounterSet(n int, attrs func(slot int) []attribute.KeyValue) counterSet {
-	return counterSet{n: make([]atomic.Int64, n), attrs: attrs, opts: make([]metric.MeasurementOption, n)}
-}
-
-// option returns the attributes of slot; m.mu must be held.
-func (c *counterSet) option(slot int) metric.MeasurementOption {
-	if c.opts[slot] == nil {
-		c.opts[slot] = withSystem(c.attrs(slot)...)
-	}
-	return c.opts[slot]
-}
-
-func (c *counterSet) observe(o metric.Observer, inst metric.Int64ObservableCounter) {
-	for i := range c.n {
-		if v := c.n[i].Load(); v > 0 {
-			o.ObserveInt64(inst, v, c.option(i))
-		}
-	}
-}
-
-type otherKey struct {
-	inst  int
-	attrs attribute.Distinct
-}
-
-type otherCount struct {
-	n   int64
-	opt metric.MeasurementOption
-}
-
+// withSystem is the attribute set db.system.name plus kv, as the one
+// option every kind of instrument takes.
 func withSystem(kv ...attribute.KeyValue) metric.MeasurementOption {
-	return metric.WithAttributeSet(systemSet(kv))
+	return metric.WithAttributeSet(attribute.NewSet(append([]attribute.KeyValue{semconv.DBSystemNamePostgreSQL}, kv...)...))
 }
 
-func systemSet(kv []attribute.KeyValue) attribute.Set {
-	return attribute.NewSet(append([]attribute.KeyValue{semconv.DBSystemNamePostgreSQL}, kv...)...)
+// newMeasurement builds the options for db.system.name plus kv.
+func newMeasurement(kv ...attribute.KeyValue) *measurement {
+	opt := withSystem(kv...)
+	return &measurement{
+		add:     []metric.AddOption{opt},
+		rec:     []metric.RecordOption{opt},
+		observe: []metric.ObserveOption{opt},
+	}
+}
+
+// attrSets numbers a fixed list of attribute combinations and builds each
+// one's measurement once, on first use; concurrent first uses may both
+// build it, and one wins.
+type attrSets struct {
+	sets  []atomic.Pointer[measurement]
+	attrs func(slot int) []attribute.KeyValue // without db.system.name
+}
+
+func newAttrSets(n int, attrs func(slot int) []attribute.KeyValue) attrSets {
+	return attrSets{sets: make([]atomic.Pointer[measurement], n), attrs: attrs}
+}
+
+func (s *attrSets) get(slot int) *measurement {
+	if m := s.sets[slot].Load(); m != nil {
+		return m
+	}
+	m := newMeasurement(s.attrs(slot)...)
+	if s.sets[slot].CompareAndSwap(nil, m) {
+		return m
+	}
+	return s.sets[slot].Load()
+}
+
+// queryCounter counts the tracker's queries
+// (caughtup.consume.tracker.queries); the zero value counts nothing.
+type queryCounter struct {
+	inst metric.Int64Counter
+	set  *measurement
+}
+
+// Add counts n queries.
+func (c queryCounter) Add(n uint64) {
+	if c.inst != nil {
+		c.inst.Add(context.Background(), int64(n), c.set.add...)
+	}
 }
 
 const (
@@ -169,16 +190,22 @@ func crossEpochAttrs(database string, r position.Incomparable) []attribute.KeyVa
 	}
 }
 
-func newMetrics(mp metric.MeterProvider, tr *tracker) (*metrics, error) {
-	m := &metrics{other: make(map[otherKey]*otherCount)}
+func reasonAttrs(r Reason) []attribute.KeyValue {
+	return []attribute.KeyValue{attribute.String(attrReason, r.String())}
+}
+
+// newMetrics creates the instruments for the databases of cfg. The
+// gauges report nothing until gauges registers their callback.
+func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metrics, error) {
 	meter := mp.Meter(ScopeName)
+	m := &metrics{meter: meter}
 	var err error
-	if m.insts[instDecisions], err = meter.Int64ObservableCounter("caughtup.consume.decisions",
+	if m.decisions, err = meter.Int64Counter("caughtup.consume.decisions",
 		metric.WithUnit("{decision}"),
 		metric.WithDescription("Routing decisions per job, by policy, outcome and reason.")); err != nil {
 		return nil, err
 	}
-	if m.insts[instRoutes], err = meter.Int64ObservableCounter("caughtup.consume.database.routes",
+	if m.routes, err = meter.Int64Counter("caughtup.consume.database.routes",
 		metric.WithUnit("{route}"),
 		metric.WithDescription("Per-database routes of jobs that ran, by database, replica (absent: primary), outcome and reason.")); err != nil {
 		return nil, err
@@ -189,208 +216,187 @@ func newMetrics(mp metric.MeterProvider, tr *tracker) (*metrics, error) {
 		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)); err != nil {
 		return nil, err
 	}
-	if m.insts[instMissing], err = meter.Int64ObservableCounter("caughtup.consume.tokens.missing",
+	if m.missing, err = meter.Int64Counter("caughtup.consume.tokens.missing",
 		metric.WithUnit("{token}"),
 		metric.WithDescription("Jobs without a usable token (reason no_token or malformed_token); they read the primary.")); err != nil {
 		return nil, err
 	}
-	if m.insts[instCrossEpoch], err = meter.Int64ObservableCounter("caughtup.consume.tokens.cross_epoch",
+	if m.crossEpoch, err = meter.Int64Counter("caughtup.consume.tokens.cross_epoch",
 		metric.WithUnit("{token}"),
 		metric.WithDescription("Token entries whose epoch cannot be compared with the replicas (reason: how); they read the primary.")); err != nil {
 		return nil, err
 	}
-
-	m.decisions = newCounterSet(numPolicies*numOutcomes*numReasons, func(slot int) []attribute.KeyValue {
-		return decisionAttrs(Policy(slot/(numOutcomes*numReasons)), Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
-	})
-	m.missing = newCounterSet(numReasons, func(slot int) []attribute.KeyValue {
-		return []attribute.KeyValue{attribute.String(attrReason, Reason(slot).String())}
-	})
-	for _, ds := range tr.snapshot().Databases {
-		dc := dbCounters{replicas: make([]string, len(ds.Replicas))}
-		for j := range ds.Replicas {
-			dc.replicas[j] = ds.Replicas[j].Name
-		}
-		name := ds.Name
-		dc.routes = newCounterSet((1+len(dc.replicas))*numOutcomes*numReasons, func(slot int) []attribute.KeyValue {
-			replica := ""
-			if j := slot / (numOutcomes * numReasons); j > 0 {
-				replica = dc.replicas[j-1]
-			}
-			return routeAttrs(name, replica, Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
-		})
-		dc.crossEpoch = newCounterSet(numIncomparable, func(slot int) []attribute.KeyValue {
-			return crossEpochAttrs(name, position.Incomparable(slot))
-		})
-		m.dbNames = append(m.dbNames, name)
-		m.dbs = append(m.dbs, dc)
-	}
-	lagBytes, err := meter.Int64ObservableGauge("caughtup.consume.replica.lag",
-		metric.WithUnit("By"),
-		metric.WithDescription("WAL bytes between the primary's insert position and the replica's replay, as last observed."))
-	if err != nil {
+	if m.future, err = meter.Int64Counter("caughtup.consume.tokens.future",
+		metric.WithUnit("{token}"),
+		metric.WithDescription("Jobs whose token was captured more than Config.ClockSkewTolerance ahead of the consumer's clock (producer clock ahead); their age counts as unknown, so they are not deferred.")); err != nil {
 		return nil, err
 	}
-	lagTime, err := meter.Float64ObservableGauge("caughtup.consume.replica.lag.time",
-		metric.WithUnit("s"),
-		metric.WithDescription("Age of the replica's last replayed transaction; grows on an idle primary, so alert on it only with byte lag."))
-	if err != nil {
-		return nil, err
-	}
-	staleness, err := meter.Float64ObservableGauge("caughtup.consume.tracker.staleness",
-		metric.WithUnit("s"),
-		metric.WithDescription("Age of the tracker's last successful observation of each node (no caughtup.replica: the primary)."))
-	if err != nil {
-		return nil, err
-	}
-	queries, err := meter.Int64ObservableCounter("caughtup.consume.tracker.queries",
+	queries, err := meter.Int64Counter("caughtup.consume.tracker.queries",
 		metric.WithUnit("{query}"),
 		metric.WithDescription("Queries the tracker has sent; independent of the job rate except while jobs wait."))
 	if err != nil {
 		return nil, err
 	}
-	system := semconv.DBSystemNamePostgreSQL
-	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	m.queries = queryCounter{inst: queries, set: newMeasurement()}
+	if m.lagBytes, err = meter.Int64ObservableGauge("caughtup.consume.replica.lag",
+		metric.WithUnit("By"),
+		metric.WithDescription("WAL bytes between the primary's insert position and the replica's replay, as last observed.")); err != nil {
+		return nil, err
+	}
+	if m.lagTime, err = meter.Float64ObservableGauge("caughtup.consume.replica.lag.time",
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of the replica's last replayed transaction; grows on an idle primary, so alert on it only with byte lag.")); err != nil {
+		return nil, err
+	}
+	if m.staleness, err = meter.Float64ObservableGauge("caughtup.consume.tracker.staleness",
+		metric.WithUnit("s"),
+		metric.WithDescription("Age of the tracker's last successful observation of each node (no caughtup.replica: the primary).")); err != nil {
+		return nil, err
+	}
+
+	m.decisionSets = newAttrSets(numPolicies*numOutcomes*numReasons, func(slot int) []attribute.KeyValue {
+		return decisionAttrs(Policy(slot/(numOutcomes*numReasons)), Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
+	})
+	m.missingSets = newAttrSets(numReasons, func(slot int) []attribute.KeyValue { return reasonAttrs(Reason(slot)) })
+	m.futureSet = newMeasurement()
+	names := make([]string, 0, len(databases))
+	for name := range databases {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		dm := dbMetrics{name: name, primary: newMeasurement(attribute.String(attrDatabase, name))}
+		for _, r := range databases[name].Replicas {
+			dm.replicas = append(dm.replicas, r.Name)
+			dm.nodes = append(dm.nodes, newMeasurement(attribute.String(attrDatabase, name), attribute.String(attrReplica, r.Name)))
+		}
+		replicas := slices.Clone(dm.replicas)
+		dm.routes = newAttrSets((1+len(replicas))*numOutcomes*numReasons, func(slot int) []attribute.KeyValue {
+			replica := ""
+			if j := slot / (numOutcomes * numReasons); j > 0 {
+				replica = replicas[j-1]
+			}
+			return routeAttrs(name, replica, Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
+		})
+		dm.crossEpoch = newAttrSets(numIncomparable, func(slot int) []attribute.KeyValue {
+			return crossEpochAttrs(name, position.Incomparable(slot))
+		})
+		m.dbs = append(m.dbs, dm)
+	}
+	return m, nil
+}
+
+// gauges registers the callback of the state gauges, which reads tr's
+// snapshot; the Router unregisters it on Close, so that a router made
+// after it on the same MeterProvider is the only one reporting them.
+func (m *metrics) gauges(tr *tracker) (metric.Registration, error) {
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := tr.snapshot()
 		now := tr.cfg.Now()
-		o.ObserveInt64(queries, int64(tr.queries.Load()), metric.WithAttributes(system))
 		for i := range s.Databases {
 			ds := &s.Databases[i]
-			db := attribute.String(attrDatabase, ds.Name)
+			dm := m.database(ds.Name)
 			if !ds.Primary.ObservedAt.IsZero() {
-				o.ObserveFloat64(staleness, now.Sub(ds.Primary.ObservedAt).Seconds(), metric.WithAttributes(system, db))
+				set := newMeasurement(attribute.String(attrDatabase, ds.Name))
+				if dm != nil {
+					set = dm.primary
+				}
+				o.ObserveFloat64(m.staleness, now.Sub(ds.Primary.ObservedAt).Seconds(), set.observe...)
 			}
 			for j := range ds.Replicas {
 				r := &ds.Replicas[j]
 				if r.ObservedAt.IsZero() {
 					continue
 				}
-				attrs := metric.WithAttributes(system, db, attribute.String(attrReplica, r.Name))
-				o.ObserveFloat64(staleness, now.Sub(r.ObservedAt).Seconds(), attrs)
+				var set *measurement
+				if dm != nil && j < len(dm.nodes) && dm.replicas[j] == r.Name {
+					set = dm.nodes[j]
+				} else {
+					set = newMeasurement(attribute.String(attrDatabase, ds.Name), attribute.String(attrReplica, r.Name))
+				}
+				o.ObserveFloat64(m.staleness, now.Sub(r.ObservedAt).Seconds(), set.observe...)
 				if r.Err != nil || !r.InRecovery {
 					continue
 				}
 				if r.LagKnown {
-					o.ObserveInt64(lagBytes, int64(min(r.LagBytes, 1<<62)), attrs)
+					o.ObserveInt64(m.lagBytes, int64(min(r.LagBytes, 1<<62)), set.observe...)
 				}
-				o.ObserveFloat64(lagTime, r.TimeLag.Seconds(), attrs)
+				o.ObserveFloat64(m.lagTime, r.TimeLag.Seconds(), set.observe...)
 			}
 		}
 		return nil
-	}, lagBytes, lagTime, staleness, queries)
-	if err != nil {
-		return nil, err
-	}
-	counters := make([]metric.Observable, len(m.insts))
-	for i, c := range m.insts {
-		counters[i] = c
-	}
-	if _, err = meter.RegisterCallback(m.observe, counters...); err != nil {
-		_ = m.reg.Unregister()
-		return nil, err
-	}
-	return m, nil
+	}, m.lagBytes, m.lagTime, m.staleness)
 }
 
-func (m *metrics) observe(_ context.Context, o metric.Observer) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.decisions.observe(o, m.insts[instDecisions])
-	m.missing.observe(o, m.insts[instMissing])
+// database returns the attribute sets of a configured database, or nil.
+func (m *metrics) database(name string) *dbMetrics {
 	for i := range m.dbs {
-		m.dbs[i].routes.observe(o, m.insts[instRoutes])
-		m.dbs[i].crossEpoch.observe(o, m.insts[instCrossEpoch])
-	}
-	for k, c := range m.other {
-		o.ObserveInt64(m.insts[k.inst], c.n, c.opt)
+		if m.dbs[i].name == name {
+			return &m.dbs[i]
+		}
 	}
 	return nil
 }
 
-// addOther counts what has no slot.
-func (m *metrics) addOther(inst int, kv []attribute.KeyValue) {
-	set := systemSet(kv)
-	k := otherKey{inst, set.Equivalent()}
-	m.mu.Lock()
-	c := m.other[k]
-	if c == nil {
-		c = &otherCount{opt: metric.WithAttributeSet(set)}
-		m.other[k] = c
-	}
-	c.n++
-	m.mu.Unlock()
-}
-
-// database returns the index of a database in dbNames, or -1.
-func (m *metrics) database(name string) int {
-	for i, n := range m.dbNames {
-		if n == name {
-			return i
-		}
-	}
-	return -1
-}
-
-func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
-	job := -1
+// decision is the attribute set of a job's decision.
+func (m *metrics) decision(d *Decision) *measurement {
 	if o, r := outcomeSlot(d.Outcome), reasonSlot(d.Reason); d.Policy.valid() && o >= 0 && r >= 0 {
-		job = (int(d.Policy)*numOutcomes+o)*numReasons + r
-		m.decisions.n[job].Add(1)
-	} else {
-		m.addOther(instDecisions, decisionAttrs(d.Policy, d.Outcome, d.Reason))
+		return m.decisionSets.get((int(d.Policy)*numOutcomes+o)*numReasons + r)
 	}
-	if waited {
-		var opt metric.MeasurementOption
-		if job >= 0 {
-			m.mu.Lock()
-			opt = m.decisions.option(job)
-			m.mu.Unlock()
-		} else {
-			opt = withSystem(decisionAttrs(d.Policy, d.Outcome, d.Reason)...)
-		}
-		m.wait.Record(ctx, d.Waited.Seconds(), opt)
-	}
-	if d.Outcome == OutcomePrimaryNoToken {
-		if r := reasonSlot(d.Reason); r >= 0 {
-			m.missing.n[r].Add(1)
-		} else {
-			m.addOther(instMissing, []attribute.KeyValue{attribute.String(attrReason, d.Reason.String())})
-		}
-	}
-	for i := range d.Databases {
-		dd := &d.Databases[i]
-		k := m.database(dd.Database)
-		if dd.Reason == ReasonEpoch {
-			if k >= 0 {
-				m.dbs[k].crossEpoch.n[incomparableSlot(dd.Incomparable)].Add(1)
-			} else {
-				m.addOther(instCrossEpoch, crossEpochAttrs(dd.Database, dd.Incomparable))
-			}
-		}
-		if d.Action != ActionRun {
-			continue
-		}
-		if slot := m.routeSlot(k, dd); slot >= 0 {
-			m.dbs[k].routes.n[slot].Add(1)
-		} else {
-			m.addOther(instRoutes, routeAttrs(dd.Database, dd.Replica, dd.Outcome, dd.Reason))
-		}
-	}
+	// Nothing Decide returns; counted all the same.
+	return newMeasurement(decisionAttrs(d.Policy, d.Outcome, d.Reason)...)
 }
 
-// routeSlot is dd's slot in m.dbs[k].routes, or -1.
-func (m *metrics) routeSlot(k int, dd *DatabaseDecision) int {
+// route is the attribute set of one database's route.
+func (m *metrics) route(dm *dbMetrics, dd *DatabaseDecision) *measurement {
 	o, r := outcomeSlot(dd.Outcome), reasonSlot(dd.Reason)
-	if k < 0 || o < 0 || r < 0 {
-		return -1
+	if dm == nil || o < 0 || r < 0 {
+		return newMeasurement(routeAttrs(dd.Database, dd.Replica, dd.Outcome, dd.Reason)...)
 	}
 	j := 0 // the primary
 	if dd.Replica != "" {
-		reps := m.dbs[k].replicas
-		if dd.replica < 0 || int(dd.replica) >= len(reps) || reps[dd.replica] != dd.Replica {
-			return -1
+		if dd.replica < 0 || int(dd.replica) >= len(dm.replicas) || dm.replicas[dd.replica] != dd.Replica {
+			return newMeasurement(routeAttrs(dd.Database, dd.Replica, dd.Outcome, dd.Reason)...)
 		}
 		j = 1 + int(dd.replica)
 	}
-	return (j*numOutcomes+o)*numReasons + r
+	return dm.routes.get((j*numOutcomes+o)*numReasons + r)
+}
+
+// record counts one routed job: what Route decided, and how long it
+// waited when it did.
+func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
+	job := m.decision(d)
+	m.decisions.Add(ctx, 1, job.add...)
+	if waited {
+		m.wait.Record(ctx, d.Waited.Seconds(), job.rec...)
+	}
+	if d.Outcome == OutcomePrimaryNoToken {
+		var set *measurement
+		if r := reasonSlot(d.Reason); r >= 0 {
+			set = m.missingSets.get(r)
+		} else {
+			set = newMeasurement(reasonAttrs(d.Reason)...)
+		}
+		m.missing.Add(ctx, 1, set.add...)
+	}
+	if d.ClockSkew > 0 {
+		m.future.Add(ctx, 1, m.futureSet.add...)
+	}
+	for i := range d.Databases {
+		dd := &d.Databases[i]
+		dm := m.database(dd.Database)
+		if dd.Reason == ReasonEpoch {
+			var set *measurement
+			if dm != nil {
+				set = dm.crossEpoch.get(incomparableSlot(dd.Incomparable))
+			} else {
+				set = newMeasurement(crossEpochAttrs(dd.Database, dd.Incomparable)...)
+			}
+			m.crossEpoch.Add(ctx, 1, set.add...)
+		}
+		if d.Action == ActionRun {
+			m.routes.Add(ctx, 1, m.route(dm, dd).add...)
+		}
+	}
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -15,9 +15,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-	"golang.org/x/time/rate"
 
-	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -37,32 +36,14 @@ func TestMetricSlots(t *testing.T) {
 	}
 }
 
-// The handler's context for two databases must stay one allocation of
-// at most the largest size without a malloc header (see newRouted).
-func TestRoutedSize(t *testing.T) {
-	t.Parallel()
-	require.LessOrEqual(t, unsafe.Sizeof(routed{})+2*unsafe.Sizeof(DatabaseDecision{}), uintptr(512))
-	for n := range 5 {
-		rc, buf := newRouted(n)
-		require.NotNil(t, rc)
-		require.NotNil(t, buf)
-		require.Empty(t, buf)
-		require.GreaterOrEqual(t, cap(buf), n)
-	}
+// metricsDatabases configures ci without replicas and main with r1, r2.
+var metricsDatabases = map[string]Database{
+	"ci":   {},
+	"main": {Replicas: []Replica{{Name: "r1"}, {Name: "r2"}}},
 }
 
-// metricsTracker is a tracker that only publishes snap, for the metrics'
-// layout and gauges.
-func metricsTracker(s *Snapshot) *tracker {
-	cfg := Config{}.WithDefaults()
-	tr := &tracker{cfg: &cfg}
-	s.changed = make(chan struct{})
-	tr.snap.Store(s)
-	return tr
-}
-
-// syncMetrics records decisions the way synchronous counters would (the
-// implementation the observable counters replaced), as the reference.
+// syncMetrics records decisions into synchronous instruments with
+// attributes built on every call, as the reference for the prebuilt sets.
 type syncMetrics struct {
 	decisions, routes, missing, crossEpoch metric.Int64Counter
 	wait                                   metric.Float64Histogram
@@ -148,19 +129,15 @@ func collected(t *testing.T, r sdkmetric.Reader) map[string]map[string]string {
 	return out
 }
 
-// TestMetricsAsSynchronousCounters records random decisions, those Decide
-// makes and odd ones that have no slot, and checks that a reader sees
-// what synchronous counters would have shown.
-func TestMetricsAsSynchronousCounters(t *testing.T) {
+// TestMetricsMatchPerCallAttributes records random decisions, those
+// Decide makes and odd ones that have no prebuilt set, and checks that a
+// reader sees what attributes built on every call would have shown.
+func TestMetricsMatchPerCallAttributes(t *testing.T) {
 	t.Parallel()
-	tr := metricsTracker(snap(
-		dbState("ci", 1, nil),
-		dbState("main", 1, nil, rep("r1", 1, "0/1"), rep("r2", 1, "0/1")),
-	))
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	m, err := newMetrics(mp, tr)
+	m, err := newMetrics(mp, metricsDatabases)
 	require.NoError(t, err)
 	refReader := sdkmetric.NewManualReader()
 	refMP := sdkmetric.NewMeterProvider(sdkmetric.WithReader(refReader))
@@ -207,7 +184,7 @@ func TestMetricsAsSynchronousCounters(t *testing.T) {
 					dd.replica = int32(rng.IntN(len(reps)))
 					dd.Replica = reps[dd.replica]
 					if rng.IntN(10) == 0 {
-						dd.Replica = "renamed" // no slot: counted all the same
+						dd.Replica = "renamed" // no prebuilt set: counted all the same
 					}
 				}
 				d.Databases = append(d.Databases, dd)
@@ -220,24 +197,14 @@ func TestMetricsAsSynchronousCounters(t *testing.T) {
 		require.Equal(t, want, got, "round %d", round)
 		require.Len(t, got, 5)
 	}
-
-	// The counts outlive Close, as a synchronous counter's do: the last
-	// collection (MeterProvider.Shutdown) still reports them.
-	before := collected(t, reader)
-	require.NoError(t, m.reg.Unregister())
-	after := collected(t, reader)
-	for _, name := range []string{"caughtup.consume.decisions", "caughtup.consume.database.routes", "caughtup.consume.tokens.missing", "caughtup.consume.tokens.cross_epoch"} {
-		require.Equal(t, before[name], after[name], name)
-	}
 }
 
 func TestMetricsCountDecisions(t *testing.T) {
 	t.Parallel()
-	tr := metricsTracker(snap(dbState("main", 1, nil, rep("r1", 1, "0/1"), rep("r2", 1, "0/1"))))
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	m, err := newMetrics(mp, tr)
+	m, err := newMetrics(mp, metricsDatabases)
 	require.NoError(t, err)
 
 	for range 3 {
@@ -263,54 +230,188 @@ func TestMetricsCountDecisions(t *testing.T) {
 	require.NotContains(t, got, "caughtup.consume.tokens.cross_epoch")
 }
 
-// TestRoutedContext checks the handler's context against what
-// context.WithValue and enqueue.WithToken gave before: values, the child
-// token, cancellation and its text.
-func TestRoutedContext(t *testing.T) {
+// TestMetricsContract pins what the README's Metrics table promises: each
+// instrument's name, unit, kind and attribute names.
+func TestMetricsContract(t *testing.T) {
 	t.Parallel()
-	tr := metricsTracker(snap(dbState("main", 1, nil, rep("r1", 1, "0/9000"))))
-	r := &Router{cfg: *tr.cfg, tr: tr, pools: map[string]*Database{"main": {}}}
-	r.cfg.WaitBudget = -1
-	r.log = testLogger(t)
-	var err error
-	r.met, err = newMetrics(sdkmetric.NewMeterProvider(), tr)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	s := snap(dbState("main", 1, nil, rep("r1", 1, "0/1"), rep("r2", 1, "0/1")))
+	s.Databases[0].Replicas[0].LagKnown = true
+	r := unitRouter(t, s, func(c *Config) { c.MeterProvider = mp; c.Now = func() time.Time { return t0 } })
+	reg, err := r.met.gauges(r.tr)
 	require.NoError(t, err)
-	r.lim = rate.NewLimiter(rate.Inf, 0)
-	r.cfg.Now = func() time.Time { return t0 }
+	t.Cleanup(func() { _ = reg.Unregister() })
+	ctx := context.Background()
+	r.met.queries.Add(1)
+	for _, d := range []Decision{
+		{Policy: Delayed, Action: ActionRun, Outcome: OutcomeReplicaWaited, Waited: time.Millisecond,
+			Databases: []DatabaseDecision{{Database: "main", Replica: "r1", replica: 0, Outcome: OutcomeReplicaWaited}}},
+		{Policy: Sticky, Action: ActionRun, Outcome: OutcomePrimaryNoToken, Reason: ReasonNoToken},
+		{Policy: Delayed, Action: ActionRun, Outcome: OutcomePrimary, Reason: ReasonUnknownAge, ClockSkew: time.Hour},
+		{Policy: Sticky, Action: ActionRun, Outcome: OutcomePrimaryEpoch, Reason: ReasonEpoch,
+			Databases: []DatabaseDecision{{Database: "main", replica: -1, Outcome: OutcomePrimaryEpoch, Reason: ReasonEpoch, Incomparable: position.OtherSystem}}},
+	} {
+		r.met.record(ctx, &d, d.Waited > 0)
+	}
 
-	type key struct{}
-	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
-	jobTok := position.Of(t0.Add(-time.Second), ent("main", 1, "0/100"))
-	hctx, d, err := r.RouteToken(parent, jobTok, Delayed)
+	type inst struct {
+		unit, kind string
+		keys       []string // every data point's attribute names, sorted, joined
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	got := map[string]inst{}
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, ScopeName, sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			in := inst{unit: m.Unit, kind: fmt.Sprintf("%T", m.Data)}
+			var sets []attribute.Set
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				require.True(t, data.IsMonotonic, m.Name)
+				for _, dp := range data.DataPoints {
+					sets = append(sets, dp.Attributes)
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range data.DataPoints {
+					sets = append(sets, dp.Attributes)
+				}
+			case metricdata.Gauge[int64]:
+				for _, dp := range data.DataPoints {
+					sets = append(sets, dp.Attributes)
+				}
+			case metricdata.Gauge[float64]:
+				for _, dp := range data.DataPoints {
+					sets = append(sets, dp.Attributes)
+				}
+			}
+			for _, set := range sets {
+				var keys []string
+				for _, kv := range set.ToSlice() {
+					keys = append(keys, string(kv.Key))
+				}
+				slices.Sort(keys)
+				if k := strings.Join(keys, ","); !slices.Contains(in.keys, k) {
+					in.keys = append(in.keys, k)
+				}
+			}
+			slices.Sort(in.keys)
+			got[m.Name] = in
+		}
+	}
+	const (
+		sum   = "metricdata.Sum[int64]"
+		hist  = "metricdata.Histogram[float64]"
+		gauge = "metricdata.Gauge[float64]"
+	)
+	require.Equal(t, map[string]inst{
+		"caughtup.consume.decisions":          {"{decision}", sum, []string{"caughtup.outcome,caughtup.policy,caughtup.reason,db.system.name"}},
+		"caughtup.consume.wait.duration":      {"s", hist, []string{"caughtup.outcome,caughtup.policy,caughtup.reason,db.system.name"}},
+		"caughtup.consume.database.routes":    {"{route}", sum, []string{"caughtup.database,caughtup.outcome,caughtup.reason,caughtup.replica,db.system.name", "caughtup.database,caughtup.outcome,caughtup.reason,db.system.name"}},
+		"caughtup.consume.tokens.missing":     {"{token}", sum, []string{"caughtup.reason,db.system.name"}},
+		"caughtup.consume.tokens.cross_epoch": {"{token}", sum, []string{"caughtup.database,caughtup.reason,db.system.name"}},
+		"caughtup.consume.tokens.future":      {"{token}", sum, []string{"db.system.name"}},
+		"caughtup.consume.tracker.queries":    {"{query}", sum, []string{"db.system.name"}},
+		"caughtup.consume.replica.lag":        {"By", "metricdata.Gauge[int64]", []string{"caughtup.database,caughtup.replica,db.system.name"}},
+		"caughtup.consume.replica.lag.time":   {"s", gauge, []string{"caughtup.database,caughtup.replica,db.system.name"}},
+		"caughtup.consume.tracker.staleness":  {"s", gauge, []string{"caughtup.database,caughtup.replica,db.system.name", "caughtup.database,db.system.name"}},
+	}, got)
+}
+
+// gaugePoints is a collection's gauge data points per instrument; it
+// fails on a series reported twice.
+func gaugePoints(t *testing.T, reader sdkmetric.Reader) map[string]int {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	out := map[string]int{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var sets []attribute.Set
+			switch data := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, dp := range data.DataPoints {
+					sets = append(sets, dp.Attributes)
+				}
+			case metricdata.Gauge[float64]:
+				for _, dp := range data.DataPoints {
+					sets = append(sets, dp.Attributes)
+				}
+			default:
+				continue
+			}
+			seen := map[attribute.Distinct]bool{}
+			for _, s := range sets {
+				require.False(t, seen[s.Equivalent()], "%s{%s} reported twice", m.Name, s.Encoded(attribute.DefaultEncoder()))
+				seen[s.Equivalent()] = true
+			}
+			out[m.Name] = len(sets)
+		}
+	}
+	return out
+}
+
+// TestMetricsAcrossRouters closes a router and makes another on the same
+// MeterProvider, as a process that reconfigures does: the counts of the
+// first survive its Close, the second adds to the same series, and every
+// series, gauges included, is reported once.
+func TestMetricsAcrossRouters(t *testing.T) {
+	e := setup(t, pgtest.Shared(t))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	_, tok := e.write(t)
+	ctx := ctxT(t)
+	route := func(r *Router, n int) {
+		for range n {
+			_, d, err := r.RouteToken(ctx, tok, Sticky)
+			require.NoError(t, err)
+			require.Equal(t, OutcomeReplica, d.Outcome)
+		}
+	}
+	lagKnown := func(s *Snapshot) bool {
+		for _, rs := range s.Database("main").Replicas {
+			if !rs.LagKnown {
+				return false
+			}
+		}
+		return true
+	}
+	const jobs = `caughtup.outcome=replica,caughtup.policy=sticky,caughtup.reason=none,db.system.name=postgresql`
+
+	first, err := NewRouter(ctx, e.config(t, func(c *Config) { c.MeterProvider = mp }))
 	require.NoError(t, err)
-	require.Equal(t, OutcomeReplica, d.Outcome)
-	got, ok := DecisionFrom(hctx)
-	require.True(t, ok)
-	require.Equal(t, d, got)
-	require.Equal(t, "v", hctx.Value(key{}))
-	child, ok := enqueue.TokenFrom(hctx)
-	require.True(t, ok)
-	require.Equal(t, childToken(jobTok, &d, child.CapturedAt), child)
-	require.Equal(t, []position.Entry{{Database: "main", Epoch: ep(1), LSN: lsn("0/9000"), Source: position.SourceReplica}}, child.Entries)
-	require.Equal(t, "context.Background.WithValue(consume.key, v).WithCancel.WithValue(consume.routedKey, *consume.routed).WithValue(enqueue.tokenKey, *consume.childSource)",
-		fmt.Sprint(hctx))
+	seen(t, first, tok)
+	waitUntil(t, first, "byte lag is known", lagKnown)
+	route(first, 3)
+	require.Equal(t, map[string]int{
+		"caughtup.consume.replica.lag": 2, "caughtup.consume.replica.lag.time": 2, "caughtup.consume.tracker.staleness": 3,
+		"caughtup.consume.replica.diverged": 2, "caughtup.consume.replica.restart.hold": 2,
+	}, gaugePoints(t, reader))
+	require.NoError(t, first.Close())
 
-	// Derived contexts see the values and the cancellation.
-	derived, stop := context.WithTimeout(hctx, time.Minute)
-	defer stop()
-	cancel()
-	<-derived.Done()
-	require.ErrorIs(t, derived.Err(), context.Canceled)
-	require.ErrorIs(t, hctx.Err(), context.Canceled)
-	_, ok = DecisionFrom(derived)
-	require.True(t, ok)
+	// After Close: the last jobs are still reported (as at
+	// MeterProvider.Shutdown); the gauges went with the tracker.
+	got := sums(t, reader)
+	require.Equal(t, map[string]int64{jobs: 3}, got["caughtup.consume.decisions"])
+	require.Equal(t, int64(3), total(got["caughtup.consume.database.routes"]))
+	queries := total(got["caughtup.consume.tracker.queries"])
+	require.Positive(t, queries)
+	require.Empty(t, gaugePoints(t, reader))
 
-	// No token: no child token, and the decision still travels.
-	hctx, d, err = r.Route(context.Background(), "", Delayed)
-	require.NoError(t, err)
-	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
-	_, ok = enqueue.TokenFrom(hctx)
-	require.False(t, ok)
-	_, ok = DecisionFrom(hctx)
-	require.True(t, ok)
+	second := e.router(t, func(c *Config) { c.MeterProvider = mp })
+	seen(t, second, tok)
+	waitUntil(t, second, "byte lag is known", lagKnown)
+	route(second, 2)
+	got = sums(t, reader) // fails on a series reported twice
+	require.Equal(t, map[string]int64{jobs: 5}, got["caughtup.consume.decisions"])
+	require.Equal(t, int64(5), total(got["caughtup.consume.database.routes"]))
+	require.Len(t, got["caughtup.consume.tracker.queries"], 1)
+	require.Greater(t, total(got["caughtup.consume.tracker.queries"]), queries, "the second tracker adds to the first's count")
+	require.Equal(t, map[string]int{
+		"caughtup.consume.replica.lag": 2, "caughtup.consume.replica.lag.time": 2, "caughtup.consume.tracker.staleness": 3,
+		"caughtup.consume.replica.diverged": 2, "caughtup.consume.replica.restart.hold": 2,
+	}, gaugePoints(t, reader))
 }

@@ -28,6 +28,9 @@ const (
 
 var policyNames = [...]string{"default", "always", "sticky", "delayed"}
 
+// String is the policy's name in metrics (caughtup.policy), logs and
+// configuration ("default", "always", "sticky", "delayed"); "invalid" for
+// other values.
 func (p Policy) String() string {
 	if int(p) < len(policyNames) {
 		return policyNames[p]
@@ -52,8 +55,12 @@ func ParsePolicy(s string) (Policy, error) {
 }
 
 // PolicyError reports text that names no policy.
-type PolicyError struct{ Input string }
+type PolicyError struct {
+	// Input is the text given (Error prints at most 64 bytes of it).
+	Input string
+}
 
+// Error names the text and the policies that exist.
 func (e *PolicyError) Error() string {
 	in := e.Input
 	if len(in) > 64 {
@@ -164,9 +171,10 @@ const (
 	// ReasonDeadline: the token is older than Config.MaxAge, so the job
 	// stops waiting for replicas.
 	ReasonDeadline
-	// ReasonUnknownAge: the token has no capture time, so a Delayed job
-	// cannot be deferred (its deferral would have no bound) and goes to
-	// the primary after the wait.
+	// ReasonUnknownAge: the token has no capture time, or one more than
+	// Config.ClockSkewTolerance ahead of the consumer's clock, so a
+	// Delayed job cannot be deferred (its deferral would have no bound)
+	// and goes to the primary after the wait.
 	ReasonUnknownAge
 	// ReasonEpoch: the token's epoch cannot be compared with the
 	// replicas' (DatabaseDecision.Incomparable says how).
@@ -263,6 +271,8 @@ const (
 
 var actionNames = [...]string{"run", "wait", "defer", "refuse"}
 
+// String is the action's name ("run", "wait", "defer", "refuse");
+// "invalid" for other values.
 func (a Action) String() string {
 	if int(a) < len(actionNames) {
 		return actionNames[a]

@@ -4,11 +4,18 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
@@ -125,13 +132,159 @@ func resumeAll(t testing.TB, c *pgtest.Cluster) {
 func seen(t testing.TB, r *Router, tok position.Token) {
 	t.Helper()
 	e := tok.Entries[0]
-	require.Eventually(t, func() bool {
-		ds := r.Snapshot().Database(e.Database)
+	waitUntil(t, r, "every replica is seen at the token", func(s *Snapshot) bool {
+		ds := s.Database(e.Database)
 		for _, rs := range ds.Replicas {
 			if e.Compare(rs.Replayed, ds.Primary.History).Status != position.CaughtUp {
 				return false
 			}
 		}
 		return true
-	}, 10*time.Second, time.Millisecond)
+	})
+}
+
+// waitUntil checks cond on the router's snapshot and again on every newer
+// one the tracker publishes (one per observation, so at least one per
+// node and PollInterval), until it holds. cond may also look at state
+// other than the snapshot that changes no later than an observation.
+func waitUntil(t testing.TB, r *Router, what string, cond func(*Snapshot) bool) *Snapshot {
+	t.Helper()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	for {
+		s := r.Snapshot()
+		if cond(s) {
+			return s
+		}
+		select {
+		case <-s.Changed():
+		case <-deadline.C:
+			t.Fatalf("gave up waiting until %s; last snapshot %+v", what, s)
+		}
+	}
+}
+
+// waiting is how many (job, replica) waits the tracker is polling fast
+// for. A waiting job's first wait kicks its replica's poller, which then
+// publishes a snapshot, so waitUntil sees the count change promptly.
+func waiting(r *Router) int {
+	n := 0
+	for _, rps := range r.tr.replicas {
+		for _, p := range rps {
+			n += int(p.waiters.Load())
+		}
+	}
+	return n
+}
+
+// unitRouter is a Router over a fixed snapshot, without a tracker's
+// goroutines or any connection: for what Route does around Decide. The
+// snapshot's databases are configured with nil pools.
+func unitRouter(t testing.TB, s *Snapshot, mods ...func(*Config)) *Router {
+	t.Helper()
+	cfg := Config{Databases: map[string]Database{}, Logger: testLogger(t), PrimaryRate: rate.Inf}
+	for _, ds := range s.Databases {
+		db := Database{}
+		for _, rs := range ds.Replicas {
+			db.Replicas = append(db.Replicas, Replica{Name: rs.Name})
+		}
+		cfg.Databases[ds.Name] = db
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	r := newRouter(cfg.WithDefaults())
+	mp := r.cfg.MeterProvider
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	var err error
+	r.met, err = newMetrics(mp, r.cfg.Databases)
+	require.NoError(t, err)
+	r.tr = &tracker{cfg: &r.cfg}
+	s.changed = make(chan struct{})
+	r.tr.snap.Store(s)
+	return r
+}
+
+// sums is a collection's monotonic int64 sums: per instrument, per
+// attribute set (encoded), the value. It fails on a series reported
+// twice.
+func sums(t testing.TB, reader sdkmetric.Reader) map[string]map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	out := map[string]map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			data, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				continue
+			}
+			pts := map[string]int64{}
+			for _, dp := range data.DataPoints {
+				k := dp.Attributes.Encoded(attribute.DefaultEncoder())
+				_, dup := pts[k]
+				require.False(t, dup, "%s{%s} reported twice", m.Name, k)
+				pts[k] = dp.Value
+			}
+			out[m.Name] = pts
+		}
+	}
+	return out
+}
+
+// total is the sum of an instrument's series.
+func total(series map[string]int64) int64 {
+	var n int64
+	for _, v := range series {
+		n += v
+	}
+	return n
+}
+
+// captured is a slog.Handler that keeps every record at Warn and above,
+// for tests of what is logged.
+type captured struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (c *captured) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+
+func (c *captured) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	c.records = append(c.records, r.Clone())
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *captured) WithAttrs([]slog.Attr) slog.Handler { panic("not used") }
+func (c *captured) WithGroup(string) slog.Handler      { panic("not used") }
+
+// lines returns the records whose message starts with prefix, each as its
+// attributes (groups flattened with dots).
+func (c *captured) lines(prefix string) []map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []map[string]string
+	for _, r := range c.records {
+		if !strings.HasPrefix(r.Message, prefix) {
+			continue
+		}
+		m := map[string]string{}
+		var add func(prefix string, a slog.Attr)
+		add = func(prefix string, a slog.Attr) {
+			if a.Value.Kind() == slog.KindGroup {
+				for _, g := range a.Value.Group() {
+					add(prefix+a.Key+".", g)
+				}
+				return
+			}
+			m[prefix+a.Key] = a.Value.String()
+		}
+		r.Attrs(func(a slog.Attr) bool { add("", a); return true })
+		out = append(out, m)
+	}
+	return out
 }

@@ -21,6 +21,17 @@ type Snapshot struct {
 	changed chan struct{}
 }
 
+// Changed returns a channel that is closed when the tracker publishes a
+// newer snapshot. Check a snapshot, then wait on its Changed: nothing
+// published in between can be missed. A Snapshot that no Router
+// published (one built for Decide) returns nil, which never fires.
+func (s *Snapshot) Changed() <-chan struct{} {
+	if s == nil {
+		return nil
+	}
+	return s.changed
+}
+
 // Database returns the state of one database, or nil.
 func (s *Snapshot) Database(name string) *DatabaseState {
 	if s == nil {

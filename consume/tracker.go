@@ -42,7 +42,7 @@ type tracker struct {
 	replicas [][]*replicaPoller // by database index, then replica index
 	primarys []*primaryPoller
 
-	queries atomic.Uint64
+	queries queryCounter
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -80,14 +80,14 @@ type primaryPoller struct {
 	histDenied bool
 }
 
-func newTracker(cfg *Config, log *slog.Logger) (*tracker, error) {
+func newTracker(cfg *Config, log *slog.Logger, queries queryCounter) (*tracker, error) {
 	names := make([]string, 0, len(cfg.Databases))
 	for name := range cfg.Databases {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 
-	t := &tracker{cfg: cfg, log: log, initDone: make(chan struct{})}
+	t := &tracker{cfg: cfg, log: log, queries: queries, initDone: make(chan struct{})}
 	t.ctx, t.cancel = context.WithCancel(context.WithValue(context.Background(), trackerConnKey{}, true))
 	snap := &Snapshot{Databases: make([]DatabaseState, len(names)), changed: make(chan struct{})}
 	var (

@@ -1,0 +1,71 @@
+package consume
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+)
+
+func TestNewRoutingBuffer(t *testing.T) {
+	t.Parallel()
+	for n := range 5 {
+		rv, buf := newRouting(n)
+		require.NotNil(t, rv)
+		require.NotNil(t, buf)
+		require.Empty(t, buf)
+		require.GreaterOrEqual(t, cap(buf), n)
+	}
+}
+
+// TestRoutedContext checks the handler's context against what
+// context.WithValue and enqueue.WithToken gave before: values, the child
+// token, cancellation and its text.
+func TestRoutedContext(t *testing.T) {
+	t.Parallel()
+	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/9000"))), func(c *Config) {
+		c.WaitBudget = -1
+		c.Now = func() time.Time { return t0 }
+	})
+
+	type key struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	jobTok := position.Of(t0.Add(-time.Second), ent("main", 1, "0/100"))
+	hctx, d, err := r.RouteToken(parent, jobTok, Delayed)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeReplica, d.Outcome)
+	got, ok := DecisionFrom(hctx)
+	require.True(t, ok)
+	require.Equal(t, d, got)
+	require.Equal(t, "v", hctx.Value(key{}))
+	child, ok := enqueue.TokenFrom(hctx)
+	require.True(t, ok)
+	require.Equal(t, childToken(jobTok, &d, child.CapturedAt), child)
+	require.Equal(t, []position.Entry{{Database: "main", Epoch: ep(1), LSN: lsn("0/9000"), Source: position.SourceReplica}}, child.Entries)
+	require.Equal(t, "context.Background.WithValue(consume.key, v).WithCancel.WithValue(consume.routingKey, *consume.routing).WithValue(enqueue.tokenKey, *consume.childSource)",
+		fmt.Sprint(hctx))
+
+	// Derived contexts see the values and the cancellation.
+	derived, stop := context.WithTimeout(hctx, time.Minute)
+	defer stop()
+	cancel()
+	<-derived.Done()
+	require.ErrorIs(t, derived.Err(), context.Canceled)
+	require.ErrorIs(t, hctx.Err(), context.Canceled)
+	_, ok = DecisionFrom(derived)
+	require.True(t, ok)
+
+	// No token: no child token, and the decision still travels.
+	hctx, d, err = r.Route(context.Background(), "", Delayed)
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
+	_, ok = enqueue.TokenFrom(hctx)
+	require.False(t, ok)
+	_, ok = DecisionFrom(hctx)
+	require.True(t, ok)
+}

@@ -1,0 +1,83 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// wait re-decides on every snapshot the tracker publishes until Decide
+// stops saying ActionWait or the budget runs out; meanwhile the replicas
+// it waits on are polled every WaitPollInterval.
+func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decision, error) {
+	start := time.Now()
+	budget := r.cfg.WaitBudget
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl))
+	}
+	in.Waited = true
+	if budget <= 0 {
+		in.NoWait = true
+		return Decide(*in), nil
+	}
+	defer r.watch(in.Snapshot, &d)()
+	timer := time.NewTimer(budget)
+	defer timer.Stop()
+	for {
+		snap := r.tr.snapshot()
+		in.Snapshot, in.Now = snap, r.cfg.Now()
+		d = Decide(*in)
+		if d.Action != ActionWait {
+			d.Waited = time.Since(start)
+			return d, nil
+		}
+		select {
+		case <-snap.changed:
+			continue
+		case <-timer.C:
+		case <-ctx.Done():
+			// A deadline only shortened the budget (it and the timer fire
+			// together); a cancellation abandons the job.
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				d.Waited = time.Since(start)
+				return d, ctx.Err()
+			}
+		}
+		in.NoWait = true
+		in.Snapshot, in.Now = r.tr.snapshot(), r.cfg.Now()
+		d = Decide(*in)
+		d.Waited = time.Since(start)
+		return d, nil
+	}
+}
+
+// watch speeds up polling of the replicas a waiting decision could be
+// satisfied by: those of the databases still behind that answered their
+// last query. Failing replicas keep the slow pace, so a wait never turns
+// into a reconnect storm.
+func (r *Router) watch(s *Snapshot, d *Decision) func() {
+	var undo []func()
+	for _, dd := range d.Databases {
+		if dd.Outcome != outcomeWait {
+			continue
+		}
+		for i := range s.Databases {
+			ds := &s.Databases[i]
+			if ds.Name != dd.Database {
+				continue
+			}
+			var idx []int
+			for j := range ds.Replicas {
+				if ds.Replicas[j].Err == nil {
+					idx = append(idx, j)
+				}
+			}
+			undo = append(undo, r.tr.watch(i, idx))
+		}
+	}
+	return func() {
+		for _, u := range undo {
+			u()
+		}
+	}
+}
