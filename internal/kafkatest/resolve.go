@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -246,10 +247,15 @@ func resolveInto(ctx context.Context, base, key, dst string) error {
 	cmd.Dir = tmp
 	cmd.Stdout, cmd.Stderr = lf, lf
 	// Own process group, killed whole on ctx: mvn is a shell script that
-	// execs java, and a timed-out resolution must not linger.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// execs java, and a timed-out resolution must not linger. Pdeathsig
+	// covers a test binary that is killed outright, so that no orphaned mvn
+	// writes into the local repository while the next resolver uses it; it
+	// fires when the forking thread exits, hence the locked thread.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	runtime.LockOSThread()
 	err = cmd.Run()
+	runtime.UnlockOSThread()
 	_ = lf.Close()
 	if err != nil {
 		if ctx.Err() != nil {
