@@ -245,6 +245,8 @@ func resolveInto(ctx context.Context, base, key, dst string) error {
 		"-Dkafkatest.lib="+filepath.Join(tmp, "lib"),
 		"dependency:copy-dependencies")
 	cmd.Dir = tmp
+	// No /tmp/hsperfdata_<user>/<pid> left behind if mvn is killed.
+	cmd.Env = append(os.Environ(), "MAVEN_OPTS="+strings.TrimSpace(os.Getenv("MAVEN_OPTS")+" -XX:-UsePerfData"))
 	cmd.Stdout, cmd.Stderr = lf, lf
 	// Own process group, killed whole on ctx: mvn is a shell script that
 	// execs java, and a timed-out resolution must not linger. Pdeathsig
