@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,6 +55,24 @@ func readPartition(t *testing.T, ctx context.Context, b *kafkatest.Broker, topic
 	return out
 }
 
+// lockedLog collects kafka-go's log lines, written from its goroutines.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lockedLog) printf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(&l.buf, format+"\n", args...)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
 func newClient(t *testing.T, b *kafkatest.Broker) *kafka.Client {
 	tr := &kafka.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -80,10 +100,12 @@ func endOffsets(t *testing.T, ctx context.Context, c *kafka.Client, topic string
 
 // TestKafkaGoConsumerGroupAPI drives kafka-go's low-level ConsumerGroup /
 // Generation API, which the kafka adapter's consumer is built on, against
-// a real Kafka 4 broker: FindCoordinator, JoinGroup, SyncGroup, Heartbeat,
-// OffsetFetch, OffsetCommit, LeaveGroup, plus ListOffsets (Conn's v1 and
-// Client's negotiated version) and Fetch. Kafka 4 dropped old versions of
-// several of these (KIP-896); kfake does not enforce that.
+// a real Kafka 4 broker. kafka-go v0.4.51 pins most versions: FindCoordinator
+// v0, JoinGroup v2 (negotiated from v1-v2), SyncGroup v0, Heartbeat v0,
+// OffsetFetch v1, OffsetCommit v2, LeaveGroup v0, ListOffsets v1 on a Conn;
+// Client calls (ListOffsets, OffsetFetch, CreateTopics) negotiate. Kafka 4
+// dropped older versions of several of these (KIP-896), three of them down
+// to exactly what kafka-go sends; kfake does not enforce that.
 func TestKafkaGoConsumerGroupAPI(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t, 2*time.Minute)
@@ -110,12 +132,17 @@ func TestKafkaGoConsumerGroupAPI(t *testing.T) {
 	require.EqualValues(t, 0, first)
 	require.Equal(t, ends[0], last)
 
+	// kafka-go's heartbeat loop (Heartbeat v0) stops silently on an error
+	// and only says so in its log.
+	var groupLog lockedLog
 	join := func() (*kafka.ConsumerGroup, *kafka.Generation) {
 		cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 			ID: group, Brokers: b.Brokers(), Topics: []string{topic},
 			// One member: no need to wait for others, and a quick exit.
-			JoinGroupBackoff: 100 * time.Millisecond,
-			Timeout:          10 * time.Second,
+			JoinGroupBackoff:  100 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			Timeout:           10 * time.Second,
+			Logger:            kafka.LoggerFunc(groupLog.printf),
 		})
 		require.NoError(t, err)
 		for {
@@ -154,6 +181,11 @@ func TestKafkaGoConsumerGroupAPI(t *testing.T) {
 	}
 	require.Equal(t, n, seen)
 	require.Len(t, keyPartition, keys)
+	// Deliberately idle for several heartbeat intervals: the member must
+	// stay in the group (an OffsetCommit with its generation succeeds).
+	time.Sleep(500 * time.Millisecond)
+	require.NotContains(t, groupLog.String(), "stopped heartbeat")
+	require.Contains(t, groupLog.String(), "started heartbeat")
 	require.NoError(t, gen.CommitOffsets(map[string]map[int]int64{topic: committed}))
 	require.NoError(t, cg.Close())
 
