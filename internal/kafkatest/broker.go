@@ -299,13 +299,20 @@ func (b *Broker) writeConfig() error {
 }
 
 // clusterID is what kafka-storage random-uuid prints: 16 random bytes,
-// unpadded URL-safe base64.
+// unpadded URL-safe base64, never starting with '-'. Kafka's
+// Uuid.randomUuid draws again in that case too: StorageTool's argument
+// parser takes "-t -abc…" for a missing value and an unknown option, which
+// failed one broker start in 64.
 func clusterID() (string, error) {
-	var u [16]byte
-	if _, err := rand.Read(u[:]); err != nil {
-		return "", fmt.Errorf("kafkatest: %w", err)
+	for {
+		var u [16]byte
+		if _, err := rand.Read(u[:]); err != nil {
+			return "", fmt.Errorf("kafkatest: %w", err)
+		}
+		if id := base64.RawURLEncoding.EncodeToString(u[:]); id[0] != '-' {
+			return id, nil
+		}
 	}
-	return base64.RawURLEncoding.EncodeToString(u[:]), nil
 }
 
 // probe is the readiness check: a metadata request that lists this broker.

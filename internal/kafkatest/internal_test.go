@@ -72,3 +72,18 @@ func TestPomKeyStable(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(names), 4, "pom.xml and the kafka, connect, debezium modules")
 }
+
+// TestClusterID: 22 characters of URL-safe base64 that StorageTool's
+// argument parser cannot mistake for an option.
+func TestClusterID(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 2000 {
+		id, err := clusterID()
+		require.NoError(t, err)
+		require.Len(t, id, 22)
+		require.NotEqual(t, byte('-'), id[0], id)
+		require.False(t, seen[id])
+		seen[id] = true
+	}
+}
