@@ -161,14 +161,14 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{opts: opts, sb: sb, art: art}
-	b.unregister = testsvc.Register(b.Close)
-	if b.j, err = newJVM("broker", sb); err != nil {
-		_ = b.Close()
+	j, err := newJVM("broker", sb)
+	if err != nil {
+		_ = sb.Remove()
 		return nil, err
 	}
-	b.dataDir = filepath.Join(b.j.dir, "data")
-	b.j.ready = b.probe
+	b := &Broker{opts: opts, sb: sb, art: art, j: j, dataDir: filepath.Join(j.dir, "data")}
+	j.ready = b.probe
+	b.unregister = testsvc.Register(b.Close)
 	b.j.opMu.Lock()
 	for range 5 {
 		if err = b.startFresh(ctx); !errors.Is(err, errPortInUse) {
@@ -430,11 +430,6 @@ func (b *Broker) Start(ctx context.Context) error {
 func (b *Broker) Close() error {
 	if b.external != nil {
 		return nil
-	}
-	if b.j == nil { // newJVM failed
-		err := b.sb.Remove()
-		b.unregister()
-		return err
 	}
 	if !b.j.markClosed() {
 		return nil

@@ -114,15 +114,16 @@ func StartConnect(ctx context.Context, brokers []string, opts ConnectOptions) (*
 	if err != nil {
 		return nil, err
 	}
-	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
-	c := &Connect{opts: opts, brokers: append([]string(nil), brokers...), sb: sb, art: art,
-		transport: tr, http: &http.Client{Transport: tr, Timeout: 90 * time.Second}}
-	c.unregister = testsvc.Register(c.Close)
-	if c.j, err = newJVM("connect", sb); err != nil {
-		_ = c.Close()
+	j, err := newJVM("connect", sb)
+	if err != nil {
+		_ = sb.Remove()
 		return nil, err
 	}
-	c.j.ready = c.probe
+	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
+	c := &Connect{opts: opts, brokers: append([]string(nil), brokers...), sb: sb, art: art, j: j,
+		transport: tr, http: &http.Client{Transport: tr, Timeout: 90 * time.Second}}
+	j.ready = c.probe
+	c.unregister = testsvc.Register(c.Close)
 	c.j.opMu.Lock()
 	for range 5 {
 		if err = c.startFresh(ctx); !errors.Is(err, errPortInUse) {
@@ -200,12 +201,7 @@ func (c *Connect) Brokers() []string { return append([]string(nil), c.brokers...
 func (c *Connect) Dir() string { return c.sb.Root() }
 
 // LogPath is the worker's log, where connector and task errors land.
-func (c *Connect) LogPath() string {
-	if c.j == nil {
-		return ""
-	}
-	return c.j.logPath
-}
+func (c *Connect) LogPath() string { return c.j.logPath }
 
 // Running reports whether the worker JVM is alive.
 func (c *Connect) Running() bool { return c.j.running() }
@@ -366,11 +362,6 @@ func (c *Connect) Kill() error {
 // Debezium connector with slot.drop.on.stop drops its replication slot,
 // which would otherwise hold WAL and block DROP DATABASE. Idempotent.
 func (c *Connect) Close() error {
-	if c.j == nil {
-		err := c.sb.Remove()
-		c.unregister()
-		return err
-	}
 	if !c.j.markClosed() {
 		return nil
 	}

@@ -194,7 +194,14 @@ func (j *jvm) start(ctx context.Context, cmd *exec.Cmd) error {
 	j.sb.RecordPID(j.name, p.PID())
 	j.mu.Lock()
 	j.proc = p
+	closed = j.closed
 	j.mu.Unlock()
+	if closed {
+		// Close (from the signal handler) ran between the check above and
+		// the spawn, and found nothing to stop.
+		j.kill()
+		return errClosed
+	}
 
 	began := time.Now()
 	var last error
@@ -203,7 +210,7 @@ func (j *jvm) start(ctx context.Context, cmd *exec.Cmd) error {
 			j.afterExit()
 			tail := testsvc.LogTailN(j.logPath, offset, 40)
 			if strings.Contains(tail, "Address already in use") {
-				return fmt.Errorf("%w: %s", errPortInUse, j.name)
+				return fmt.Errorf("%w: %s; log %s:\n%s", errPortInUse, j.name, j.logPath, tail)
 			}
 			return fmt.Errorf("kafkatest: %s exited during startup (%v); log %s:\n%s", j.name, p.Err(), j.logPath, tail)
 		}
@@ -215,7 +222,7 @@ func (j *jvm) start(ctx context.Context, cmd *exec.Cmd) error {
 		}
 		if err := testsvc.SleepCtx(ctx, 100*time.Millisecond); err != nil {
 			j.kill()
-			return fmt.Errorf("kafkatest: %s not ready after %v (%w; last probe: %v); on a loaded machine raise the start timeout; log %s:\n%s",
+			return fmt.Errorf("kafkatest: %s not ready after %v (%w; last probe: %v); if the machine is just overloaded, raise StartTimeout in the options; log %s:\n%s",
 				j.name, time.Since(began).Round(time.Millisecond), err, last, j.logPath, testsvc.LogTailN(j.logPath, offset, 40))
 		}
 	}
