@@ -12,7 +12,8 @@ TESTFLAGS ?= -race -count=1 -p 2 -timeout 12m
 
 all: test
 
-# Installs the PostgreSQL server and redis-server when they are missing.
+# Installs the PostgreSQL server, redis-server, Java 17 and Maven when they
+# are missing, and resolves the Kafka harness's jars (internal/kafkatest).
 deps:
 	@scripts/install-deps
 

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // Options configures Start. The zero value is a primary with two replicas.
@@ -94,7 +96,7 @@ host  replication all  127.0.0.1/32  trust
 // Cluster is a primary with streaming replicas, all in one temp dir.
 type Cluster struct {
 	opts       Options
-	sb         *sandbox
+	sb         *testsvc.Sandbox
 	unregister func()
 
 	mu       sync.Mutex
@@ -116,7 +118,7 @@ func (c *Cluster) logf(format string, args ...any) {
 // running.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	began := time.Now()
-	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if _, err := pgBinDir(); err != nil {
 		return nil, err
@@ -126,7 +128,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{opts: opts, sb: sb}
-	c.unregister = register(c.Close)
+	c.unregister = testsvc.Register(c.Close)
 	if err := c.build(ctx); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -135,7 +137,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	for _, r := range c.replicas {
 		ports = append(ports, fmt.Sprintf("%s :%d", r.name, r.Port()))
 	}
-	c.logf("cluster up in %v: primary :%d, %s (dir %s)", time.Since(began).Round(time.Millisecond), c.primary.Port(), strings.Join(ports, ", "), sb.root)
+	c.logf("cluster up in %v: primary :%d, %s (dir %s)", time.Since(began).Round(time.Millisecond), c.primary.Port(), strings.Join(ports, ", "), sb.Root())
 	return c, nil
 }
 
@@ -154,7 +156,7 @@ func (c *Cluster) build(ctx context.Context) error {
 		if c.isClosed() {
 			return errClosed
 		}
-		return fmt.Errorf("pgtest: initdb failed: %v: %s; %s", err, tailLines(string(out), 15), installHint)
+		return fmt.Errorf("pgtest: initdb failed: %v: %s; %s", err, testsvc.TailLines(string(out), 15), installHint)
 	}
 	c.logf("initdb took %v", time.Since(t0).Round(time.Millisecond))
 	if err := c.writeConf(p.dataDir); err != nil {
@@ -190,7 +192,7 @@ func (c *Cluster) build(ctx context.Context) error {
 }
 
 func (c *Cluster) newNode(name string) (*Node, error) {
-	dir := filepath.Join(c.sb.root, name)
+	dir := filepath.Join(c.sb.Root(), name)
 	if err := mkdirService(dir); err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
@@ -260,7 +262,7 @@ func (c *Cluster) Nodes() []*Node {
 }
 
 // Dir is the cluster's temporary root directory.
-func (c *Cluster) Dir() string { return c.sb.root }
+func (c *Cluster) Dir() string { return c.sb.Root() }
 
 // Close stops every node (immediate shutdown: the data is thrown away),
 // closes the pools handed out by Node.Pool and removes the temp dir. It is
@@ -289,7 +291,7 @@ func (c *Cluster) Close() error {
 		go func() { defer wg.Done(); n.shutdownForClose() }()
 	}
 	wg.Wait()
-	err := c.sb.remove()
+	err := c.sb.Remove()
 	if c.unregister != nil {
 		c.unregister()
 	}
@@ -351,7 +353,7 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name string) error {
 // for the next record. A paused replica makes it wait until ctx is done
 // (default 30 s).
 func (c *Cluster) WaitReplicasCaughtUp(ctx context.Context) error {
-	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := c.Primary().connect(ctx, "")
 	if err != nil {
@@ -390,7 +392,7 @@ func (c *Cluster) WaitReplicasCaughtUp(ctx context.Context) error {
 // on the new timeline). Stopped replicas are only re-pointed, and follow the
 // new primary when started. The old primary stays stopped and leaves Nodes().
 func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
-	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	c.mu.Lock()
 	old := c.primary
@@ -465,7 +467,7 @@ func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
 // WaitReplicasCaughtUp would wait for them in vain. Node.Follow re-points
 // one of them at the new primary.
 func (c *Cluster) PromoteAlone(ctx context.Context, replica *Node) (oldPrimary *Node, err error) {
-	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	c.mu.Lock()
 	old := c.primary
@@ -514,7 +516,7 @@ func (n *Node) promote(ctx context.Context) error {
 		err = errors.New("pg_promote returned false (not promoted within 60 s)")
 	}
 	if err != nil {
-		return fmt.Errorf("pgtest: promote %s: %w; log:\n%s", n.name, err, logTail(n.logPath, 0))
+		return fmt.Errorf("pgtest: promote %s: %w; log:\n%s", n.name, err, testsvc.LogTail(n.logPath, 0))
 	}
 	return nil
 }

@@ -62,7 +62,8 @@
 // # Cleanup
 //
 // Processes and temporary directories must not outlive the test binary, even
-// when it is killed. Three layers make sure of that:
+// when it is killed. Three layers, in internal/testsvc (shared with
+// internal/kafkatest), make sure of that:
 //
 //  1. Cluster.Close and Redis.Close (and Main, for the shared ones).
 //  2. A SIGINT/SIGTERM handler, installed while anything is running, that

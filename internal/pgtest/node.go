@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // errPortInUse marks a start that lost the race for its port; only a fresh
@@ -35,7 +37,7 @@ type Node struct {
 	mu      sync.Mutex
 	port    int
 	hold    int // socket reserving port while the server is down, or -1
-	proc    *process
+	proc    *testsvc.Process
 	retired bool // old primary after Promote
 }
 
@@ -84,10 +86,10 @@ func (n *Node) Pool(ctx context.Context, database string) (*pgxpool.Pool, error)
 func (n *Node) Running() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.proc != nil && !n.proc.exited()
+	return n.proc != nil && !n.proc.Exited()
 }
 
-func (n *Node) current() *process {
+func (n *Node) current() *testsvc.Process {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.proc
@@ -119,12 +121,12 @@ func (n *Node) connect(ctx context.Context, database string) (*pgx.Conn, error) 
 func (n *Node) startFresh(ctx context.Context) error {
 	var err error
 	for range 5 {
-		port, fd, perr := pickPort()
+		port, fd, perr := testsvc.PickPort()
 		if perr != nil {
 			return perr
 		}
 		n.mu.Lock()
-		unholdPort(&n.hold)
+		testsvc.UnholdPort(&n.hold)
 		n.hold = fd
 		n.mu.Unlock()
 		if err = n.startOn(ctx, port); !errors.Is(err, errPortInUse) {
@@ -141,7 +143,7 @@ func (n *Node) startOn(ctx context.Context, port int) error {
 	if n.c.isClosed() {
 		return errClosed
 	}
-	offset := fileSize(n.logPath)
+	offset := testsvc.FileSize(n.logPath)
 	lf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
@@ -153,15 +155,15 @@ func (n *Node) startOn(ctx context.Context, port int) error {
 	}
 	cmd.Stdout, cmd.Stderr = lf, lf
 	n.mu.Lock()
-	unholdPort(&n.hold)
+	testsvc.UnholdPort(&n.hold)
 	n.mu.Unlock()
-	p, err := spawn(cmd)
+	p, err := testsvc.Spawn(cmd)
 	_ = lf.Close()
 	if err != nil {
 		n.afterExit(true)
 		return fmt.Errorf("pgtest: start postgres for %s: %w; %s", n.name, err, installHint)
 	}
-	n.c.sb.recordPID(n.name, p.pid)
+	n.c.sb.RecordPID(n.name, p.PID())
 	n.mu.Lock()
 	n.proc, n.port = p, port
 	n.mu.Unlock()
@@ -173,16 +175,16 @@ func (n *Node) startOn(ctx context.Context, port int) error {
 	return nil
 }
 
-func (n *Node) waitReady(ctx context.Context, p *process, logOffset int64) error {
-	ctx, cancel := withDefaultTimeout(ctx, time.Minute)
+func (n *Node) waitReady(ctx context.Context, p *testsvc.Process, logOffset int64) error {
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
 	for {
-		if p.exited() {
-			tail := logTail(n.logPath, logOffset)
+		if p.Exited() {
+			tail := testsvc.LogTail(n.logPath, logOffset)
 			if strings.Contains(tail, "Address already in use") || strings.Contains(tail, "could not bind") {
 				return fmt.Errorf("%w: %s :%d", errPortInUse, n.name, n.Port())
 			}
-			return fmt.Errorf("pgtest: postgres %s exited during startup (%v); log %s:\n%s", n.name, p.err, n.logPath, tail)
+			return fmt.Errorf("pgtest: postgres %s exited during startup (%v); log %s:\n%s", n.name, p.Err(), n.logPath, tail)
 		}
 		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
 		conn, err := n.connect(cctx, "")
@@ -192,7 +194,7 @@ func (n *Node) waitReady(ctx context.Context, p *process, logOffset int64) error
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("pgtest: postgres %s not accepting connections: %v; log %s:\n%s", n.name, err, n.logPath, logTail(n.logPath, logOffset))
+			return fmt.Errorf("pgtest: postgres %s not accepting connections: %v; log %s:\n%s", n.name, err, n.logPath, testsvc.LogTail(n.logPath, logOffset))
 		}
 		time.Sleep(15 * time.Millisecond)
 	}
@@ -204,10 +206,10 @@ func (n *Node) waitReady(ctx context.Context, p *process, logOffset int64) error
 // that a stranger reuses by the next Start. With reserve the port is held
 // until the next Start.
 func (n *Node) afterExit(reserve bool) {
-	n.c.sb.forgetPID(n.name)
+	n.c.sb.ForgetPID(n.name)
 	n.mu.Lock()
 	if reserve && n.hold < 0 && n.port != 0 {
-		n.hold, _ = holdPort(n.port)
+		n.hold, _ = testsvc.HoldPort(n.port)
 	}
 	n.mu.Unlock()
 	if _, err := os.Stat(filepath.Join(n.dataDir, "postmaster.pid")); err == nil {
@@ -226,7 +228,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if retired {
 		return fmt.Errorf("pgtest: %s was the primary before Promote; its history has diverged and it cannot be started", n.name)
 	}
-	ctx, cancel := withDefaultTimeout(ctx, time.Minute)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
 	n.opMu.Lock()
 	if n.Running() {
@@ -251,17 +253,17 @@ func (n *Node) Stop(ctx context.Context) error {
 	n.opMu.Lock()
 	defer n.opMu.Unlock()
 	p := n.current()
-	if p.exited() {
+	if p.Exited() {
 		if p != nil {
 			n.afterExit(true) // it died on its own: tidy up as after a kill
 		}
 		return nil
 	}
-	_ = syscall.Kill(p.pid, syscall.SIGINT)
-	ctx, cancel := withDefaultTimeout(ctx, time.Minute)
+	_ = syscall.Kill(p.PID(), syscall.SIGINT)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
 	select {
-	case <-p.done:
+	case <-p.Done():
 		n.afterExit(true)
 		return nil
 	case <-ctx.Done():
@@ -277,15 +279,15 @@ func (n *Node) Kill() error {
 	n.opMu.Lock()
 	defer n.opMu.Unlock()
 	p := n.current()
-	if p.exited() {
+	if p.Exited() {
 		if p != nil {
 			n.afterExit(true) // it died on its own: tidy up as after a kill
 		}
 		return nil
 	}
 	killTree(p)
-	if !p.exited() {
-		return fmt.Errorf("pgtest: %s (pid %d) survived SIGKILL", n.name, p.pid)
+	if !p.Exited() {
+		return fmt.Errorf("pgtest: %s (pid %d) survived SIGKILL", n.name, p.PID())
 	}
 	n.afterExit(true)
 	return nil
@@ -298,15 +300,15 @@ func (n *Node) shutdownForClose() {
 	defer n.opMu.Unlock()
 	defer func() {
 		n.mu.Lock()
-		unholdPort(&n.hold)
+		testsvc.UnholdPort(&n.hold)
 		n.mu.Unlock()
 	}()
 	p := n.current()
-	if p.exited() {
+	if p.Exited() {
 		return
 	}
-	_ = syscall.Kill(p.pid, syscall.SIGQUIT)
-	if !p.wait(10 * time.Second) {
+	_ = syscall.Kill(p.PID(), syscall.SIGQUIT)
+	if !p.Wait(10 * time.Second) {
 		killTree(p)
 	}
 	n.afterExit(false)
@@ -326,7 +328,7 @@ func (n *Node) cloneFrom(ctx context.Context, src *Node, createSlot bool) error 
 		if n.c.isClosed() {
 			return errClosed
 		}
-		return fmt.Errorf("pgtest: pg_basebackup for %s failed: %v: %s; %s", n.name, err, tailLines(string(out), 15), installHint)
+		return fmt.Errorf("pgtest: pg_basebackup for %s failed: %v: %s; %s", n.name, err, testsvc.TailLines(string(out), 15), installHint)
 	}
 	n.c.logf("pg_basebackup %s took %v", n.name, time.Since(t0).Round(time.Millisecond))
 	if err := n.writeStandbyConf(src); err != nil {
@@ -392,7 +394,7 @@ var divergenceMessages = []string{
 // later. With logFrom >= 0 it gives up early with errDiverged when the log
 // written since that offset says the node cannot follow.
 func (n *Node) waitStreaming(ctx context.Context, minTLI uint32, logFrom int64) error {
-	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var last string
 	var conn *pgx.Conn
@@ -427,18 +429,18 @@ func (n *Node) waitStreaming(ctx context.Context, minTLI uint32, logFrom int64) 
 			}
 		}
 		if !n.Running() {
-			return fmt.Errorf("pgtest: %s stopped while waiting for streaming; log %s:\n%s", n.name, n.logPath, logTail(n.logPath, 0))
+			return fmt.Errorf("pgtest: %s stopped while waiting for streaming; log %s:\n%s", n.name, n.logPath, testsvc.LogTail(n.logPath, 0))
 		}
 		if logFrom >= 0 {
-			tail := logTail(n.logPath, logFrom)
+			tail := testsvc.LogTail(n.logPath, logFrom)
 			for _, m := range divergenceMessages {
 				if strings.Contains(tail, m) {
 					return fmt.Errorf("%w: %s", errDiverged, n.name)
 				}
 			}
 		}
-		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return fmt.Errorf("pgtest: %s is not streaming (want timeline >= %d; last: %s); log %s:\n%s", n.name, minTLI, last, n.logPath, logTail(n.logPath, 0))
+		if err := testsvc.SleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return fmt.Errorf("pgtest: %s is not streaming (want timeline >= %d; last: %s); log %s:\n%s", n.name, minTLI, last, n.logPath, testsvc.LogTail(n.logPath, 0))
 		}
 	}
 }
@@ -460,7 +462,7 @@ func (n *Node) follow(ctx context.Context, primary *Node, tli uint32) error {
 		defer cancel()
 		return n.waitStreaming(actx, tli, logFrom)
 	}
-	logFrom := fileSize(n.logPath)
+	logFrom := testsvc.FileSize(n.logPath)
 	err := n.Exec(ctx, "", "SELECT pg_reload_conf()")
 	if err == nil {
 		if err = attempt(logFrom); err == nil {
@@ -469,7 +471,7 @@ func (n *Node) follow(ctx context.Context, primary *Node, tli uint32) error {
 	}
 	if !errors.Is(err, errDiverged) {
 		n.c.logf("%s did not follow %s after reload (%v); restarting", n.name, primary.name, err)
-		logFrom = fileSize(n.logPath)
+		logFrom = testsvc.FileSize(n.logPath)
 		if err = n.Stop(ctx); err == nil {
 			n.opMu.Lock()
 			err = n.startOn(ctx, n.Port())
@@ -497,7 +499,7 @@ func (n *Node) follow(ctx context.Context, primary *Node, tli uint32) error {
 // switchpoint of primary's timeline), is rebuilt from a fresh base backup.
 // It returns once the replica streams on primary's timeline.
 func (n *Node) Follow(ctx context.Context, primary *Node) error {
-	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if primary != n.c.Primary() {
 		return fmt.Errorf("pgtest: Follow: %s is not the cluster's primary", primary.name)
@@ -571,7 +573,7 @@ func (n *Node) StartAccepting(ctx context.Context) error {
 	if retired {
 		return fmt.Errorf("pgtest: %s was the primary before a promotion; it cannot be started again", n.name)
 	}
-	ctx, cancel := withDefaultTimeout(ctx, time.Minute)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
 	n.opMu.Lock()
 	defer n.opMu.Unlock()
@@ -629,7 +631,7 @@ func (n *Node) ReplayLSN(ctx context.Context) (string, error) {
 
 // WaitReplay waits until the node's ReplayLSN is at least lsn ("X/Y").
 func (n *Node) WaitReplay(ctx context.Context, lsn string) error {
-	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := n.connect(ctx, "")
 	if err != nil {
@@ -647,7 +649,7 @@ func (n *Node) WaitReplay(ctx context.Context, lsn string) error {
 		if ok {
 			return nil
 		}
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+		if err := testsvc.SleepCtx(ctx, 10*time.Millisecond); err != nil {
 			pos := "NULL"
 			if at != nil {
 				pos = *at
@@ -704,7 +706,7 @@ func (n *Node) Timeline(ctx context.Context) (uint32, error) {
 // PauseReplay pauses WAL replay and waits until it has actually paused
 // (pg_wal_replay_pause only requests it).
 func (n *Node) PauseReplay(ctx context.Context) error {
-	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := n.connect(ctx, "")
 	if err != nil {
@@ -722,7 +724,7 @@ func (n *Node) PauseReplay(ctx context.Context) error {
 		if state == "paused" {
 			return nil
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+		if err := testsvc.SleepCtx(ctx, 5*time.Millisecond); err != nil {
 			return fmt.Errorf("pgtest: %s: replay still %q: %w", n.name, state, err)
 		}
 	}

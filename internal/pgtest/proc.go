@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // installHint ends every "could not run PostgreSQL" error so that whoever
@@ -187,166 +188,24 @@ func runService(ctx context.Context, dir, prog string, args ...string) ([]byte, 
 	return out.Bytes(), err
 }
 
-// process is a long-running child whose exit we observe exactly once.
-type process struct {
-	cmd  *exec.Cmd
-	pid  int
-	done chan struct{}
-	err  error // valid after done is closed
-}
-
-func spawn(cmd *exec.Cmd) (*process, error) {
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *process) exited() bool {
-	if p == nil {
-		return true
-	}
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// wait waits for exit up to d; false on timeout.
-func (p *process) wait(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-p.done:
-		return true
-	case <-t.C:
-		return false
-	}
-}
-
-// alive reports whether pid is a live (non-zombie) process. A zombie counts
-// as dead: orphans are reaped by whatever PID 1 is, which may be slow.
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return syscall.Kill(pid, 0) == nil
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return true
-	}
-	return b[i+2] != 'Z' && b[i+2] != 'X'
-}
-
-// childrenOf lists the direct children of pid by scanning /proc, which
-// works without CONFIG_PROC_CHILDREN.
-func childrenOf(pid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var kids []int
-	for _, e := range ents {
-		cpid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			kids = append(kids, cpid)
-		}
-	}
-	return kids
-}
-
 // killTree SIGKILLs a postmaster and its children. Postmaster children call
 // setsid(), so a process-group kill would miss them; stopping the
 // postmaster first keeps it from forking new ones while we enumerate.
-func killTree(p *process) {
-	if p.exited() {
+func killTree(p *testsvc.Process) {
+	if p.Exited() {
 		return
 	}
-	_ = syscall.Kill(p.pid, syscall.SIGSTOP)
-	kids := childrenOf(p.pid)
-	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	_ = syscall.Kill(p.PID(), syscall.SIGSTOP)
+	kids := testsvc.ChildrenOf(p.PID())
+	_ = syscall.Kill(p.PID(), syscall.SIGKILL)
 	for _, k := range kids {
 		_ = syscall.Kill(k, syscall.SIGKILL)
 	}
-	p.wait(10 * time.Second)
+	p.Wait(10 * time.Second)
 	deadline := time.Now().Add(5 * time.Second)
 	for _, k := range kids {
-		for alive(k) && time.Now().Before(deadline) {
+		for testsvc.Alive(k) && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-}
-
-// logTail returns the last lines of a log written since offset, for errors.
-func logTail(path string, offset int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return "(no log: " + err.Error() + ")"
-	}
-	defer func() { _ = f.Close() }()
-	const max = 4096
-	if fi, err := f.Stat(); err == nil && fi.Size()-offset > max {
-		offset = fi.Size() - max
-	}
-	if _, err := f.Seek(offset, io.SeekStart); err != nil {
-		return ""
-	}
-	b, _ := io.ReadAll(f)
-	return tailLines(string(b), 15)
-}
-
-func tailLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func fileSize(path string) int64 {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	return fi.Size()
-}
-
-// sleepCtx sleeps d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// withDefaultTimeout bounds waits that callers start without a deadline, so
-// a wedged replica fails a test with a message instead of hanging it.
-func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, d)
 }

@@ -14,11 +14,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // Redis is a throwaway redis-server without persistence.
 type Redis struct {
-	sb         *sandbox
+	sb         *testsvc.Sandbox
 	bin        string
 	dir        string
 	logPath    string
@@ -29,7 +31,7 @@ type Redis struct {
 	mu     sync.Mutex
 	port   int
 	hold   int // socket reserving port while the server is down, or -1
-	proc   *process
+	proc   *testsvc.Process
 	closed bool
 }
 
@@ -56,24 +58,24 @@ func StartRedis(ctx context.Context) (*Redis, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Redis{sb: sb, bin: bin, dir: filepath.Join(sb.root, "redis"), hold: -1}
+	r := &Redis{sb: sb, bin: bin, dir: filepath.Join(sb.Root(), "redis"), hold: -1}
 	r.logPath = filepath.Join(r.dir, "redis.log")
-	r.unregister = register(r.Close)
+	r.unregister = testsvc.Register(r.Close)
 	if err := os.Mkdir(r.dir, 0o700); err != nil {
 		_ = r.Close()
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
-	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	r.opMu.Lock()
 	for range 5 {
-		port, fd, perr := pickPort()
+		port, fd, perr := testsvc.PickPort()
 		if perr != nil {
 			err = perr
 			break
 		}
 		r.mu.Lock()
-		unholdPort(&r.hold)
+		testsvc.UnholdPort(&r.hold)
 		r.hold = fd
 		r.mu.Unlock()
 		if err = r.startOn(ctx, port); !errors.Is(err, errPortInUse) {
@@ -94,7 +96,7 @@ func (r *Redis) Addr() string {
 }
 
 // Dir is the temporary directory Close removes; redis-server runs in it.
-func (r *Redis) Dir() string { return r.sb.root }
+func (r *Redis) Dir() string { return r.sb.Root() }
 
 // Port is the loopback TCP port; it survives Stop/Kill and Start.
 func (r *Redis) Port() int {
@@ -107,10 +109,10 @@ func (r *Redis) Port() int {
 func (r *Redis) Running() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.proc != nil && !r.proc.exited()
+	return r.proc != nil && !r.proc.Exited()
 }
 
-func (r *Redis) current() *process {
+func (r *Redis) current() *testsvc.Process {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.proc
@@ -123,7 +125,7 @@ func (r *Redis) startOn(ctx context.Context, port int) error {
 	if closed {
 		return errClosed
 	}
-	offset := fileSize(r.logPath)
+	offset := testsvc.FileSize(r.logPath)
 	lf, err := os.OpenFile(r.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("pgtest: %w", err)
@@ -138,38 +140,38 @@ func (r *Redis) startOn(ctx context.Context, port int) error {
 	// Own process group: a terminal's Ctrl-C goes to our handler, not here.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	r.mu.Lock()
-	unholdPort(&r.hold)
+	testsvc.UnholdPort(&r.hold)
 	r.mu.Unlock()
-	p, err := spawn(cmd)
+	p, err := testsvc.Spawn(cmd)
 	_ = lf.Close()
 	if err != nil {
 		return fmt.Errorf("pgtest: start redis-server: %w", err)
 	}
-	r.sb.recordPID("redis", p.pid)
+	r.sb.RecordPID("redis", p.PID())
 	r.mu.Lock()
 	r.proc, r.port = p, port
 	r.mu.Unlock()
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	for {
-		if p.exited() {
-			r.sb.forgetPID("redis")
-			tail := logTail(r.logPath, offset)
+		if p.Exited() {
+			r.sb.ForgetPID("redis")
+			tail := testsvc.LogTail(r.logPath, offset)
 			if strings.Contains(tail, "Address already in use") {
 				return fmt.Errorf("%w: redis :%d", errPortInUse, port)
 			}
 			r.reserve()
-			return fmt.Errorf("pgtest: redis-server exited during startup (%v); log %s:\n%s", p.err, r.logPath, tail)
+			return fmt.Errorf("pgtest: redis-server exited during startup (%v); log %s:\n%s", p.Err(), r.logPath, tail)
 		}
 		if ping(ctx, addr) == nil {
 			return nil
 		}
-		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
-			_ = syscall.Kill(p.pid, syscall.SIGKILL)
-			p.wait(5 * time.Second)
-			r.sb.forgetPID("redis")
+		if err := testsvc.SleepCtx(ctx, 10*time.Millisecond); err != nil {
+			_ = syscall.Kill(p.PID(), syscall.SIGKILL)
+			p.Wait(5 * time.Second)
+			r.sb.ForgetPID("redis")
 			r.reserve()
-			return fmt.Errorf("pgtest: redis-server on %s not answering PING: %w; log %s:\n%s", addr, err, r.logPath, logTail(r.logPath, offset))
+			return fmt.Errorf("pgtest: redis-server on %s not answering PING: %w; log %s:\n%s", addr, err, r.logPath, testsvc.LogTail(r.logPath, offset))
 		}
 	}
 }
@@ -202,7 +204,7 @@ func ping(ctx context.Context, addr string) error {
 // Start restarts a stopped or killed server on the same port. The data is
 // gone: persistence is off.
 func (r *Redis) Start(ctx context.Context) error {
-	ctx, cancel := withDefaultTimeout(ctx, 30*time.Second)
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 30*time.Second)
 	defer cancel()
 	r.opMu.Lock()
 	defer r.opMu.Unlock()
@@ -226,17 +228,17 @@ func (r *Redis) halt(sig syscall.Signal) error {
 	r.opMu.Lock()
 	defer r.opMu.Unlock()
 	p := r.current()
-	if p.exited() {
+	if p.Exited() {
 		return nil
 	}
-	_ = syscall.Kill(p.pid, sig)
-	if !p.wait(10 * time.Second) {
-		_ = syscall.Kill(p.pid, syscall.SIGKILL)
-		if !p.wait(5 * time.Second) {
-			return fmt.Errorf("pgtest: redis-server (pid %d) did not exit", p.pid)
+	_ = syscall.Kill(p.PID(), sig)
+	if !p.Wait(10 * time.Second) {
+		_ = syscall.Kill(p.PID(), syscall.SIGKILL)
+		if !p.Wait(5 * time.Second) {
+			return fmt.Errorf("pgtest: redis-server (pid %d) did not exit", p.PID())
 		}
 	}
-	r.sb.forgetPID("redis")
+	r.sb.ForgetPID("redis")
 	r.reserve()
 	return nil
 }
@@ -246,7 +248,7 @@ func (r *Redis) reserve() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.closed && r.hold < 0 && r.port != 0 {
-		r.hold, _ = holdPort(r.port)
+		r.hold, _ = testsvc.HoldPort(r.port)
 	}
 }
 
@@ -261,9 +263,9 @@ func (r *Redis) Close() error {
 	r.mu.Unlock()
 	err := r.Kill()
 	r.mu.Lock()
-	unholdPort(&r.hold)
+	testsvc.UnholdPort(&r.hold)
 	r.mu.Unlock()
-	if rerr := r.sb.remove(); err == nil {
+	if rerr := r.sb.Remove(); err == nil {
 		err = rerr
 	}
 	r.unregister()

@@ -1,4 +1,4 @@
-package pgtest
+package testsvc
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 )
 
 // Ports come from below the kernel's ephemeral range, so that no outgoing
-// connection (ours included: every pgx client takes a local port) can be
+// connection (ours included: every client takes a local port) can be
 // sitting on a port when its server starts or restarts. While a server is
 // down its port stays reserved by a bound, non-listening socket: other
 // binds fail, yet connecting gets ECONNREFUSED as from a dead server.
@@ -45,15 +45,16 @@ func candidatePorts() (lo, hi int) {
 	return portRange.lo, portRange.hi
 }
 
-// usedPorts keeps two nodes of this process from picking the same port.
+// usedPorts keeps two servers of this process, of any harness, from picking
+// the same port.
 var usedPorts struct {
 	sync.Mutex
 	m map[int]bool
 }
 
-// pickPort returns a port and a socket holding it; release it with
-// unholdPort right before the server binds.
-func pickPort() (port, fd int, err error) {
+// PickPort returns a port and a socket holding it; release it with
+// UnholdPort right before the server binds.
+func PickPort() (port, fd int, err error) {
 	lo, hi := candidatePorts()
 	usedPorts.Lock()
 	defer usedPorts.Unlock()
@@ -65,18 +66,18 @@ func pickPort() (port, fd int, err error) {
 		if usedPorts.m[port] {
 			continue
 		}
-		fd, err := holdPort(port)
+		fd, err := HoldPort(port)
 		if err != nil {
 			continue
 		}
 		usedPorts.m[port] = true
 		return port, fd, nil
 	}
-	return 0, -1, errors.New("pgtest: no free loopback port found")
+	return 0, -1, errors.New("testsvc: no free loopback port found")
 }
 
-// holdPort binds 127.0.0.1:port without SO_REUSEADDR and without listening.
-func holdPort(port int) (int, error) {
+// HoldPort binds 127.0.0.1:port without SO_REUSEADDR and without listening.
+func HoldPort(port int) (int, error) {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -88,7 +89,8 @@ func holdPort(port int) (int, error) {
 	return fd, nil
 }
 
-func unholdPort(fd *int) {
+// UnholdPort closes the holding socket *fd, if any, and sets it to -1.
+func UnholdPort(fd *int) {
 	if *fd >= 0 {
 		_ = syscall.Close(*fd)
 		*fd = -1
