@@ -275,7 +275,7 @@ func TestRoutedContext(t *testing.T) {
 	var err error
 	r.met, err = newMetrics(sdkmetric.NewMeterProvider(), tr)
 	require.NoError(t, err)
-	r.lim = rate.NewLimiter(rate.Inf, 0)
+	r.gate = &fallbackGate{lim: rate.NewLimiter(rate.Inf, 0)}
 	r.cfg.Now = func() time.Time { return t0 }
 
 	type key struct{}

@@ -27,7 +27,7 @@ import (
 type Router struct {
 	cfg    Config
 	tr     *tracker
-	lim    *rate.Limiter
+	gate   *fallbackGate // the per-process cap and the fleet budget (budget.go)
 	met    *metrics
 	log    *slog.Logger
 	spread atomic.Uint32
@@ -62,7 +62,6 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	}
 	r := &Router{
 		cfg:    cfg,
-		lim:    rate.NewLimiter(cfg.PrimaryRate, cfg.PrimaryBurst),
 		log:    cfg.Logger,
 		pools:  pools,
 		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
@@ -80,6 +79,10 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
+	}
+	var err error
+	if r.gate, err = newFallbackGate(&r.cfg, r.log); err != nil {
+		return nil, fmt.Errorf("caughtup/consume: creating instruments: %w", err)
 	}
 	tr, err := newTracker(&r.cfg, r.log)
 	if err != nil {
@@ -321,7 +324,7 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 			return ctx, d, err
 		}
 	}
-	if d.Action == ActionRun && d.Fallback && !r.lim.Allow() {
+	if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, &d) {
 		in.Capped = true
 		w := d.Waited
 		d = Decide(in)
