@@ -466,7 +466,7 @@ func (f *feedState) deliver(d feed.Delivery) {
 	if f.cfg.MaxDelay >= 0 && !d.SentAt.IsZero() {
 		if late := d.ReceivedAt.Sub(d.SentAt) - (d.Age - d.Held); late > f.cfg.MaxDelay {
 			f.reject(feedRejectDelayed, &d, fmt.Errorf("received %v after it was sent (the publisher's clock), besides %v stored; MaxDelay is %v",
-				late.Round(time.Millisecond), (d.Age - d.Held).Round(time.Millisecond), f.cfg.MaxDelay))
+				late.Round(time.Millisecond), (d.Age-d.Held).Round(time.Millisecond), f.cfg.MaxDelay))
 			return
 		}
 	}
