@@ -63,14 +63,13 @@ func newFallbackGate(cfg *Config, log *slog.Logger) (*fallbackGate, error) {
 
 // allow charges one fallback read to the per-process cap and to the fleet
 // budget of every database d reads from the primary for lag or unknown
-// state; false when either is spent. The local token is taken first and
-// given back if the fleet refuses, so a refusal costs the fleet nothing
-// and the process nothing.
+// state; false when either is spent. The local cap is looked at first and
+// charged last, so that a fleet refusal costs the process's cap nothing
+// and a spent local cap costs the fleet nothing (two goroutines racing for
+// the last local token may waste one fleet token).
 func (g *fallbackGate) allow(ctx context.Context, d *Decision) bool {
 	bg := context.Background()
-	res := g.lim.Reserve()
-	if !res.OK() || res.Delay() > 0 {
-		res.Cancel()
+	if g.lim.Limit() != rate.Inf && g.lim.Tokens() < 1 {
 		g.checks.Add(bg, 1, g.localSpent)
 		return false
 	}
@@ -89,13 +88,16 @@ func (g *fallbackGate) allow(ctx context.Context, d *Decision) bool {
 						slog.String(attrDatabase, dd.Database), slog.Any("error", err))
 				})
 			case !ok:
-				res.Cancel()
 				g.checks.Add(bg, 1, g.fleetSpent)
 				return false
 			default:
 				g.checks.Add(bg, 1, g.fleetAllowed)
 			}
 		}
+	}
+	if !g.lim.Allow() {
+		g.checks.Add(bg, 1, g.localSpent)
+		return false
 	}
 	g.checks.Add(bg, 1, g.localAllowed)
 	return true

@@ -139,6 +139,11 @@ type FeedStatus struct {
 	// (no observation merged within FeedConfig.SilenceBound, or not yet
 	// confirmed by the router's own poll).
 	LocalNodes int
+	// Fallbacks counts, since the Router started, the times it went back
+	// to polling by itself: all nodes (the feed stopped being usable; see
+	// also caughtup.consume.feed.switches) or one node (the feed stopped
+	// covering it while usable).
+	Fallbacks uint64
 }
 
 // Feed reports how the Router uses its feed; the zero FeedStatus when
@@ -206,7 +211,8 @@ type feedState struct {
 	primarys     []*feedNode
 	nodes        []*feedNode
 
-	active atomic.Bool
+	active    atomic.Bool
+	fallbacks atomic.Uint64
 
 	// systems holds each database's system identifier from the router's
 	// own polls. t.mu.
@@ -340,7 +346,7 @@ func (f *feedState) start() {
 func (f *feedState) close() { f.met.close() }
 
 func (f *feedState) status() FeedStatus {
-	s := FeedStatus{Configured: true, Active: f.active.Load(), Health: f.sub.Health()}
+	s := FeedStatus{Configured: true, Active: f.active.Load(), Health: f.sub.Health(), Fallbacks: f.fallbacks.Load()}
 	for _, n := range f.nodes {
 		if n.local.Load() {
 			s.LocalNodes++
@@ -364,6 +370,7 @@ func (f *feedState) onHealth(h feed.Health) {
 		f.log.Info("caughtup: replica positions come from the feed again; the router stops polling the nodes it covers")
 		return
 	}
+	f.fallbacks.Add(1)
 	attrs := []any{slog.String("state", h.State.String())}
 	if h.Err != nil {
 		attrs = append(attrs, slog.Any("error", h.Err))
@@ -409,6 +416,7 @@ func (f *feedState) fedUntil(n *feedNode) time.Time {
 		return until
 	}
 	if f.active.Load() {
+		f.fallbacks.Add(1)
 		f.warnLocal.Do(func() {
 			f.log.Warn("caughtup: no feed observation of the node merged within the silence bound; the router polls it itself (do the publishers poll it, under the same name?)",
 				slog.String(attrDatabase, db), slog.String("node", n.label()), slog.Duration("silence_bound", f.cfg.SilenceBound))

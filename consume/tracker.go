@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
@@ -49,6 +50,8 @@ type tracker struct {
 	feed *feedState
 	// sink, for a Publisher, receives every observation after its merge.
 	sink observationSink
+
+	warnImpossible rate.Sometimes
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -117,7 +120,8 @@ func newTrackerWith(cfg *Config, log *slog.Logger, opts trackerOptions) (*tracke
 	}
 	sort.Strings(names)
 
-	t := &tracker{cfg: cfg, log: log, sink: opts.sink, initDone: make(chan struct{})}
+	t := &tracker{cfg: cfg, log: log, sink: opts.sink, initDone: make(chan struct{}),
+		warnImpossible: rate.Sometimes{First: 3, Interval: 10 * time.Second}}
 	t.ctx, t.cancel = context.WithCancel(context.WithValue(context.Background(), trackerConnKey{}, true))
 	snap := &Snapshot{Databases: make([]DatabaseState, len(names)), changed: make(chan struct{})}
 	var (
@@ -415,8 +419,11 @@ func (t *tracker) reportMerge(db, idx int, prev, next ReplicaState, ch replicaCh
 	t.met.replicaChange(db, idx, ch)
 	switch {
 	case ch.impossible:
-		t.log.Warn("caughtup: impossible replica observation (replay ahead of the primary's insert position); the replica counts as unknown",
-			attrs()...)
+		// Rate-limited: with a feed, a faulty publisher can send many.
+		t.warnImpossible.Do(func() {
+			t.log.Warn("caughtup: impossible replica observation (replay ahead of the primary's insert position); the replica counts as unknown (logged at most every 10s; see caughtup.consume.tracker.observations.rejected)",
+				attrs()...)
+		})
 	case ch.failed:
 		t.log.Warn("caughtup: replica unreadable; not used until it answers", attrs(slog.Any("error", next.Err))...)
 	case ch.recovered:
