@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/time/rate"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/internal/pgtest"
@@ -377,7 +377,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	const n = 10
 	claims(attacker(feed.Keyring{Keys: []feed.Key{wrongSecret}}, false), n, current) // forged: bad signature
 	claims(attacker(feed.Keyring{Keys: []feed.Key{otherKey}}, false), n, current)    // a key the router lacks
-	claims(attacker(feed.Keyring{}, true), n, current)                              // unsigned
+	claims(attacker(feed.Keyring{}, true), n, current)                               // unsigned
 	for _, b := range captured {                                                     // replayed
 		require.NoError(t, f.rdb.Publish(ctx, feed.ChannelName(f.name), b).Err())
 	}
