@@ -367,7 +367,7 @@ func (f *feedState) onHealth(h feed.Health) {
 	}
 	f.met.switched(on, h.State)
 	if on {
-		f.log.Info("caughtup: replica positions come from the feed again; the router stops polling the nodes it covers")
+		f.log.Info("caughtup: the router takes positions from the feed; it stops polling the nodes the feed covers")
 		return
 	}
 	f.fallbacks.Add(1)

@@ -158,6 +158,14 @@ func TestFeedRoutesWithoutStaleReads(t *testing.T) {
 	f.publisher(t, "pub-b")
 	r := f.feedRouter(t, func(c *Config) { c.WaitBudget = 50 * time.Millisecond })
 	waitOnFeed(t, r)
+	// On the feed the router holds no connection to any node.
+	require.Eventually(t, func() bool {
+		n := r.tr.primarys[0].pool.Stat().TotalConns()
+		for _, p := range r.tr.replicas[0] {
+			n += p.pool.Stat().TotalConns()
+		}
+		return n == 0
+	}, feedDeadline, time.Millisecond)
 
 	ctx, stop := context.WithCancel(ctxT(t))
 	var lag sync.WaitGroup
@@ -739,4 +747,31 @@ func TestFeedInsecureIsLogged(t *testing.T) {
 	// It works with an unsigned publisher.
 	f.publisher(t, "pub-insecure", func(pc *PublisherConfig) { pc.Feed.Keys, pc.Feed.Insecure = feed.Keyring{}, true })
 	waitOnFeed(t, r)
+}
+
+// TestFeedKeyRotation: routers hold the old and the new key; the
+// publishers switch from one to the other (a new publisher signs with the
+// new key, then the old one stops). The router stays on the feed and
+// rejects nothing.
+func TestFeedKeyRotation(t *testing.T) {
+	t.Parallel()
+	f := newFleetEnv(t, pgtest.Shared(t), "")
+	k2, err := feed.GenerateKey("k2")
+	require.NoError(t, err)
+	both := feed.Keyring{Keys: []feed.Key{f.keys.Keys[0], k2}}
+	old := f.publisher(t, "pub-old", func(pc *PublisherConfig) { pc.Feed.Keys = both }) // signs with k1, the first
+	r := f.feedRouter(t, func(c *Config) { c.Feed.Keys = both })
+	waitOnFeed(t, r)
+	f.publisher(t, "pub-new", func(pc *PublisherConfig) { pc.Feed.Keys = feed.Keyring{Keys: both.Keys, Current: "k2"} })
+	received := func() int64 { return metricSum(t, f.reader, "caughtup.feed.received") }
+	n0 := received()
+	require.NoError(t, old.Close())
+	require.Eventually(t, func() bool { return received() > n0+100 }, feedDeadline, time.Millisecond)
+	s := r.Feed()
+	require.True(t, s.Active)
+	require.Zero(t, metricSum(t, f.reader, "caughtup.feed.rejected"), "nothing rejected during the rotation")
+	id, tok := f.write(t)
+	seen(t, r, tok)
+	d, ok := jobRead(t, r, Sticky, tok, id)
+	require.True(t, ok, "%+v", d)
 }

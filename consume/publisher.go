@@ -18,13 +18,15 @@ import (
 )
 
 // DefaultFeedInterval is how often a Publisher polls every node by
-// default: 10ms. Routers on the feed learn that a replica caught up within
-// about one interval (BenchmarkFeedInterval: catch-up → wait returns p50
-// 6ms, p99 13ms through the feed, against 9ms and 26ms at 20ms), at a
+// default: 10ms. Routers on the feed of two such publishers learn that a
+// replica caught up within a few milliseconds (BenchmarkFeedInterval, on 2
+// cores shared with other test suites: catch-up → wait returns p50 4ms,
+// p90 12ms; at 20ms p50 11ms, p90 16ms; at 50ms p50 18ms, p90 38ms), at a
 // cost to each replica of 100 queries/s per publisher whatever the number
-// of routers: 200 queries/s from the two publishers a feed wants for
-// redundancy, what a single router polling by itself costs a replica
-// while one job waits on it (WaitPollInterval 5ms).
+// of routers: 175/s measured from two, about what a single router polling
+// by itself costs a replica while one of its jobs waits (WaitPollInterval
+// 5ms). 5ms halves the latency again for twice the load on replicas and
+// Redis; a wait of a few milliseconds is what the local tracker gives.
 const DefaultFeedInterval = 10 * time.Millisecond
 
 // PublisherConfig configures a Publisher. The zero value of every field
