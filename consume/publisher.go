@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -192,38 +193,64 @@ func (p *Publisher) publish(o feed.Observation) {
 // per PollInterval (measured from the start of each round), until the
 // tracker stops. The primary after the replicas: its insert position then
 // bounds what they reported, so that a router can check the replicas'
-// claims within the round (see held).
+// claims within the round (see held). A node whose poll has not returned
+// is not polled again until it has, and a round waits for its replicas at
+// most one PollInterval before it polls the primary: one hung replica does
+// not stop the feed of the others.
 func (t *tracker) runRounds(db int) {
 	defer t.wg.Done()
 	replicas, primary := t.replicas[db], t.primarys[db]
+	busy := make([]atomic.Bool, len(replicas)+1) // the replicas, then the primary
+	polled := make([]atomic.Bool, len(replicas)+1)
+	poll := func(i int, f func(), done chan<- struct{}) bool {
+		if !busy[i].CompareAndSwap(false, true) {
+			return false
+		}
+		t.wg.Go(func() {
+			f()
+			busy[i].Store(false)
+			if !polled[i].Swap(true) {
+				t.initialized()
+			}
+			if done != nil {
+				done <- struct{}{}
+			}
+		})
+		return true
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	first := true
-	for {
-		start := time.Now()
-		var wg sync.WaitGroup
-		for _, p := range replicas {
-			wg.Go(func() { t.pollReplica(p) })
-		}
-		wg.Wait()
-		t.pollPrimary(primary)
-		if first {
-			first = false
-			for range len(replicas) + 1 {
-				t.initialized()
-			}
-		}
-		if t.ctx.Err() != nil {
-			return
-		}
-		if d := time.Until(start.Add(t.cfg.PollInterval)); d > 0 {
-			timer.Reset(d)
+	wait := func(d time.Duration, done <-chan struct{}, n int) bool {
+		timer.Reset(d)
+		defer timer.Stop()
+		for n > 0 || done == nil {
 			select {
 			case <-t.ctx.Done():
-				return
+				return false
 			case <-timer.C:
+				return true
+			case <-done:
+				n--
 			}
+		}
+		return true
+	}
+	for t.ctx.Err() == nil {
+		start := time.Now()
+		done := make(chan struct{}, len(replicas))
+		n := 0
+		for i, p := range replicas {
+			if poll(i, func() { t.pollReplica(p) }, done) {
+				n++
+			}
+		}
+		if !wait(t.cfg.PollInterval, done, n) {
+			return
+		}
+		poll(len(replicas), func() { t.pollPrimary(primary) }, nil)
+		if d := time.Until(start.Add(t.cfg.PollInterval)); d > 0 && !wait(d, nil, 0) {
+			return
 		}
 	}
 }
