@@ -180,6 +180,8 @@ type Config struct {
 
 	// PrimaryRate and PrimaryBurst cap, per Router (per process), the
 	// promotions to the primary caused by lag or unknown replica state.
+	// With a FleetBudget the cap stays as a local bound: a promotion must
+	// pass both.
 	// Missing tokens, Always, epoch changes, unknown databases and
 	// databases without replicas are not capped: they read the primary no
 	// matter how long they wait. Over the cap, Delayed jobs defer and
@@ -190,6 +192,27 @@ type Config struct {
 	// rate.Inf disables the cap.
 	PrimaryRate  rate.Limit
 	PrimaryBurst int
+
+	// FleetBudget, if set, is a budget of primary fallback reads shared by
+	// every process of the fleet (a *feed.Budget: GCRA in Redis), applied
+	// per database (key: the database name) on top of the per-process
+	// cap: the promotions PrimaryRate caps must pass both, and
+	// OutcomeCapped then means that the fleet budget or the local cap is
+	// spent. While the budget cannot answer (Redis slow or unreachable)
+	// the per-process cap alone applies; that is logged and counted
+	// (caughtup.consume.fallback.budget, result unavailable). Default nil:
+	// the per-process cap alone, which multiplies with the number of
+	// processes.
+	FleetBudget FleetBudget
+
+	// Feed, if set, makes the Router take replica and primary positions
+	// from a position feed in Redis, filled by a few publishers
+	// (NewPublisher, `caughtup feed`), instead of querying every node
+	// itself; it falls back to its own polls, node by node, whenever the
+	// feed does not cover a node, and for every node while the feed is
+	// silent, unreachable or dropped. See FeedConfig and "Fleet scale" in
+	// the package documentation. Default nil: the Router polls.
+	Feed *FeedConfig
 
 	// MeterProvider records the metrics. Default otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
@@ -266,6 +289,10 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.Feed != nil {
+		f := c.Feed.withDefaults(c.StalenessBound)
+		c.Feed = &f
+	}
 	return c
 }
 
@@ -329,6 +356,9 @@ func (c Config) Validate() error {
 		return bad("PrimaryRate and PrimaryBurst must not be negative (rate.Inf disables the cap)")
 	case c.Now == nil:
 		return bad("Now is nil; call WithDefaults first")
+	}
+	if c.Feed != nil {
+		return c.Feed.validate(c.StalenessBound)
 	}
 	return nil
 }

@@ -144,4 +144,103 @@
 // make the replica unknown, never caught up (rules 3 and 4). What can go
 // wrong is availability, never freshness: a wrong "unknown" sends jobs to
 // wait, defer or read the primary.
+//
+// # Fleet scale: the position feed and the fleet budget
+//
+// Each Router polling by itself costs every replica one query per
+// PollInterval per process (and up to one per WaitPollInterval while jobs
+// wait), and each process's fallback cap adds to the primary's load. With
+// many worker processes, run a few Publishers instead (NewPublisher
+// embedded in any process, or the `caughtup feed` command; two for
+// redundancy, no leader) and give every Router a Config.Feed: the
+// publishers poll each node every DefaultFeedInterval (10ms) and publish
+// each observation to Redis (package feed: signed, stored as the latest
+// value, and sent on a channel); routers subscribe and merge what arrives
+// exactly as they merge their own polls. Replica load then depends on the
+// number of publishers, not of routers, and waiting jobs wake on feed
+// messages: waiting makes no router poll.
+//
+//	pub, err := consume.NewPublisher(ctx, consume.PublisherConfig{
+//		Databases: dbs, // the same names as the routers'
+//		Feed:      feed.PublisherConfig{Client: rdb, Name: "worker-7", Keys: keys},
+//	})
+//	router, err := consume.NewRouter(ctx, consume.Config{
+//		Databases:   dbs,
+//		Feed:        &consume.FeedConfig{Client: rdb, Keys: keys},
+//		FleetBudget: budget, // feed.NewBudget(feed.BudgetConfig{Client: rdb, Rate: 200})
+//	})
+//
+// What a Router on the feed believes, and why no merge of feed messages
+// reads stale:
+//
+//   - Only authentic messages (package feed: an HMAC under one of
+//     FeedConfig.Keys; unsigned ones only with FeedConfig.Insecure, which
+//     is logged). Others are rejected and counted (caughtup.feed.rejected)
+//     and change nothing.
+//   - Freshness on the router's clock. An observation's ObservedAt is the
+//     router's receipt time less the age the feed measured (the
+//     publisher's hold on its monotonic clock, plus time stored in Redis on
+//     Redis's clock); a publisher's wall clock never makes anything look
+//     fresher. It is used only to refuse a message received more than
+//     FeedConfig.MaxDelay after it was sent (a replayed or long-delayed
+//     message), so that an old message cannot pass for a new one for
+//     longer than that. Staleness is then judged as for local polls.
+//   - Only nodes the router knows. At start the Router polls every node
+//     itself and subscribes once those polls are in: it knows each
+//     replica's current run (Incarnation) and the system. A feed
+//     observation of a node its own polls have not identified yet, of
+//     another system, or without a run, is not merged. One of an older run
+//     than the router's own poll saw (a message from before a restart,
+//     late or replayed, whoever sends it) is superseded: rule 2 keeps
+//     anything of an earlier run from being merged. One of a newer run
+//     makes the replica unknown at once (a restart may have lowered it)
+//     and makes the router poll it: if its own poll shows that run, the
+//     restart is merged as any restart (held below its old position); if
+//     not, the publishers mean another server by that name, and their
+//     observations of that run are ignored. Name mismatches are therefore
+//     never fresh: publishers and routers must name databases and replicas
+//     alike (Database, Replica.Name), and a name that differs costs
+//     queries (the router polls that node itself), not freshness.
+//   - Never more than the primary is known to hold. A replica position of
+//     the primary's epoch past the primary's known insert position (or any
+//     position while the primary is unknown) is held back until a primary
+//     observation arrives: one that shows it possible merges it; one made
+//     after it was received that shows it impossible makes the replica
+//     unknown (rule 4); one that does neither within StalenessBound drops
+//     it. Publishers poll the primary right after the replicas in each
+//     round, so a true position waits about one round trip. A replica
+//     observation without this check could be a publisher's bug or a
+//     compromised key holder's lie, believed for a round.
+//   - Within a run positions only grow, so the maximum of authentic,
+//     possible positions of the router's own known run is a lower bound of
+//     what the replica holds, whichever publisher sent them and in
+//     whatever order they arrive (rule 1). A late or replayed message of
+//     that run carries a position the replica had already passed; the only
+//     event that lowers a replica, a restart, comes with a newer run that
+//     the publishers still running report within a round (and which the
+//     router confirms), and MaxDelay bounds how long an old message can
+//     pose as new. A ReplicaGuard closes the remaining window, as with
+//     local polls.
+//
+// Falling back, by itself. A node of which no feed observation has been
+// merged for FeedConfig.SilenceBound (default half of StalenessBound) is
+// polled by the router until the feed covers it again, so it never goes
+// stale because a publisher stopped, cannot reach it, names it otherwise
+// or sends what is not believed. When the subscription is not healthy
+// (feed.StateSilent, StateUnreachable, StateDropped) every node is polled;
+// the router returns to the feed when it is subscribed again. Each switch
+// is logged and counted (caughtup.consume.feed.switches by direction and
+// state; caughtup.consume.feed.active, caughtup.consume.feed.nodes.local;
+// Router.Feed). A router on the feed keeps no connection to any node:
+// the one its tracker opened for a node's polls is closed when the feed
+// covers the node, and a fallback opens one again.
+//
+// The fleet budget. Config.FleetBudget (a *feed.Budget: GCRA in Redis,
+// shared by every process) bounds the promotions to the primary caused by
+// lag or unknown state fleet-wide, per database (key: the database name);
+// the per-process cap (PrimaryRate, PrimaryBurst) stays as a local bound,
+// and a promotion must pass both. OutcomeCapped then means that the fleet
+// budget or the local cap is spent. While Redis cannot answer, the
+// per-process cap alone applies, which is logged and counted
+// (caughtup.consume.fallback.budget, result unavailable).
 package consume

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
-	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/position"
 )
@@ -26,7 +25,7 @@ import (
 type Router struct {
 	cfg    Config
 	tr     *tracker
-	lim    *rate.Limiter
+	gate   *fallbackGate // the per-process cap and the fleet budget (budget.go)
 	met    *metrics
 	gauges metric.Registration // the tracker's state gauges, until Close
 	log    *slog.Logger
@@ -67,6 +66,9 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
 	}
 	r.met = met
+	if r.gate, err = newFallbackGate(&r.cfg, r.log); err != nil {
+		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
+	}
 	if r.tr, err = newTracker(&r.cfg, r.log, met.queries); err != nil {
 		return fail(err)
 	}
@@ -101,7 +103,6 @@ func newRouter(cfg Config) *Router {
 	}
 	r := &Router{
 		cfg:    cfg,
-		lim:    rate.NewLimiter(cfg.PrimaryRate, cfg.PrimaryBurst),
 		log:    cfg.Logger,
 		pools:  pools,
 		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
@@ -226,7 +227,7 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 			return ctx, d, err
 		}
 	}
-	if d.Action == ActionRun && d.Fallback && !r.lim.Allow() {
+	if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, &d) {
 		in.Capped = true
 		w := d.Waited
 		d = Decide(in)

@@ -201,6 +201,8 @@ func unitRouter(t testing.TB, s *Snapshot, mods ...func(*Config)) *Router {
 	var err error
 	r.met, err = newMetrics(mp, r.cfg.Databases)
 	require.NoError(t, err)
+	r.gate, err = newFallbackGate(&r.cfg, r.log)
+	require.NoError(t, err)
 	r.tr = &tracker{cfg: &r.cfg}
 	s.changed = make(chan struct{})
 	r.tr.snap.Store(s)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
@@ -44,6 +45,14 @@ type tracker struct {
 
 	queries queryCounter
 
+	// feed, when Config.Feed is set, lets the feed replace the pollers'
+	// queries (feed.go); nil otherwise.
+	feed *feedState
+	// sink, for a Publisher, receives every observation after its merge.
+	sink observationSink
+
+	warnImpossible rate.Sometimes
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -72,6 +81,9 @@ type primaryPoller struct {
 	db     int
 	dbName string
 	pool   *pgxpool.Pool
+	// kick wakes the poller to look at its schedule again (the feed
+	// stopped covering the node).
+	kick chan struct{}
 
 	// The history is read once per timeline.
 	histTLI    uint32
@@ -80,14 +92,38 @@ type primaryPoller struct {
 	histDenied bool
 }
 
+// trackerOptions are what a Publisher's tracker does differently from a
+// Router's.
+type trackerOptions struct {
+	// rounds polls each database's replicas together and then its
+	// primary, once per PollInterval (runRounds), instead of each node on
+	// its own schedule.
+	rounds bool
+	// sink receives every observation after it is merged.
+	sink observationSink
+	// queries counts the tracker's queries.
+	queries queryCounter
+}
+
+// observationSink receives a tracker's observations (a Publisher's).
+type observationSink interface {
+	replica(p *replicaPoller, o ReplicaObservation)
+	primary(p *primaryPoller, o PrimaryObservation)
+}
+
 func newTracker(cfg *Config, log *slog.Logger, queries queryCounter) (*tracker, error) {
+	return newTrackerWith(cfg, log, trackerOptions{queries: queries})
+}
+
+func newTrackerWith(cfg *Config, log *slog.Logger, opts trackerOptions) (*tracker, error) {
 	names := make([]string, 0, len(cfg.Databases))
 	for name := range cfg.Databases {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 
-	t := &tracker{cfg: cfg, log: log, queries: queries, initDone: make(chan struct{})}
+	t := &tracker{cfg: cfg, log: log, queries: opts.queries, sink: opts.sink, initDone: make(chan struct{}),
+		warnImpossible: rate.Sometimes{First: 3, Interval: 10 * time.Second}}
 	t.ctx, t.cancel = context.WithCancel(context.WithValue(context.Background(), trackerConnKey{}, true))
 	snap := &Snapshot{Databases: make([]DatabaseState, len(names)), changed: make(chan struct{})}
 	var (
@@ -114,7 +150,7 @@ func newTracker(cfg *Config, log *slog.Logger, queries queryCounter) (*tracker, 
 			return fail(fmt.Errorf("caughtup/consume: tracker pool for database %q primary: %w", name, err))
 		}
 		pools = append(pools, pp)
-		t.primarys = append(t.primarys, &primaryPoller{db: i, dbName: name, pool: pp})
+		t.primarys = append(t.primarys, &primaryPoller{db: i, dbName: name, pool: pp, kick: make(chan struct{}, 1)})
 		var rps []*replicaPoller
 		for j, r := range db.Replicas {
 			ds.Replicas[j].Name = r.Name
@@ -140,11 +176,25 @@ func newTracker(cfg *Config, log *slog.Logger, queries queryCounter) (*tracker, 
 		return fail(fmt.Errorf("caughtup/consume: creating the tracker's instruments: %w", err))
 	}
 
+	if cfg.Feed != nil {
+		if t.feed, err = newFeedState(t); err != nil {
+			t.met.close()
+			return fail(err)
+		}
+	}
+
 	n := len(t.primarys)
 	for _, rps := range t.replicas {
 		n += len(rps)
 	}
 	t.initLeft.Store(int32(n))
+	if opts.rounds {
+		for db := range t.primarys {
+			t.wg.Add(1)
+			go t.runRounds(db)
+		}
+		return t, nil
+	}
 	for _, p := range t.primarys {
 		t.wg.Add(1)
 		go t.runPrimary(p)
@@ -154,6 +204,9 @@ func newTracker(cfg *Config, log *slog.Logger, queries queryCounter) (*tracker, 
 			t.wg.Add(1)
 			go t.runReplica(p)
 		}
+	}
+	if t.feed != nil {
+		t.feed.start()
 	}
 	return t, nil
 }
@@ -175,6 +228,9 @@ func (t *tracker) close() {
 	t.cancel()
 	t.wg.Wait()
 	t.met.close()
+	if t.feed != nil {
+		t.feed.close()
+	}
 	for _, p := range t.primarys {
 		p.pool.Close()
 	}
@@ -218,18 +274,31 @@ func nextPoll(last time.Time, waiting bool, cfg *Config) time.Time {
 }
 
 func (t *tracker) runReplica(p *replicaPoller) {
-	t.run(func() { t.pollReplica(p) }, func() bool { return p.waiters.Load() > 0 }, p.kick)
+	var fed func() time.Time
+	if t.feed != nil {
+		n := t.feed.replicas[p.db][p.idx]
+		fed = func() time.Time { return t.feed.fedUntil(n) }
+	}
+	t.run(func() { t.pollReplica(p) }, func() bool { return p.waiters.Load() > 0 }, p.kick, fed)
 }
 
 func (t *tracker) runPrimary(p *primaryPoller) {
-	t.run(func() { t.pollPrimary(p) }, func() bool { return false }, nil)
+	var fed func() time.Time
+	if t.feed != nil {
+		n := t.feed.primarys[p.db]
+		fed = func() time.Time { return t.feed.fedUntil(n) }
+	}
+	t.run(func() { t.pollPrimary(p) }, func() bool { return false }, p.kick, fed)
 }
 
 // run polls on the schedule of nextPoll (measured from the start of each
 // poll, so that a slow query does not stretch the period) until the
 // tracker stops, and marks the node initialized after its first poll. A
-// kick (a first waiter) makes it look at the schedule again.
-func (t *tracker) run(poll func(), waiting func() bool, kick chan struct{}) {
+// kick (a first waiter, or the feed lapsing) makes it look at the schedule
+// again. While fed reports the node covered by the feed (a time until
+// which it is), it does not poll at all, waiters or not: the feed's
+// publishers set the pace.
+func (t *tracker) run(poll func(), waiting func() bool, kick chan struct{}, fed func() time.Time) {
 	defer t.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -242,7 +311,13 @@ func (t *tracker) run(poll func(), waiting func() bool, kick chan struct{}) {
 			t.initialized()
 		}
 		for {
-			d := time.Until(nextPoll(start, waiting(), t.cfg))
+			due := nextPoll(start, waiting(), t.cfg)
+			if fed != nil {
+				if until := fed(); !until.IsZero() {
+					due = until
+				}
+			}
+			d := time.Until(due)
 			if d <= 0 {
 				if t.ctx.Err() != nil {
 					return
@@ -299,6 +374,9 @@ func (t *tracker) observeReplica(p *replicaPoller) (ReplicaObservation, bool) {
 func (t *tracker) pollReplica(p *replicaPoller) {
 	if o, ok := t.observeReplica(p); ok {
 		t.applyReplica(p, o)
+		if t.sink != nil {
+			t.sink.replica(p, o)
+		}
 	}
 }
 
@@ -307,19 +385,35 @@ func (t *tracker) pollReplica(p *replicaPoller) {
 // so that HighestReplayed is never behind a position a decision can use.
 func (t *tracker) applyReplica(p *replicaPoller, o ReplicaObservation) {
 	t.mu.Lock()
-	old := t.snap.Load()
-	ds := old.Databases[p.db]
-	ds.Replicas = slices.Clone(ds.Replicas)
-	prev := ds.Replicas[p.idx]
-	next, ch := mergeReplica(prev, o, &ds.Primary, t.cfg)
-	ds.Replicas[p.idx] = next
-	t.publish(old, p.db, ds)
+	if t.feed != nil {
+		t.feed.polledReplica(p.db, p.idx, &o)
+	}
+	prev, next, ch := t.mergeReplicaLocked(p.db, p.idx, o)
 	t.mu.Unlock()
 	t.reportReplica(p.db, p.idx, prev, next, ch)
 }
 
+// mergeReplicaLocked merges o into replica idx of database db and
+// publishes the result; t.mu must be held.
+func (t *tracker) mergeReplicaLocked(db, idx int, o ReplicaObservation) (prev, next ReplicaState, ch replicaChange) {
+	old := t.snap.Load()
+	ds := old.Databases[db]
+	ds.Replicas = slices.Clone(ds.Replicas)
+	prev = ds.Replicas[idx]
+	next, ch = mergeReplica(prev, o, &ds.Primary, t.cfg)
+	ds.Replicas[idx] = next
+	t.publish(old, db, ds)
+	return prev, next, ch
+}
+
 // reportReplica logs and counts what a merge changed.
 func (t *tracker) reportReplica(db, idx int, prev, next ReplicaState, ch replicaChange) {
+	t.reportMerge(db, idx, prev, next, ch)
+	t.reportDiverged(db, prev, next)
+}
+
+// reportMerge is reportReplica but for divergence.
+func (t *tracker) reportMerge(db, idx int, prev, next ReplicaState, ch replicaChange) {
 	dbName := t.primarys[db].dbName
 	attrs := func(extra ...any) []any {
 		return append([]any{slog.String(attrDatabase, dbName), slog.String(attrReplica, next.Name)}, extra...)
@@ -327,8 +421,11 @@ func (t *tracker) reportReplica(db, idx int, prev, next ReplicaState, ch replica
 	t.met.replicaChange(db, idx, ch)
 	switch {
 	case ch.impossible:
-		t.log.Warn("caughtup: impossible replica observation (replay ahead of the primary's insert position); the replica counts as unknown",
-			attrs()...)
+		// Rate-limited: with a feed, a faulty publisher can send many.
+		t.warnImpossible.Do(func() {
+			t.log.Warn("caughtup: impossible replica observation (replay ahead of the primary's insert position); the replica counts as unknown (logged at most every 10s; see caughtup.consume.tracker.observations.rejected)",
+				attrs()...)
+		})
 	case ch.failed:
 		t.log.Warn("caughtup: replica unreadable; not used until it answers", attrs(slog.Any("error", next.Err))...)
 	case ch.recovered:
@@ -344,7 +441,6 @@ func (t *tracker) reportReplica(db, idx int, prev, next ReplicaState, ch replica
 	if next.Observations > 0 && !next.InRecovery && (ch.leftRecovery || prev.Observations == 0 || ch.restarted) {
 		t.log.Warn("caughtup: node is not in recovery (promoted?); it is no longer used as a replica", attrs()...)
 	}
-	t.reportDiverged(db, prev, next)
 }
 
 func (t *tracker) reportDiverged(db int, prev, next ReplicaState) {
@@ -390,14 +486,22 @@ func (t *tracker) observePrimary(p *primaryPoller) (PrimaryObservation, bool) {
 
 func (t *tracker) pollPrimary(p *primaryPoller) {
 	if o, ok := t.observePrimary(p); ok {
-		t.applyPrimary(p.db, o)
+		t.applyPrimary(p.db, o, false)
+		if t.sink != nil {
+			t.sink.primary(p, o)
+		}
 	}
 }
 
-// applyPrimary merges one observation of a primary, re-derives its
-// replicas' states (rules 4 and 5) and publishes the result.
-func (t *tracker) applyPrimary(db int, o PrimaryObservation) {
+// applyPrimary merges one observation of a primary (fromFeed: delivered by
+// the feed, else the tracker's own poll), re-derives its replicas' states
+// (rules 4 and 5), merges the feed's replica observations that waited for
+// it, and publishes the result.
+func (t *tracker) applyPrimary(db int, o PrimaryObservation, fromFeed bool) {
 	t.mu.Lock()
+	if t.feed != nil && !fromFeed {
+		t.feed.polledPrimary(db, &o)
+	}
 	old := t.snap.Load()
 	ds := old.Databases[db]
 	prev := ds.Primary
@@ -412,8 +516,16 @@ func (t *tracker) applyPrimary(db int, o PrimaryObservation) {
 			bad = append(bad, i)
 		}
 	}
+	var waited []pendingMerge
+	if t.feed != nil {
+		waited = t.feed.mergePending(db, &ds)
+	}
 	t.publish(old, db, ds)
 	t.mu.Unlock()
+	for _, m := range waited {
+		// Divergence is reported below, from the state before this merge.
+		t.reportMerge(db, m.idx, m.prev, m.next, m.ch)
+	}
 
 	dbName := t.primarys[db].dbName
 	switch {

@@ -67,13 +67,16 @@
 //	             timeline uvarint, switchpoint uvarint
 //	replica values:
 //	  flags      1 byte   bit 0 in recovery, bit 1 replay timestamp
-//	                      present, bit 2 incarnation present
+//	                      present, bit 2 incarnation present, bit 3
+//	                      recovery start present (only with bit 2)
 //	  replay LSN uvarint  0: NULL
 //	  system id  8 bytes  0: unknown
 //	  timeline   uvarint  received_tli; 0: unknown
 //	  replay timestamp    zigzag µs, when flagged
 //	  time lag   uvarint  µs, computed on the server
 //	  incarnation         zigzag µs (pg_postmaster_start_time), when flagged
+//	  recovery start      zigzag µs (the startup process's start), when
+//	                      flagged
 //	signature    32 bytes HMAC-SHA256, present iff the key ID is not empty
 //
 // A primary observation is about 50 bytes plus names, a replica's about

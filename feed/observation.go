@@ -96,6 +96,13 @@ type ReplicaStatus struct {
 	// changes it, and with it what its replay position can be compared
 	// with. Zero: unknown. Sent with microsecond precision.
 	Incarnation time.Time
+	// RecoveryStart is when the standby's startup process (the one that
+	// replays WAL) started: it also changes when the postmaster survives a
+	// backend crash and reinitializes, which restarts replay from the last
+	// restartpoint without changing Incarnation. Zero: unknown (not in
+	// recovery, or the publisher's role lacks pg_read_all_stats). Sent,
+	// with microsecond precision, only with Incarnation.
+	RecoveryStart time.Time
 }
 
 // Wire limits. A message that exceeds them is malformed; Publish refuses

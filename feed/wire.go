@@ -28,7 +28,8 @@ const (
 	flagInRecovery     = 1 << 0 // replica
 	flagReplayTS       = 1 << 1
 	flagIncarnation    = 1 << 2
-	replicaFlagsDefine = flagInRecovery | flagReplayTS | flagIncarnation
+	flagRecoveryStart  = 1 << 3 // only with flagIncarnation
+	replicaFlagsDefine = flagInRecovery | flagReplayTS | flagIncarnation | flagRecoveryStart
 )
 
 // message is one observation in its envelope, as on the wire (see the
@@ -139,6 +140,9 @@ func appendMessage(b []byte, m *message) ([]byte, error) {
 			}
 			if !r.Incarnation.IsZero() {
 				flags |= flagIncarnation
+				if !r.RecoveryStart.IsZero() {
+					flags |= flagRecoveryStart
+				}
 			}
 			b = append(b, flags)
 			b = binary.AppendUvarint(b, uint64(r.Replayed))
@@ -150,6 +154,9 @@ func appendMessage(b []byte, m *message) ([]byte, error) {
 			b = binary.AppendUvarint(b, uint64(max(r.TimeLag, 0)/time.Microsecond))
 			if flags&flagIncarnation != 0 {
 				b = binary.AppendVarint(b, r.Incarnation.UnixMicro())
+			}
+			if flags&flagRecoveryStart != 0 {
+				b = binary.AppendVarint(b, r.RecoveryStart.UnixMicro())
 			}
 		}
 	}
@@ -517,9 +524,9 @@ func (r *reader) primary(p *PrimaryStatus) {
 func (r *reader) replica(s *ReplicaStatus) {
 	off := r.off
 	flags := r.byte("replica flags")
-	if flags&^replicaFlagsDefine != 0 {
+	if flags&^replicaFlagsDefine != 0 || (flags&flagRecoveryStart != 0 && flags&flagIncarnation == 0) {
 		r.off = off
-		r.fail("replica flags: unknown bits")
+		r.fail("replica flags: unknown bits, or a recovery start without an incarnation")
 	}
 	s.InRecovery = flags&flagInRecovery != 0
 	s.Replayed = position.LSN(r.uvarint("replay LSN"))
@@ -531,5 +538,8 @@ func (r *reader) replica(s *ReplicaStatus) {
 	s.TimeLag = r.micros("time lag")
 	if flags&flagIncarnation != 0 {
 		s.Incarnation = r.timestamp("incarnation")
+	}
+	if flags&flagRecoveryStart != 0 {
+		s.RecoveryStart = r.timestamp("recovery start")
 	}
 }

@@ -39,6 +39,7 @@ func sampleReplica() Observation {
 		Replica: ReplicaStatus{
 			InRecovery: true, Replayed: position.MustParseLSN("16/B374D000"), Epoch: testEpoch,
 			ReplayTimestamp: testTime, TimeLag: 1500 * time.Microsecond, Incarnation: testTime.Add(-time.Hour),
+			RecoveryStart: testTime.Add(-time.Minute),
 		},
 	}
 }
@@ -201,9 +202,17 @@ func TestParseIsStrict(t *testing.T) {
 		"replica flags": func(o *Observation) []byte {
 			b := encodeSigned(t, "f", nil, sampleMessage("", *o))
 			i := bytes.Index(b, []byte("replica-1")) + len("replica-1") + 1 + 1 // role, error length
-			require.Equal(t, byte(flagInRecovery|flagReplayTS|flagIncarnation), b[i])
+			require.Equal(t, byte(flagInRecovery|flagReplayTS|flagIncarnation|flagRecoveryStart), b[i])
 			b[i] |= 1 << 5
 			return b
+		},
+		"recovery start without incarnation": func(o *Observation) []byte {
+			o.Replica.Incarnation = time.Time{}
+			b := encodeSigned(t, "f", nil, sampleMessage("", *o))
+			i := bytes.Index(b, []byte("replica-1")) + len("replica-1") + 1 + 1
+			require.Equal(t, byte(flagInRecovery|flagReplayTS), b[i])
+			b[i] |= flagRecoveryStart
+			return append(b, 0x02) // a recovery start to read
 		},
 		"role": func(o *Observation) []byte {
 			b := encodeSigned(t, "f", nil, sampleMessage("", *o))

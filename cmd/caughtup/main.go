@@ -5,6 +5,7 @@
 //	caughtup token decode 'v1;...'
 //	caughtup token encode --database main --system-id 7301... --timeline 1 --lsn 0/16B3740
 //	caughtup watch --primary postgres://... --replica postgres://...
+//	caughtup feed --primary postgres://... --replica r1=postgres://... --redis redis://redis:6379/0
 //	caughtup demo
 //	caughtup chaos
 package main
@@ -39,6 +40,7 @@ func commands() []command {
 	return []command{
 		{"token", "decode and encode caughtup tokens", runToken},
 		{"watch", "live replica positions, lag and tracker health", runWatch},
+		{"feed", "publish replica positions to a position feed for a fleet of routers", runFeed},
 		{"demo", "the profile-update demo on embedded services", runDemo},
 		{"chaos", "run the chaos scenarios and print their tables", runChaos},
 	}

@@ -4,14 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -122,4 +127,80 @@ func TestWatchShowsReplicas(t *testing.T) {
 
 	code, _, _ = runCLI(t, "watch", "--primary", c.Primary().DSN(""))
 	require.Equal(t, exitUsage, code, "watch without replicas is a usage error")
+}
+
+// TestFeedPublishes runs `caughtup feed` against the shared cluster and
+// Redis and reads its signed observations of every node with a
+// subscriber holding the key.
+func TestFeedPublishes(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Shared(t)
+	rs := pgtest.SharedRedis(t)
+	code, out, errOut := runCLI(t, "feed", "--generate-key", "k1")
+	require.Equal(t, 0, code, errOut)
+	keys, err := feed.ParseKeys(strings.TrimSpace(out))
+	require.NoError(t, err)
+	keysFile := filepath.Join(t.TempDir(), "keys")
+	require.NoError(t, os.WriteFile(keysFile, []byte(out), 0o600))
+
+	name := fmt.Sprintf("cli-%d", time.Now().UnixNano())
+	args := []string{"feed", "--primary", c.Primary().DSN(""), "--redis", "redis://" + rs.Addr() + "/0",
+		"--feed", name, "--name", "cli", "--keys-file", keysFile, "--interval", "20ms"}
+	for i, r := range c.Replicas() {
+		args = append(args, "--replica", fmt.Sprintf("r%d=%s", i+1, r.DSN("")))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, &stdout, &stderr) }()
+
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	defer rdb.Close()
+	var mu sync.Mutex
+	nodes := make(map[string]bool)
+	sub, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Feed: name, Keys: feed.Keyring{Keys: keys},
+		OnObservation: func(d feed.Delivery) {
+			if d.Err == "" {
+				mu.Lock()
+				nodes[d.Role.String()+":"+d.Node] = true
+				mu.Unlock()
+			}
+		}})
+	require.NoError(t, err)
+	subCtx, stopSub := context.WithCancel(context.Background())
+	subDone := make(chan struct{})
+	go func() { _ = sub.Run(subCtx); close(subDone) }()
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return nodes["primary:"] && nodes["replica:r1"] && nodes["replica:r2"]
+	}, 30*time.Second, 10*time.Millisecond, "observations of every node")
+	stopSub()
+	<-subDone
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("caughtup feed did not stop on interrupt")
+	}
+	require.Contains(t, stdout.String(), `publishing database "main"`)
+}
+
+func TestFeedRejectsBadFlags(t *testing.T) {
+	t.Setenv("CAUGHTUP_FEED_KEYS", "")
+	for _, args := range [][]string{
+		{},
+		{"--primary", "postgres://x/y"},
+		{"--primary", "postgres://x/y", "--replica", "postgres://x/y"}, // no keys
+		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--redis-mode", "ring"},
+		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--redis", "http://x"},
+		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--redis-mode", "sentinel"},
+		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--interval", "0s"},
+		{"--generate-key", "bad id{"},
+	} {
+		code, _, errOut := runCLI(t, append([]string{"feed"}, args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+	}
 }
