@@ -125,62 +125,80 @@ func (r *Router) watchDatabase(s *Snapshot, db int) func() {
 	return r.tr.watch(db, idx)
 }
 
+// CatchUp is when the tracker first saw a token caught up (FirstCaughtUp).
+type CatchUp struct {
+	// Observed is when the observation that showed a replica past the
+	// token was made: its query sent, or its feed message received. The
+	// replica may have passed the token after this, while the query ran.
+	Observed time.Time
+	// Read is when that observation's result had been read: the replica
+	// had passed the token by then, and a router could know it. It is
+	// after the moment the replica passed the token by at most the time
+	// since the previous observation of that replica (WaitPollInterval
+	// while someone waits on it) plus the query's duration.
+	Read time.Time
+}
+
 // FirstCaughtUp finds the first of snaps (oldest first, as a follower of
 // Router.Snapshot and Snapshot.Changed records them) in which tok is
-// caught up, and returns when the tracker saw a replica past tok: the
-// ObservedAt of the observation that showed it (the moment its query was
-// sent, or its feed message received), the earliest among the replicas
-// Decide could route tok to, and the latest across tok's databases. It
-// returns false if tok is caught up in none of them.
+// caught up, and returns when the tracker saw it: for each database, the
+// observation with the earliest Read among the replicas Decide could
+// route tok to; across tok's databases, the latest. It returns false if
+// tok is caught up in none of them.
 //
-// It measures the latency of work that could not run at once: from
-// "a replica passed the job's token, according to the tracker" to, say,
-// the handler's start. Each snapshot is judged at its own newest
-// observation time, so the result does not depend on when the follower
-// looked. A follower that falls behind skips snapshots (Router.Snapshot
-// returns the newest), but a replica's ObservedAt stays in every snapshot
-// until its next poll, so a skipped snapshot costs no precision unless
-// the replica was polled again in between (at most WaitPollInterval later
-// while someone waits on it, PollInterval otherwise). The time is an
-// upper bound of the moment the replica passed tok, which may have been
-// anywhere since its previous observation, and a lower bound of when a
-// router could have known: latencies measured from it are never
-// flattering.
+// It measures the latency of work that could not run at once: from "the
+// tracker saw a replica past the job's token" (Read) to, say, the
+// handler's start. That leaves out how long the tracker took to notice
+// (bounded as CatchUp.Read says); measured from Observed instead, the
+// latency includes the query's duration, and may count time from before
+// the replica passed the token. Each snapshot is judged at its own
+// newest observation time, so the result does not depend on when the
+// follower looked. A follower that falls behind skips snapshots
+// (Router.Snapshot returns the newest); the replica's state in the next
+// one it sees may come from a later observation if the replica was
+// polled again in between (WaitPollInterval later while someone waits on
+// it), which makes the catch-up look that much later.
 //
 // cfg must have its defaults applied; nil means all defaults.
-func FirstCaughtUp(tok position.Token, snaps []*Snapshot, cfg *Config) (time.Time, bool) {
+func FirstCaughtUp(tok position.Token, snaps []*Snapshot, cfg *Config) (CatchUp, bool) {
 	for _, s := range snaps {
 		if at, ok := caughtUpAt(tok, s, newestObservation(s), cfg); ok {
 			return at, true
 		}
 	}
-	return time.Time{}, false
+	return CatchUp{}, false
 }
 
-// caughtUpAt is CaughtUp with the time of the observations that make tok
-// caught up in s (see FirstCaughtUp).
-func caughtUpAt(tok position.Token, s *Snapshot, now time.Time, cfg *Config) (time.Time, bool) {
+// caughtUpAt is CaughtUp with the observation that makes tok caught up in
+// s (see FirstCaughtUp).
+func caughtUpAt(tok position.Token, s *Snapshot, now time.Time, cfg *Config) (CatchUp, bool) {
 	if !CaughtUp(tok, s, now, cfg) {
-		return time.Time{}, false
+		return CatchUp{}, false
 	}
 	if cfg == nil {
 		cfg = &defaultConfig
 	}
 	cutoff := now.Add(-cfg.StalenessBound)
-	var at time.Time
+	var at CatchUp
 	for _, e := range tok.Entries {
 		ds := s.Database(e.Database)
 		// Decide picks among the caught-up replicas by Spread; every
 		// spread from 0 to len-1 names each of them at least once.
-		var first time.Time
+		var first CatchUp
 		for spread := range len(ds.Replicas) {
 			var dd DatabaseDecision
 			decideDatabase(&dd, e, ds, cutoff, uint32(spread))
-			if obs := ds.Replicas[dd.replica].ObservedAt; first.IsZero() || obs.Before(first) {
-				first = obs
+			r := &ds.Replicas[dd.replica]
+			if first.Read.IsZero() || r.replayedBy.Before(first.Read) {
+				// ObservedAt is the newest observation's; the one that
+				// moved Replayed was made no later than it was read.
+				first = CatchUp{Observed: r.ObservedAt, Read: r.replayedBy}
+				if first.Observed.After(first.Read) {
+					first.Observed = first.Read
+				}
 			}
 		}
-		if first.After(at) {
+		if first.Read.After(at.Read) {
 			at = first
 		}
 	}

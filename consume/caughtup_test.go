@@ -91,8 +91,12 @@ func TestCaughtUpDoesNotAllocate(t *testing.T) {
 // between, and judges staleness by the snapshot's own time.
 func TestFirstCaughtUp(t *testing.T) {
 	t.Parallel()
+	// at: observed at t0+d, read 2ms later.
 	at := func(d time.Duration) func(*ReplicaState) {
-		return func(r *ReplicaState) { r.ObservedAt = t0.Add(d) }
+		return func(r *ReplicaState) { r.ObservedAt, r.replayedBy = t0.Add(d), t0.Add(d+2*time.Millisecond) }
+	}
+	want := func(d time.Duration) CatchUp {
+		return CatchUp{Observed: t0.Add(d), Read: t0.Add(d + 2*time.Millisecond)}
 	}
 	tk := tok(0, ent("main", 1, "0/3000000"))
 	s1 := snap(dbState("main", 1, nil, rep("r1", 1, "0/2000000", at(0)), rep("r2", 1, "0/1000000", at(time.Millisecond))))
@@ -103,11 +107,11 @@ func TestFirstCaughtUp(t *testing.T) {
 
 	got, ok := FirstCaughtUp(tk, []*Snapshot{s1, s2, s3}, nil)
 	require.True(t, ok)
-	require.Equal(t, t0.Add(10*time.Millisecond), got)
+	require.Equal(t, want(10*time.Millisecond), got)
 	// A follower that skipped s2 still finds r2's observation.
 	got, ok = FirstCaughtUp(tk, []*Snapshot{s1, s3}, nil)
 	require.True(t, ok)
-	require.Equal(t, t0.Add(10*time.Millisecond), got)
+	require.Equal(t, want(10*time.Millisecond), got)
 
 	_, ok = FirstCaughtUp(tk, []*Snapshot{s1}, nil)
 	require.False(t, ok)
@@ -128,7 +132,7 @@ func TestFirstCaughtUp(t *testing.T) {
 	)
 	got, ok = FirstCaughtUp(tk2, []*Snapshot{s4}, nil)
 	require.True(t, ok)
-	require.Equal(t, t0.Add(30*time.Millisecond), got)
+	require.Equal(t, want(30*time.Millisecond), got)
 }
 
 // TestWaitCaughtUp on the real cluster: with every replica paused a
@@ -188,9 +192,10 @@ func TestWaitCaughtUp(t *testing.T) {
 	defer mu.Unlock()
 	at, ok := FirstCaughtUp(tk, snaps, &r.cfg)
 	require.True(t, ok, "the follower saw the token caught up")
-	require.False(t, at.Before(resumed.Add(-time.Second)), "caught up %v before the resume", resumed.Sub(at))
-	t.Logf("resume → caught up (tracker observation) %v, → WaitCaughtUp returned %v; %d snapshots followed",
-		at.Sub(resumed), returned.Sub(resumed), len(snaps))
+	require.True(t, at.Read.After(resumed), "caught up %v before the resume", resumed.Sub(at.Read))
+	require.False(t, at.Observed.After(at.Read))
+	t.Logf("resume → caught up (tracker observation sent %v, read %v), → WaitCaughtUp returned %v; %d snapshots followed",
+		at.Observed.Sub(resumed), at.Read.Sub(resumed), returned.Sub(resumed), len(snaps))
 
 	// Watch is idempotent to stop and speeds up only while held.
 	stop := r.Watch(tk)
