@@ -68,6 +68,9 @@ type MiddlewareConfig struct {
 	// the process dies. Negative disables waking. Default
 	// DefaultWakeCapacity (10,000): more tasks than a worker process
 	// defers in a long replica outage at hundreds of tasks per second.
+	// The wake runs one goroutine while tasks are remembered: NewServer's
+	// Shutdown ends it; under Middleware alone it ends when the last
+	// remembered task is woken, comes back or has reached its delay.
 	WakeCapacity int
 
 	// MeterProvider records caughtup.asynq.overrides and

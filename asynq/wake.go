@@ -360,18 +360,23 @@ func (w *waker) run() {
 	}
 }
 
-// attemptAll tries to move every due task, wakeWorkers at a time.
+// attemptAll tries to move every due task, wakeWorkers at a time, and
+// starts no more once the waker is closed (close forgets them all).
 func (w *waker) attemptAll(due []*wakeEntry) {
 	sem := make(chan struct{}, wakeWorkers)
 	var wg sync.WaitGroup
+	defer wg.Wait()
 	for _, e := range due {
-		sem <- struct{}{}
+		select {
+		case sem <- struct{}{}:
+		case <-w.done:
+			return
+		}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			w.finish(e, w.attempt(e))
 		})
 	}
-	wg.Wait()
 }
 
 // attemptResult is what one attempt found.
