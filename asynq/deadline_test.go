@@ -95,9 +95,13 @@ func TestTimeoutDoesNotLimitDeferral(t *testing.T) {
 				"a primary read")
 
 			// Caught up: run them now rather than after their 30s delay.
+			// NewServer's middleware wakes them itself, so RunTask may find
+			// one already gone from the retry set; either way each runs once.
 			resume()
 			for id := range ids {
-				require.NoError(t, e.inspector.RunTask(e.queue, id))
+				if err := e.inspector.RunTask(e.queue, id); err != nil {
+					require.Equal(t, oneCall, w, "RunTask %s: %v", id, err)
+				}
 			}
 			for range ids {
 				id := rec.next(t, time.Minute)

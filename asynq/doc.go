@@ -40,7 +40,9 @@
 // handler. To arrange them yourself (a mux built elsewhere, your own
 // middleware outside caughtup's), use both: Middleware reports, as an error
 // log and caughtup.asynq.hooks.missing, a deferred task that comes back
-// without the hooks.
+// without the hooks. Give that Middleware an Inspector on the same Redis
+// (MiddlewareConfig.Inspector: asynq.NewInspector(redisOpt)), as NewServer
+// does, so that it wakes deferred tasks (below).
 //
 // # Options: build tasks with NewTask
 //
@@ -65,6 +67,19 @@
 // is older than its MaxAge; the task then reads the primary. Handler
 // errors keep asynq's behaviour: retry count, RetryDelayFunc, archive
 // after MaxRetry.
+//
+// The delay is only the safety net. With an Inspector the middleware
+// remembers each task it defers (a bounded set per process,
+// MiddlewareConfig.WakeCapacity, about 400 bytes a task) and, woken by the
+// router's snapshots, moves it to pending (Inspector.RunTask) as soon as
+// the tracker sees a replica past its token, typically tens of
+// milliseconds after the catch-up instead of one or more seconds. It
+// moves only a task that asynq still shows in the retry set with the
+// retry count the deferral left; a task since deleted, running, pending,
+// completed, archived or failed is forgotten (caughtup.asynq.wake.errors
+// by kind), and nothing reaches the task's handler or the server's
+// ErrorHandler. A task the process forgets (the set is full, the server
+// shuts down, the process dies) runs when its delay ends.
 //
 // A task is never deferred on its last attempt, where asynq would archive
 // it on any error, nor past its absolute deadline. Only an absolute

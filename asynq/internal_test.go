@@ -255,6 +255,7 @@ func TestServerConfigHooks(t *testing.T) {
 	t.Run("Defaults", func(t *testing.T) {
 		cfg := ServerConfig(hasynq.Config{})
 		require.Equal(t, DelayedTaskCheckInterval, cfg.DelayedTaskCheckInterval)
+		require.Equal(t, TaskCheckInterval, cfg.TaskCheckInterval)
 		require.False(t, cfg.IsFailure(deferred))
 		require.False(t, cfg.IsFailure(fmt.Errorf("wrapped: %w", deferred)))
 		require.True(t, cfg.IsFailure(capped))
@@ -272,6 +273,7 @@ func TestServerConfigHooks(t *testing.T) {
 		var delays, failures, handled int
 		cfg := ServerConfig(hasynq.Config{
 			DelayedTaskCheckInterval: 200 * time.Millisecond,
+			TaskCheckInterval:        time.Second,
 			RetryDelayFunc: func(n int, err error, task *hasynq.Task) time.Duration {
 				delays++
 				return time.Duration(n) * time.Hour
@@ -282,6 +284,7 @@ func TestServerConfigHooks(t *testing.T) {
 			}),
 		})
 		require.Equal(t, 200*time.Millisecond, cfg.DelayedTaskCheckInterval)
+		require.Equal(t, time.Second, cfg.TaskCheckInterval, "the user's interval is kept")
 		require.False(t, cfg.IsFailure(deferred))
 		require.True(t, cfg.IsFailure(capped))
 		cfg.RetryDelayFunc(0, deferred, nil)

@@ -42,15 +42,36 @@ type MiddlewareConfig struct {
 	// every adapter in the process.
 	DefaultPolicy consume.Policy
 
-	// Inspector lets the middleware look a task up in Redis when its
-	// context's deadline is too near for a deferral, to learn whether that
-	// deadline is the task's asynq.Deadline (absolute: deferring past it
-	// would archive the task) or its asynq.Timeout (per attempt: deferring
-	// is safe). Default nil: the middleware reads HeaderDeadline, which
-	// Client writes, and assumes the deadline is absolute for tasks
-	// without it (OverrideDeadlineUnknown). NewServer sets one on its
-	// Redis connection. The middleware does not close it.
+	// Inspector, on the Redis the server's tasks are in, does two things.
+	// It wakes deferred tasks: a task the middleware deferred is moved to
+	// pending (Inspector.RunTask) as soon as a replica has replayed its
+	// token, rather than when its deferral delay ends (see WakeCapacity).
+	// And it lets the middleware look a task up when its context's
+	// deadline is too near for a deferral, to learn whether that deadline
+	// is the task's asynq.Deadline (absolute: deferring past it would
+	// archive the task) or its asynq.Timeout (per attempt: deferring is
+	// safe). Default nil: deferred tasks run when their delay ends, and
+	// the middleware reads HeaderDeadline, which Client writes, assuming
+	// the deadline is absolute for tasks without it
+	// (OverrideDeadlineUnknown). NewServer sets one on its Redis
+	// connection; with ServerConfig and Middleware, pass
+	// asynq.NewInspector(redisOpt) here. The middleware does not close it.
 	Inspector *hasynq.Inspector
+
+	// WakeCapacity bounds how many deferred tasks the middleware
+	// remembers to wake (with an Inspector). Each costs about 400 bytes
+	// with a one-database token (BenchmarkWakeSetMemory), so the default
+	// holds about 4 MB; a remembered task is forgotten when it comes back
+	// to this process, is woken, or its delay has ended. When the set is
+	// full the oldest task is forgotten (caughtup.asynq.wake.dropped,
+	// evicted): it runs when its delay ends, as every deferred task does if
+	// the process dies. Negative disables waking. Default
+	// DefaultWakeCapacity (10,000): more tasks than a worker process
+	// defers in a long replica outage at hundreds of tasks per second.
+	// The wake runs one goroutine while tasks are remembered: NewServer's
+	// Shutdown ends it; under Middleware alone it ends when the last
+	// remembered task is woken, comes back or has reached its delay.
+	WakeCapacity int
 
 	// MeterProvider records caughtup.asynq.overrides and
 	// caughtup.asynq.hooks.missing. Default otel.GetMeterProvider(), as
@@ -63,8 +84,12 @@ type MiddlewareConfig struct {
 }
 
 // WithDefaults returns c with the globals in place of nil MeterProvider
-// and Logger. Middleware and NewServer call it.
+// and Logger, and DefaultWakeCapacity for a zero WakeCapacity. Middleware
+// and NewServer call it.
 func (c MiddlewareConfig) WithDefaults() MiddlewareConfig {
+	if c.WakeCapacity == 0 {
+		c.WakeCapacity = DefaultWakeCapacity
+	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
 	}
@@ -112,7 +137,12 @@ func (c MiddlewareConfig) Validate() error {
 // When no replica has caught up within the wait, a Delayed task is
 // deferred: the middleware returns the router's *consume.DeferError
 // without running the handler, and ServerConfig's hooks make asynq run it
-// again after the router's delay without counting an attempt. The router
+// again after the router's delay without counting an attempt. With an
+// Inspector (MiddlewareConfig.Inspector; NewServer has one) the
+// middleware also remembers the task and moves it to pending as soon as
+// the tracker sees a replica past its token, typically milliseconds after
+// the catch-up instead of at the end of a delay of seconds; the delay
+// stays as the safety net (see MiddlewareConfig.WakeCapacity). The router
 // bounds deferral by the token's age (consume.Config.MaxAge); after that
 // the task reads the primary, or is refused by the fallback cap, which
 // does count as a failed attempt. Without ServerConfig's hooks every
@@ -181,6 +211,9 @@ type middleware struct {
 	// hooks judges, for tasks it deferred, whether ServerConfig's hooks
 	// saw the deferral; nil under NewServer, which installs them itself.
 	hooks *hookWatch
+	// waker runs deferred tasks once a replica has caught up; nil without
+	// an Inspector or with WakeCapacity < 0.
+	waker *waker
 
 	warnCap, warnDedup, warnDeadline *rate.Sometimes
 }
@@ -216,6 +249,11 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 	}
 	if checkHooks {
 		m.hooks = newHookWatch(m.met, m.log)
+	}
+	if cfg.Inspector != nil && cfg.WakeCapacity > 0 {
+		if m.waker, err = newWaker(router, cfg.Inspector, cfg.WakeCapacity, cfg.MeterProvider, m.log); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
@@ -295,6 +333,9 @@ func (m *middleware) process(ctx context.Context, task *hasynq.Task, next hasynq
 	if m.hooks != nil {
 		m.hooks.arrived(ctx)
 	}
+	if m.waker != nil {
+		m.waker.forget(ctx)
+	}
 	h := task.Headers()
 	tok, decErr := position.DecodeHeaders(h[position.HeaderName])
 	if decErr != nil {
@@ -332,7 +373,7 @@ func (m *middleware) process(ctx context.Context, task *hasynq.Task, next hasynq
 			if de.Capped() {
 				return de // a failed attempt: asynq retries it
 			}
-			return m.deferred(ctx, de)
+			return m.deferred(ctx, de, tok)
 		case deadlineNear:
 			why = OverrideDeadline
 		case deadlineUnknown:
@@ -364,8 +405,11 @@ func (m *middleware) process(ctx context.Context, task *hasynq.Task, next hasynq
 
 // deferred returns the deferral of a task, marked so that ServerConfig's
 // hooks can confirm they saw it, and remembers it to judge when the task
-// comes back.
-func (m *middleware) deferred(ctx context.Context, de *consume.DeferError) error {
+// comes back and to wake it once a replica has replayed tok.
+func (m *middleware) deferred(ctx context.Context, de *consume.DeferError, tok position.Token) error {
+	if m.waker != nil {
+		m.waker.remember(ctx, tok, de.Delay)
+	}
 	if m.hooks == nil {
 		return de
 	}

@@ -22,6 +22,17 @@ import (
 // Redis script per queue.
 const DelayedTaskCheckInterval = time.Second
 
+// TaskCheckInterval is what ServerConfig sets asynq.Config.TaskCheckInterval
+// to when it is zero. asynq polls its queues and, when they are all empty,
+// sleeps between half and one and a half of this interval before polling
+// again (it does not block on Redis). With asynq's default, 1s, a task
+// that becomes pending while the server is idle, such as a deferred task
+// the middleware wakes when its replica catches up, or a new task, waits
+// 0.5-1.5s for a worker. 20ms makes that 10-30ms, at the cost of an idle
+// server polling each of its queues 50 times a second (one short Redis
+// script each).
+const TaskCheckInterval = 20 * time.Millisecond
+
 // Server is an asynq server whose handler runs behind the middleware, with
 // the hooks the middleware needs on its asynq.Config: the one-call wiring.
 // Use it as an *asynq.Server:
@@ -45,9 +56,10 @@ type Server struct {
 // after asynq's retry backoff. Use ServerConfig and Middleware yourself
 // only to arrange them differently.
 //
-// mcfg.Inspector defaults to an inspector on redis, so the middleware can
-// tell a task's asynq.Deadline from its Timeout whoever enqueued it; the
-// Server closes it on Shutdown. NewServer returns an error wrapping
+// mcfg.Inspector defaults to an inspector on redis, so the middleware
+// wakes deferred tasks as soon as a replica has replayed their token and
+// can tell a task's asynq.Deadline from its Timeout whoever enqueued it;
+// the Server closes it on Shutdown. NewServer returns an error wrapping
 // ErrInvalidConfig for a nil router or an invalid mcfg; like
 // asynq.NewServer, it panics on an unsupported RedisConnOpt.
 func NewServer(redis hasynq.RedisConnOpt, cfg hasynq.Config, router *consume.Router, mcfg MiddlewareConfig) (*Server, error) {
@@ -93,7 +105,8 @@ func (s *Server) Run(handler hasynq.Handler) error {
 }
 
 // Shutdown shuts the server down gracefully, as asynq.Server.Shutdown,
-// and closes the inspector NewServer opened.
+// stops waking deferred tasks (they run when their delays end, whichever
+// server is running then) and closes the inspector NewServer opened.
 func (s *Server) Shutdown() {
 	s.srv.Shutdown()
 	s.closeInspector()
@@ -108,6 +121,9 @@ func (s *Server) Ping() error { return s.srv.Ping() }
 
 func (s *Server) closeInspector() {
 	s.closeOnce.Do(func() {
+		if s.mw != nil && s.mw.waker != nil {
+			s.mw.waker.close()
+		}
 		if s.inspector != nil {
 			_ = s.inspector.Close()
 		}
@@ -139,6 +155,7 @@ func (s *Server) closeInspector() {
 //     and HeaderDedup if any of them has it. Build it with NewTask (or
 //     give it a headers map): see aggregator.
 //   - DelayedTaskCheckInterval: DelayedTaskCheckInterval when zero.
+//   - TaskCheckInterval: TaskCheckInterval when zero.
 //
 // The GroupAggregator hook logs to slog.Default() and counts on
 // otel.GetMeterProvider(); NewServer's uses MiddlewareConfig's.
@@ -190,6 +207,9 @@ func serverConfig(cfg hasynq.Config, met *metrics, log *slog.Logger) hasynq.Conf
 	}
 	if cfg.DelayedTaskCheckInterval == 0 {
 		cfg.DelayedTaskCheckInterval = DelayedTaskCheckInterval
+	}
+	if cfg.TaskCheckInterval == 0 {
+		cfg.TaskCheckInterval = TaskCheckInterval
 	}
 	return cfg
 }

@@ -62,6 +62,15 @@
 // and however often new ones arrive, so waiting costs a replica at most
 // 200 queries/s per process.
 //
+// A deferred job need not wait out its delay: CaughtUp (pure) and
+// Router.CaughtUp say whether a replica has replayed a token, by Decide's
+// rule; Router.WaitCaughtUp waits for it on the tracker's snapshots,
+// watching the replicas as a waiting job does (Router.Watch). The asynq
+// adapter wakes deferred tasks this way, the kafka adapter retry-topic
+// messages. FirstCaughtUp finds, in recorded snapshots, when the tracker
+// first saw a token caught up, to measure how long deferred work took to
+// run after that.
+//
 // A standby left on an older timeline after a failover, past the point
 // where the primary's history left it, is diverged: it holds rows the
 // primary never had and never reaches the primary's timeline, so no job

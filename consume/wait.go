@@ -62,17 +62,9 @@ func (r *Router) watch(s *Snapshot, d *Decision) func() {
 			continue
 		}
 		for i := range s.Databases {
-			ds := &s.Databases[i]
-			if ds.Name != dd.Database {
-				continue
+			if s.Databases[i].Name == dd.Database {
+				undo = append(undo, r.watchDatabase(s, i))
 			}
-			var idx []int
-			for j := range ds.Replicas {
-				if ds.Replicas[j].Err == nil {
-					idx = append(idx, j)
-				}
-			}
-			undo = append(undo, r.tr.watch(i, idx))
 		}
 	}
 	return func() {

@@ -27,12 +27,18 @@ const (
 	// behind it in that partition wait too. Other partitions keep flowing.
 	InPlace Mode = iota
 	// RetryTopic republishes the message to ConsumerConfig.RetryTopic with
-	// its token and a due time (header HeaderDue), commits the original and
-	// moves on; the consumer reads the retry topic too and runs the message
-	// once it is due and a replica has caught up (or the primary after
-	// MaxAge). The partition never stalls, but a deferred message runs
-	// after later messages of its key: use it only for work whose order
-	// does not matter.
+	// its token, a due time (header HeaderDue) and HeaderDeferred, commits
+	// the original and moves on. The consumer reads the retry topic too:
+	// the worker of a retry partition takes its head message and waits
+	// until it is due or a replica has replayed its token, whichever comes
+	// first (Router.WaitCaughtUp, which wakes on the tracker's
+	// observations), then routes it again: a replica, another deferral if
+	// it is still behind when due, or the primary after MaxAge. Retry
+	// partitions are roughly in due order, and a message behind the head
+	// waits for the head even if its own token is caught up. Messages
+	// retried after a handler error wait out their backoff. The partition
+	// never stalls, but a deferred message runs after later messages of
+	// its key: use it only for work whose order does not matter.
 	RetryTopic
 )
 
@@ -53,6 +59,11 @@ const (
 	// HeaderDue is when a republished message may run, in Unix
 	// milliseconds.
 	HeaderDue = "caughtup-due"
+	// HeaderDeferred ("1") marks a message republished to the retry topic
+	// because no replica had replayed its token, rather than after a
+	// handler error: it runs at its due time or as soon as a replica has
+	// caught up, whichever comes first.
+	HeaderDeferred = "caughtup-deferred"
 	// HeaderAttempts counts the handler's failed attempts so far.
 	HeaderAttempts = "caughtup-attempts"
 	// HeaderOriginTopic, HeaderOriginPartition and HeaderOriginOffset name

@@ -113,14 +113,20 @@
 //     up or the token is older than the router's MaxAge (then it reads the
 //     primary). Per-key order is kept; the messages behind it in that
 //     partition wait with it.
-//   - RetryTopic republishes the message to RetryTopic with its token and a
-//     due time (HeaderDue), commits the original and moves on; the group
-//     reads the retry topic too and runs each message once it is due (and
-//     its replicas have caught up, or MaxAge has passed). Partitions never
-//     wait, but a deferred message runs after later messages of its key:
-//     for work whose order does not matter. A crash between the republish
-//     and the commit writes the message to the retry topic twice; it is
-//     never lost.
+//   - RetryTopic republishes the message to RetryTopic with its token, a
+//     due time (HeaderDue) and HeaderDeferred, commits the original and
+//     moves on; the group reads the retry topic too. The worker of a retry
+//     partition takes its head message and waits until it is due or a
+//     replica has replayed its token, whichever comes first (woken by the
+//     tracker's observations, within milliseconds of the catch-up: result
+//     woken), then routes it again: a replica, another deferral if it is
+//     due and still behind, the primary after MaxAge. Retry partitions are
+//     roughly in due order (each message is appended at now + delay); a
+//     message behind the head waits for the head even when its own token
+//     is caught up. Partitions never wait, but a deferred message runs
+//     after later messages of its key: for work whose order does not
+//     matter. A crash between the republish and the commit writes the
+//     message to the retry topic twice; it is never lost.
 //
 // Deferrals never count as failed attempts (Attempt).
 //
@@ -129,11 +135,12 @@
 // A handler error is retried up to MaxAttempts runs, RetryBackoffInitial
 // doubling up to RetryBackoffMax between them: in place in InPlace mode
 // (the partition waits, order is kept), through the retry topic in
-// RetryTopic mode. Then the message goes to DeadLetterTopic with
-// HeaderError, HeaderAttempts and its origin, or to the DeadLetter hook;
-// only then is it committed. A panic counts as an error. An error returned
-// after the partition's context ended is not a failure: the message is
-// dropped and delivered again.
+// RetryTopic mode, where it waits out its backoff whatever the replicas
+// do (it carries no HeaderDeferred). Then the message goes to
+// DeadLetterTopic with HeaderError, HeaderAttempts and its origin, or to
+// the DeadLetter hook; only then is it committed. A panic counts as an
+// error. An error returned after the partition's context ended is not a
+// failure: the message is dropped and delivered again.
 //
 // Consumers must still tolerate a row that is not found: an asynchronously
 // committed write lost in a crash or failover can have its position reused,

@@ -38,14 +38,18 @@ const (
 	// ResultDropped: the consumer stopped or lost the partition before the
 	// message was done; it is not committed and will be delivered again.
 	ResultDropped
+	// ResultWoken: RetryTopic mode stopped waiting for a deferred
+	// message's due time because a replica had replayed its token; the
+	// message then runs and is counted again (handled, …).
+	ResultWoken
 
 	numResults
 )
 
-var resultNames = [numResults]string{"handled", "waited", "deferred", "retried", "dead_lettered", "dropped"}
+var resultNames = [numResults]string{"handled", "waited", "deferred", "retried", "dead_lettered", "dropped", "woken"}
 
 // String returns the attribute value: "handled", "waited", "deferred",
-// "retried", "dead_lettered" or "dropped".
+// "retried", "dead_lettered", "dropped" or "woken".
 func (r Result) String() string {
 	if r < numResults {
 		return resultNames[r]
@@ -76,7 +80,7 @@ func (tm *topicMetrics) add(ctx context.Context, r Result) { tm.messages.Add(ctx
 func newMetrics(mp metric.MeterProvider, topics []string) (*metrics, error) {
 	messages, err := mp.Meter(ScopeName).Int64Counter("caughtup.kafka.messages",
 		metric.WithUnit("{message}"),
-		metric.WithDescription("What the consumer did with each message, by topic and result (handled, waited, deferred, retried, dead_lettered, dropped)."))
+		metric.WithDescription("What the consumer did with each message, by topic and result (handled, waited, deferred, retried, dead_lettered, dropped, woken)."))
 	if err != nil {
 		return nil, err
 	}

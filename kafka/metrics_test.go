@@ -94,6 +94,7 @@ func TestResultString(t *testing.T) {
 		caughtupkafka.ResultRetried:      "retried",
 		caughtupkafka.ResultDeadLettered: "dead_lettered",
 		caughtupkafka.ResultDropped:      "dropped",
+		caughtupkafka.ResultWoken:        "woken",
 		caughtupkafka.Result(200):        "Result(200)",
 	} {
 		require.Equal(t, want, r.String())

@@ -25,23 +25,20 @@ const maxErrorHeader = 1024
 // topic, or dead-lettered. It returns false if ctx ended first; the
 // message must then stay uncommitted, to be delivered again.
 func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, tm *topicMetrics) bool {
+	// The token is read once per message; every attempt routes it again.
+	tok, tokErr := TokenOf(msg)
+	if tokErr != nil {
+		ctx = withSource(ctx, msg)
+	}
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
 		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
-			// Retry partitions are roughly in due order (each message is
-			// appended at now+delay), so waiting here for the head costs
-			// the messages behind it little.
-			if !sleep(ctx, time.Until(time.UnixMilli(due))) {
+			if !c.untilDue(ctx, msg, time.UnixMilli(due), tok, tokErr, tm) {
 				return false
 			}
 		}
-	}
-	// The token is read once per message; every attempt routes it again.
-	tok, tokErr := TokenOf(msg)
-	if tokErr != nil {
-		ctx = withSource(ctx, msg)
 	}
 	for {
 		hctx := ctx
@@ -60,7 +57,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts) {
+				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts, true) {
 					return false
 				}
 				tm.add(ctx, ResultDeferred)
@@ -94,7 +91,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
 		tm.add(ctx, ResultRetried)
 		if c.cfg.Mode == RetryTopic {
-			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts)
+			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts, false)
 		}
 		if !sleep(ctx, delay) {
 			return false
@@ -137,13 +134,48 @@ func (c *Consumer) call(ctx context.Context, msg kafkago.Message) (err error) {
 	return c.handler(ctx, msg)
 }
 
+// untilDue holds a retry-topic message until its due time, or, for a
+// message deferred for lag (HeaderDeferred), until a replica has replayed
+// its token if that comes first: the deferral's delay only stood in for
+// "until a replica catches up". A message retried after a handler error
+// waits out its backoff whatever the replicas do. It returns false if ctx
+// ended first.
+//
+// Retry partitions are roughly in due order (each message is appended at
+// now+delay), so waiting here for the head costs the messages behind it
+// little; a message behind the head waits for it even when its own token
+// is caught up.
+func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, tok position.Token, tokErr error, tm *topicMetrics) bool {
+	wait := time.Until(due)
+	if wait <= 0 {
+		return true
+	}
+	if tokErr != nil || tok.IsZero() || !hasHeader(msg.Headers, HeaderDeferred) {
+		return sleep(ctx, wait)
+	}
+	dctx, cancel := context.WithDeadline(ctx, due)
+	err := c.cfg.Router.WaitCaughtUp(dctx, tok)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err == nil:
+		tm.add(ctx, ResultWoken)
+	}
+	return true
+}
+
 // republish writes msg to the retry topic, due at due, and waits for the
 // broker's acknowledgement. The original is committed only afterwards, so
 // a crash in between delivers the original again and the retry topic gets
-// a duplicate: nothing is lost.
-func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafkago.Message, due time.Time, attempts int) bool {
+// a duplicate: nothing is lost. deferred marks a deferral for lag
+// (HeaderDeferred), which runs as soon as a replica catches up.
+func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafkago.Message, due time.Time, attempts int, deferred bool) bool {
 	out := derived(msg, c.cfg.RetryTopic, attempts)
 	out.Headers = append(out.Headers, kafkago.Header{Key: HeaderDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)})
+	if deferred {
+		out.Headers = append(out.Headers, kafkago.Header{Key: HeaderDeferred, Value: []byte("1")})
+	}
 	return c.publish(ctx, w, out)
 }
 
@@ -211,7 +243,7 @@ func derived(msg kafkago.Message, topic string, attempts int) kafkago.Message {
 	origin := false
 	for _, h := range msg.Headers {
 		switch h.Key {
-		case HeaderDue, HeaderAttempts, HeaderError:
+		case HeaderDue, HeaderDeferred, HeaderAttempts, HeaderError:
 			continue
 		case HeaderOriginTopic:
 			origin = true
@@ -227,6 +259,16 @@ func derived(msg kafkago.Message, topic string, attempts int) kafkago.Message {
 	}
 	hs = append(hs, kafkago.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)})
 	return kafkago.Message{Topic: topic, Key: msg.Key, Value: msg.Value, Headers: hs}
+}
+
+// hasHeader reports whether hs has a header key.
+func hasHeader(hs []kafkago.Header, key string) bool {
+	for i := range hs {
+		if hs[i].Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // headerInt returns the last header key as a decimal integer.

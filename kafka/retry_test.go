@@ -30,8 +30,9 @@ func header(msg kafkago.Message, key string) string {
 // TestRetryTopicRunsDeferredMessageWhenDue: with every replica paused, a
 // stamped message is deferred to the retry topic (the partition moves on:
 // a later message without a token runs at once on the primary); once
-// replay resumes it runs from the retry topic, after its due time, on a
-// replica that has its row.
+// replay resumes it runs from the retry topic, on a replica that has its
+// row: at its due time, or before it if a replica caught up first (then
+// counted as woken).
 func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 	e := setupDB(t, func(c *consume.Config) {
 		c.WaitBudget = 100 * time.Millisecond
@@ -110,7 +111,9 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 	require.Contains(t, []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited}, second.dec.Outcome)
 	due, err := strconv.ParseInt(second.due, 10, 64)
 	require.NoError(t, err)
-	require.False(t, second.at.Before(time.UnixMilli(due)), "ran at %v, before its due time %v", second.at, time.UnixMilli(due))
+	if second.at.Before(time.UnixMilli(due)) {
+		require.Positive(t, e.results(t)["woken"], "ran at %v, before its due time %v, without a catch-up", second.at, time.UnixMilli(due))
+	}
 	require.Zero(t, second.attempt, "a deferral counted as a failed attempt")
 	t.Logf("results %v; outcomes %v", e.results(t), e.outcomes(t))
 }
