@@ -61,3 +61,14 @@ func (m *runMetrics) close() {
 	defer cancel()
 	_ = m.provider.Shutdown(ctx)
 }
+
+// asynqOverrides are the routing decisions the scenario's asynq middleware
+// overrode (caughtup.asynq.overrides), by kind, and their total.
+func (r *run) asynqOverrides() (map[string]int64, int64) {
+	by := r.metrics.sum("caughtup.asynq.overrides", "caughtup.asynq.override")
+	var total int64
+	for _, n := range by {
+		total += n
+	}
+	return by, total
+}

@@ -402,6 +402,9 @@ func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
 			r.fail("%s: %d fallback reads on the primary within one second; the cap admits %d", sr.Stream, sr.MaxFallbackPerSec, capLimit)
 		}
 	}
+	if by, n := r.asynqOverrides(); n > 0 {
+		r.note("the asynq middleware overrode %d routing decisions (caughtup.asynq.overrides): %v", n, by)
+	}
 	if n := int(r.work.produced.Load()); n < r.sl.jobs {
 		r.fail("only %d of %d jobs were produced", n, r.sl.jobs)
 	}

@@ -56,11 +56,7 @@ func timeoutTasksScenario(sl scale) *scenario {
 func checkTimeouts(r *run, res *scenarioResult) {
 	expectDeferrals(r, res)
 	checkPrimaryWindow(r, res)
-	overrides := r.metrics.sum("caughtup.asynq.overrides", "caughtup.asynq.override")
-	total := int64(0)
-	for _, n := range overrides {
-		total += n
-	}
+	overrides, total := r.asynqOverrides()
 	r.note("caughtup.asynq.overrides: %d %v", total, overrides)
 	if total > 0 {
 		r.fail("the asynq middleware overrode %d routing decisions %v: a Timeout-only task must defer like any other", total, overrides)
