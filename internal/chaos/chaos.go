@@ -23,10 +23,12 @@
 // and its partitions handed over within seconds; the suite's broker lowers
 // group.min.session.timeout.ms to 1s to accept that (Kafka's default
 // minimum is 6s). Against $KAFKA_BROKERS, whose minimum the suite cannot
-// change, sessions and rebalances are 10s. No scenario needs the
-// in-process kfake broker: the one Kafka fault, a member killed, is made by
-// cutting the member's connections (internal/fault's Dialer), which works
-// the same against a real broker.
+// change, sessions and rebalances are 10s, and the consumers scenario
+// spaces its steps by at least half the session (a member that joins
+// gets partitions only once the killed one has expired). No scenario
+// needs the in-process kfake broker: the one Kafka fault, a member killed,
+// is made by cutting the member's connections (internal/fault's Dialer),
+// which works the same against a real broker.
 //
 // Workload: eight producer goroutines each write a row in its own
 // transaction (an upsert that bumps the row's version) with
@@ -93,6 +95,9 @@
 //   - consumers: asynq Server.Shutdown mid-run and new servers; a Kafka
 //     member killed (connections reset, no commit, no LeaveGroup), a
 //     replacement, and a third member joining and leaving (rebalances).
+//     A note times the coordinator's handovers from what each member
+//     consumed (on the suite's broker: about 3s after the kill, the
+//     session, and under a second for the join and the leave).
 //   - replay-conflict: a snapshot held on each replica while the primary
 //     deletes and vacuums rows it can see; replay stalls until
 //     max_standby_streaming_delay cancels the query (replica1) or the hold
@@ -240,7 +245,7 @@ func runSuite(ctx context.Context, o options, out *progress, logw, w io.Writer) 
 	defer s.close()
 	res.Kafka = s.kafkaName()
 	fmt.Fprintf(w, "\nchaos (%s): %s\nKafka: %s\n", res.Mode, interpretation, res.Kafka)
-	for _, sc := range scenarios(o.scale) {
+	for _, sc := range scenarios(s.opts.scale) {
 		if o.only != nil && !o.only.MatchString(sc.name) {
 			continue
 		}

@@ -70,8 +70,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	}
 	policies := []string{"caughtup", "gitlab", "window"}
 
-	seq := runSeq.Add(1)
-	base := fmt.Sprintf("chaos-compare-%d", seq)
+	base := s.name("compare")
 	client := asynq.NewClient(s.redisOpt())
 	defer client.Close()
 	stamping := caughtupasynq.NewClient(client)

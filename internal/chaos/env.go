@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -35,8 +37,12 @@ type services struct {
 	// group are the consumer-group timings every Kafka member of the
 	// suite uses (see kafkaGroupTimings).
 	group groupTimings
-	log   *slog.Logger
-	out   *progress
+	// tag is this run's part of queue, topic and group names: an external
+	// Kafka cluster keeps the topics of earlier runs, and two runs may
+	// share it.
+	tag string
+	log *slog.Logger
+	out *progress
 }
 
 // groupTimings are a consumer group's session and rebalance timeouts.
@@ -82,7 +88,7 @@ func clusterOptions(o options, out *progress) pgtest.Options {
 }
 
 func startServices(ctx context.Context, o options, out *progress, logw io.Writer) (*services, error) {
-	s := &services{opts: o, out: out}
+	s := &services{opts: o, out: out, tag: runTag()}
 	s.log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// go-redis logs each connection a Redis restart breaks; expected here.
 	redis.SetLogger(redisLog{s.log})
@@ -106,6 +112,11 @@ func startServices(ctx context.Context, o options, out *progress, logw io.Writer
 	}
 	s.brokers = s.kafka.Brokers()
 	s.group = kafkaGroupTimings(s.kafka.External())
+	// The consumers scenario kills a member, then adds one 1x its spacing
+	// later and removes it 3x later; the added member gets partitions
+	// only once the dead one's session has expired, so the spacing must
+	// be well over a third of the session: half of it.
+	s.opts.scale.consumers = max(s.opts.scale.consumers, s.group.session/2)
 	where := "a single-node Apache Kafka broker (internal/kafkatest)"
 	if s.kafka.External() {
 		where = "the Kafka cluster in $KAFKA_BROKERS"
@@ -123,6 +134,22 @@ func (s *services) startPostgresRedis(ctx context.Context, o options) error {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
 	return s.redisPersistence(ctx)
+}
+
+// runTag is 8 random hex digits.
+func runTag() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+var runSeq atomic.Int64
+
+// name is a queue, topic and consumer-group name of this run, unique in
+// the process and, through tag, across runs sharing a Redis or a Kafka
+// cluster.
+func (s *services) name(what string) string {
+	return fmt.Sprintf("chaos-%s-%s-%d", s.tag, what, runSeq.Add(1))
 }
 
 // kafkaName says which Kafka the suite ran against, for the results.

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -219,8 +218,6 @@ type scenarioResult struct {
 	Failures       []string       `json:"failures,omitempty"`
 }
 
-var runSeq atomic.Int64
-
 // runScenario sets a scenario up on its cluster, produces its jobs while
 // its fault runs, waits for every job to complete, and checks the result.
 func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioResult) {
@@ -230,8 +227,7 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	defer func() { res.Seconds = time.Since(began).Seconds() }()
 	r := &run{s: s, sc: sc, sl: sl, cluster: s.cluster, metrics: newRunMetrics()}
 	defer r.metrics.close()
-	seq := runSeq.Add(1)
-	r.queue = fmt.Sprintf("chaos-%s-%d", sc.name, seq)
+	r.queue = s.name(sc.name)
 	r.topic = r.queue
 	r.group = r.queue
 	r.ast = newStream("asynq", "asynq", "caughtup")
