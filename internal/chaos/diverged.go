@@ -185,8 +185,13 @@ func divergeStandby(ctx context.Context, r *run) error {
 	// replica3 is re-pointed meanwhile; how long that takes is
 	// PostgreSQL's and pgtest's business (a reload, else a restart).
 	followed := make(chan error, 1)
-	followBegan := time.Now()
-	go func() { followed <- st.follower.Follow(ctx, st.promoted) }()
+	var followTook time.Duration
+	go func() {
+		began := time.Now()
+		err := st.follower.Follow(ctx, st.promoted)
+		followTook = time.Since(began)
+		followed <- err
+	}()
 
 	// The router's tracker must see the new primary and its history.
 	var ds *consume.DatabaseState
@@ -239,7 +244,7 @@ func divergeStandby(ctx context.Context, r *run) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	r.event("%s follows %s on timeline %d (re-pointed in %s)", st.follower.Name(), st.promoted.Name(), tli, time.Since(followBegan).Round(time.Millisecond))
+	r.event("%s follows %s on timeline %d (re-pointed in %s)", st.follower.Name(), st.promoted.Name(), tli, followTook.Round(time.Millisecond))
 
 	// Only the diverged standby left: new-timeline jobs must not wait on it.
 	if err := r.at(ctx, r.sl.lead+r.sl.down); err != nil {
