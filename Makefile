@@ -7,6 +7,7 @@ FUZZTIME  ?= 30s
 # -p 2: integration packages each start their own PostgreSQL cluster; two at
 # a time fits a 2-core machine.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 12m
+CHAOSFLAGS ?=
 
 .PHONY: all deps build vet test fuzz bench demo chaos chaos-short
 
@@ -43,8 +44,11 @@ bench:
 demo: deps
 	$(GO) run ./cmd/caughtup demo
 
+# The fault scenarios on real PostgreSQL, Redis and Kafka (internal/chaos);
+# KAFKA_BROKERS=host:port,... uses an existing Kafka cluster instead of the
+# broker the suite starts. CHAOSFLAGS='-run diverged -v' runs a subset.
 chaos: deps
-	$(GO) run ./chaos
+	$(GO) run ./chaos $(CHAOSFLAGS)
 
 chaos-short: deps
-	$(GO) run ./chaos -short
+	$(GO) run ./chaos -short $(CHAOSFLAGS)

@@ -8,19 +8,36 @@
 //	go run ./chaos -short      # the same with fewer jobs and shorter faults
 //	go run ./chaos -run 'wedge|cap' -json out.json -v
 //
-// Services: one PostgreSQL 15 cluster (a primary and two streaming
-// replicas, from internal/pgtest), one redis-server and one in-process
-// Kafka broker (kfake). Each scenario gets its own database, asynq queue,
+// Services, started together: one PostgreSQL 15 cluster (a primary and two
+// streaming replicas, from internal/pgtest), one redis-server and one real
+// Apache Kafka 4.4 broker (single-node KRaft, from internal/kafkatest; a
+// few seconds to start, in parallel with PostgreSQL). With $KAFKA_BROKERS
+// set (host:port,...) the Kafka pipelines use that cluster instead and no
+// broker is started. Each scenario gets its own database, asynq queue,
 // Kafka topic and consumer group, and one consume.Router shared by both
-// pipelines, as one worker process would have.
+// pipelines, as one worker process would have; scenarios that promote a
+// replica also get a cluster of their own.
+//
+// Kafka consumer groups: heartbeats every 300ms, a 3s session and a 6s
+// rebalance timeout, so that a member killed without leaving is expired
+// and its partitions handed over within seconds; the suite's broker lowers
+// group.min.session.timeout.ms to 1s to accept that (Kafka's default
+// minimum is 6s). Against $KAFKA_BROKERS, whose minimum the suite cannot
+// change, sessions and rebalances are 10s, and the consumers scenario
+// spaces its steps by at least half the session (a member that joins
+// gets partitions only once the killed one has expired). No scenario
+// needs the in-process kfake broker: the one Kafka fault, a member killed,
+// is made by cutting the member's connections (internal/fault's Dialer),
+// which works the same against a real broker.
 //
 // Workload: eight producer goroutines each write a row in its own
 // transaction (an upsert that bumps the row's version) with
 // enqueue.InTx, and enqueue a job carrying the row and the version written,
 // alternately through caughtup's stamping asynq client and its stamping
 // kafka-go writer, so each scenario's jobs are split evenly between an
-// asynq pipeline and a Kafka pipeline running concurrently. Consumers are
-// the adapters' own: an asynq server with caughtupasynq.ServerConfig and
+// asynq pipeline and a Kafka pipeline running concurrently (a scenario
+// about asynq alone sends every job through asynq). Consumers are the
+// adapters' own: an asynq server with caughtupasynq.ServerConfig and
 // Middleware, and a caughtupkafka.Consumer (in-place deferral) with
 // caughtupkafka.Middleware. The handler reads the row from
 // consume.DB(ctx, "main").
@@ -29,7 +46,8 @@
 // it ran and the version it saw.
 //
 //   - stale: the version read is lower than the one the job's producer
-//     wrote, or the row is missing.
+//     wrote, or the row is missing. The diverged-standby scenario refines
+//     this for rows written on an old primary after a failover (below).
 //   - lost: produced (the enqueue returned nil) and never completed (no
 //     handler run returned nil) by the end of the drain; Kafka dead
 //     letters count as lost.
@@ -77,6 +95,9 @@
 //   - consumers: asynq Server.Shutdown mid-run and new servers; a Kafka
 //     member killed (connections reset, no commit, no LeaveGroup), a
 //     replacement, and a third member joining and leaving (rebalances).
+//     A note times the coordinator's handovers from what each member
+//     consumed (on the suite's broker: about 3s after the kill, the
+//     session, and under a second for the join and the leave).
 //   - replay-conflict: a snapshot held on each replica while the primary
 //     deletes and vacuums rows it can see; replay stalls until
 //     max_standby_streaming_delay cancels the query (replica1) or the hold
@@ -84,6 +105,41 @@
 //   - lag-spike-cap: sticky policy with the fallback cap at 20/s, burst 20,
 //     and replay paused on both replicas: at most 40 primary reads in any
 //     window [t, t+1s).
+//   - diverged-standby: a failover whose old primary was not fenced, on a
+//     cluster of its own with three replicas. The main producers and the
+//     router's primary pool are moved to replica1 (their connections to
+//     the old primary cut, and replica1 made to replay all it had), then
+//     replica1 is promoted alone (pgtest's PromoteAlone): the old primary
+//     keeps running and replica2 keeps following it; replica3 is re-pointed
+//     at replica1. A split-brain client that still has the old primary's
+//     address writes rows of its own there throughout (held only while
+//     the router's tracker cannot yet know the new timeline), so replica2
+//     replays past the switchpoint: a diverged standby. Then replica3 is
+//     stopped for a while, leaving only the diverged standby. Stale, for
+//     the split-brain rows: with nv the row's version on the new primary
+//     at the end, a job that wrote version v must read min(v, nv); a
+//     version above nv exists only in the lost history, so a job that reads
+//     one has read a diverged server, and a job whose write was lost
+//     (v > nv) must read exactly nv. Checks: no route to replica2 after the
+//     tracker reported it diverged (routes in the detection moment before
+//     are counted and reported), no new-timeline job waited while only
+//     replica2 was left, jobs written on timeline 1 before the promotion
+//     read their rows after it, and no main row changed on the old
+//     primary after the switch (so the ordinary rule holds for them).
+//   - timeout-tasks: asynq only; tasks with asynq.Timeout (2s or 30s; 2s or
+//     4s in the short run) and no Deadline, delayed policy, replay paused
+//     on both replicas for 45s (6s), fallback cap 5/s, burst 5. The lag
+//     grows until deferrals outlast an attempt's Timeout (delay + 2s of
+//     slack beyond the attempt's deadline), where the middleware must tell
+//     a Timeout (per attempt) from a Deadline (absolute) and keep
+//     deferring. Checks: deferrals past the deadline happened for both
+//     Timeout values, caughtup.asynq.overrides counted nothing, primary
+//     reads in any window [t, t+1s) stay within 10, and every task
+//     completes once replay resumes.
+//
+// A new scenario goes in a file of its own (diverged.go and timeouts.go
+// are examples): a constructor returning a *scenario, named on its own
+// line in scenarioList, which sets the running order.
 //
 // Then a comparison: one workload consumed by caughtup and by two
 // baselines implemented here, a GitLab-style check (live replay query per
@@ -114,7 +170,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap), compares it with GitLab-style and\ntime-window policies, prints a table per scenario and exits 1 on any stale read\nor lost job.")
+		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag), compares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
@@ -187,8 +243,9 @@ func runSuite(ctx context.Context, o options, out *progress, logw, w io.Writer) 
 		return res
 	}
 	defer s.close()
-	fmt.Fprintf(w, "\nchaos (%s): %s\n", res.Mode, interpretation)
-	for _, sc := range scenarios(o.scale) {
+	res.Kafka = s.kafkaName()
+	fmt.Fprintf(w, "\nchaos (%s): %s\nKafka: %s\n", res.Mode, interpretation, res.Kafka)
+	for _, sc := range scenarios(s.opts.scale) {
 		if o.only != nil && !o.only.MatchString(sc.name) {
 			continue
 		}

@@ -21,8 +21,10 @@ func TestMain(m *testing.M) {
 }
 
 // TestChaosShort runs the short suite in process, as CI does: every
-// scenario and the comparison, on real services. It fails, never skips,
-// when they cannot start.
+// scenario and the comparison, on real services (PostgreSQL with streaming
+// replicas, redis-server, and an Apache Kafka broker from internal/kafkatest
+// or the cluster $KAFKA_BROKERS names). It fails, never skips, when they
+// cannot start.
 func TestChaosShort(t *testing.T) {
 	began := time.Now()
 	out := &progress{start: began, w: func(s string) { t.Log(s) }}
@@ -31,6 +33,7 @@ func TestChaosShort(t *testing.T) {
 	t.Logf("short suite in %s:\n%s", time.Since(began).Round(time.Second), tables.String())
 
 	require.NotEmpty(t, res.Scenarios, "no scenario ran")
+	require.NotEmpty(t, res.Kafka, "the Kafka pipelines ran on no broker")
 	for _, sc := range res.Scenarios {
 		require.NotEmpty(t, sc.Streams, "scenario %s did not run: %v", sc.Name, sc.Failures)
 		for _, st := range sc.Streams {
@@ -39,11 +42,16 @@ func TestChaosShort(t *testing.T) {
 			require.Equal(t, st.Jobs, st.Completed, "%s/%s", sc.Name, st.Stream)
 			require.LessOrEqual(t, st.MaxFallbackPerSec, sc.CapWindowLimit, "%s/%s: fallback reads over the cap", sc.Name, st.Stream)
 		}
-		if sc.Name == "lag-spike-cap" {
-			all := sc.Streams[len(sc.Streams)-1]
+		all := sc.Streams[len(sc.Streams)-1]
+		switch sc.Name {
+		case "lag-spike-cap":
 			require.Equal(t, 40, sc.CapWindowLimit, "the cap scenario runs at 20/s with a burst of 20")
 			require.LessOrEqual(t, all.MaxPrimaryPerSec, sc.CapWindowLimit, "primary reads over the cap")
 			require.Positive(t, all.Capped, "the cap was never exercised")
+		case "timeout-tasks":
+			require.Equal(t, timeoutCapRate+timeoutCapBurst, sc.CapWindowLimit)
+			require.LessOrEqual(t, all.MaxPrimaryPerSec, sc.CapWindowLimit, "primary reads over the cap")
+			require.Positive(t, all.Deferrals, "no task was deferred")
 		}
 	}
 	require.Len(t, res.Scenarios, len(scenarios(shortScale)))

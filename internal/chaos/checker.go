@@ -47,6 +47,11 @@ type read struct {
 	reason   string
 	got      int64 // version read; -1 when the row was missing
 	stale    bool
+	// timeline is the timeline of the job's token (0 without one);
+	// waited is how long the router waited for a replica
+	// (Decision.Waited).
+	timeline uint32
+	waited   time.Duration
 }
 
 // stream is one consumer pipeline: a queue (asynq) or a consumer group
@@ -66,10 +71,15 @@ type stream struct {
 	capped      int // refused by the fallback cap
 	errors      int // handler runs that failed (a replica killed under a read, a primary going away)
 	deadLetters int
+	// pastDeadline counts asynq deferrals whose delay (plus the
+	// middleware's slack) outlasts the attempt's deadline, by the
+	// attempt's time limit.
+	pastDeadline map[time.Duration]int
 }
 
 func newStream(name, pipe, policy string) *stream {
-	return &stream{name: name, pipe: pipe, policy: policy, produced: map[int64]payload{}, completed: map[int64]time.Time{}}
+	return &stream{name: name, pipe: pipe, policy: policy, produced: map[int64]payload{}, completed: map[int64]time.Time{},
+		pastDeadline: map[time.Duration]int{}}
 }
 
 func (s *stream) addProduced(p payload) {
@@ -100,6 +110,29 @@ func (s *stream) count(deferral, capped, failed, dead int) {
 	s.capped += capped
 	s.errors += failed
 	s.deadLetters += dead
+}
+
+// jobs is how many jobs were produced into the stream.
+func (s *stream) jobs() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.produced)
+}
+
+// rejudge replaces the staleness rule for the reads isStale answers for
+// (ok true), leaving the others as record judged them.
+func (s *stream) rejudge(isStale func(r read) (stale, ok bool)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stale = s.stale[:0]
+	for i := range s.reads {
+		if st, ok := isStale(s.reads[i]); ok {
+			s.reads[i].stale = st
+		}
+		if s.reads[i].stale {
+			s.stale = append(s.stale, s.reads[i])
+		}
+	}
 }
 
 // pending is how many produced jobs have not completed yet.

@@ -54,7 +54,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	defer func() { res.Seconds = time.Since(began).Seconds() }()
 	res.About = fmt.Sprintf("one workload, every job consumed by caughtup (delayed), GitLab-style (live check, 3 x 0.5s, one retry, primary) "+
 		"and a 2s time window; replay paused at random (up to %s, one or both replicas); half the jobs enqueued 0-6s after their write", sl.maxPause)
-	env, err := newDBEnv(ctx, s, s.cluster, "compare", consume.Config{DefaultPolicy: consume.Delayed})
+	env, err := newDBEnv(ctx, s, s.cluster, "compare", consume.Config{DefaultPolicy: consume.Delayed}, false)
 	if err != nil {
 		res.Failures = append(res.Failures, fmt.Sprintf("set up: %v", err))
 		return res
@@ -70,12 +70,11 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	}
 	policies := []string{"caughtup", "gitlab", "window"}
 
-	seq := runSeq.Add(1)
-	base := fmt.Sprintf("chaos-compare-%d", seq)
+	base := s.name("compare")
 	client := asynq.NewClient(s.redisOpt())
 	defer client.Close()
 	stamping := caughtupasynq.NewClient(client)
-	if err := s.createTopics(8, base); err != nil {
+	if err := s.createTopics(ctx, 8, base); err != nil {
 		res.Failures = append(res.Failures, err.Error())
 		return res
 	}
@@ -116,10 +115,10 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			err error
 		)
 		if i == 0 {
-			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a)
+			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a, nil)
 			if err == nil {
 				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{100 * time.Millisecond, time.Second},
-					env.router, caughtupKafkaHandler(env.router, consume.Delayed, k))
+					env.router, caughtupKafkaHandler(env.router, consume.Delayed, k), nil)
 			}
 		} else {
 			b := baselines[i-1]
@@ -127,7 +126,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			// delay of caughtup's first deferral, on the same queue.
 			srv, err = s.startBaselineAsynq(queue, b, a, time.Second)
 			if err == nil {
-				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{time.Second, time.Second}, env.router, baselineKafkaHandler(b, k))
+				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{time.Second, time.Second}, env.router, baselineKafkaHandler(b, k), nil)
 			}
 		}
 		if srv != nil {

@@ -2,6 +2,9 @@ package chaos
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,34 +14,72 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/fault"
+	"github.com/caughtup/caughtup/internal/kafkatest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 )
 
 // services are the real servers every scenario runs on: one replicated
 // PostgreSQL cluster (scenarios that promote a replica start their own),
-// one redis-server and one in-process Kafka broker.
+// one redis-server and one Apache Kafka broker (or the cluster
+// $KAFKA_BROKERS names).
 type services struct {
 	opts    options
 	cluster *pgtest.Cluster
 	redis   *pgtest.Redis
-	kafka   *kfake.Cluster
+	kafka   *kafkatest.Broker
 	brokers []string
-	log     *slog.Logger
-	out     *progress
+	// group are the consumer-group timings every Kafka member of the
+	// suite uses (see kafkaGroupTimings).
+	group groupTimings
+	// tag is this run's part of queue, topic and group names: an external
+	// Kafka cluster keeps the topics of earlier runs, and two runs may
+	// share it.
+	tag string
+	log *slog.Logger
+	out *progress
 }
+
+// groupTimings are a consumer group's session and rebalance timeouts.
+type groupTimings struct {
+	session, rebalance time.Duration
+}
+
+// kafkaGroupTimings: a member killed without leaving is expired after its
+// session timeout, and only then do the others get its partitions, so the
+// suite wants a short one: 3s, ten heartbeats of 300ms. A Kafka broker
+// refuses sessions below group.min.session.timeout.ms (6s by default),
+// which the suite's own broker lowers to 1s (brokerSettings). An external
+// cluster ($KAFKA_BROKERS) keeps its own minimum, so the suite uses 10s
+// there. The rebalance timeout is how long the coordinator waits for every
+// live member to rejoin: 6s leaves room for a member whose partitions are
+// mid-deferral on a starved 2-core machine; a dead member is expired by
+// its session first.
+func kafkaGroupTimings(external bool) groupTimings {
+	if external {
+		return groupTimings{session: 10 * time.Second, rebalance: 10 * time.Second}
+	}
+	return groupTimings{session: 3 * time.Second, rebalance: 6 * time.Second}
+}
+
+// brokerSettings are the suite's changes to internal/kafkatest's broker:
+// sessions as short as the consumer kills need (see kafkaGroupTimings).
+var brokerSettings = map[string]string{"group.min.session.timeout.ms": "1000"}
 
 // clusterOptions are the settings of every cluster the suite starts.
 // max_standby_streaming_delay bounds the replay-conflict scenario's stall;
 // the short run shortens it so that the conflict is resolved by the server
 // within the run, as the full run's 30s default is.
-func clusterOptions(o options) pgtest.Options {
+// pgtest's own messages (promotions, re-pointed or rebuilt standbys) go to
+// the progress output.
+func clusterOptions(o options, out *progress) pgtest.Options {
 	return pgtest.Options{
+		Logf:     func(format string, args ...any) { out.say(format, args...) },
 		Replicas: 2,
 		Settings: map[string]string{
 			"max_standby_streaming_delay": fmt.Sprintf("%dms", o.scale.standbyDelay.Milliseconds()),
@@ -47,37 +88,84 @@ func clusterOptions(o options) pgtest.Options {
 }
 
 func startServices(ctx context.Context, o options, out *progress, logw io.Writer) (*services, error) {
-	s := &services{opts: o, out: out}
+	s := &services{opts: o, out: out, tag: runTag()}
 	s.log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// go-redis logs each connection a Redis restart breaks; expected here.
 	redis.SetLogger(redisLog{s.log})
-	var err error
-	out.say("starting PostgreSQL (primary + 2 streaming replicas), redis-server and an in-process Kafka broker")
-	if s.cluster, err = pgtest.Start(ctx, clusterOptions(o)); err != nil {
-		return nil, fmt.Errorf("start PostgreSQL cluster: %w", err)
+	began := time.Now()
+	out.say("starting PostgreSQL (primary + 2 streaming replicas), redis-server and a Kafka broker")
+	// The broker's JVM takes seconds to start (many more on a loaded
+	// machine): it starts while PostgreSQL and Redis do.
+	kafkaUp := make(chan error, 1)
+	go func() {
+		b, err := kafkatest.Start(ctx, kafkatest.Options{Settings: brokerSettings})
+		s.kafka = b
+		kafkaUp <- err
+	}()
+	err := s.startPostgresRedis(ctx, o)
+	if kerr := <-kafkaUp; kerr != nil {
+		err = errors.Join(err, fmt.Errorf("start Kafka: %w", kerr))
 	}
-	if s.redis, err = pgtest.StartRedis(ctx); err != nil {
-		s.close()
-		return nil, fmt.Errorf("start redis-server: %w", err)
-	}
-	if err = s.redisPersistence(ctx); err != nil {
+	if err != nil {
 		s.close()
 		return nil, err
 	}
-	// kfake refuses session timeouts under 6s by default, like Kafka; the
-	// consumer scenarios use 3s so that an abruptly killed member is
-	// expired within the short run's budget.
-	if s.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second)); err != nil {
-		s.close()
-		return nil, fmt.Errorf("start kfake: %w", err)
+	s.brokers = s.kafka.Brokers()
+	s.group = kafkaGroupTimings(s.kafka.External())
+	// The consumers scenario kills a member, then adds one 1x its spacing
+	// later and removes it 3x later; the added member gets partitions
+	// only once the dead one's session has expired, so the spacing must
+	// be well over a third of the session: half of it.
+	s.opts.scale.consumers = max(s.opts.scale.consumers, s.group.session/2)
+	where := "a single-node Apache Kafka broker (internal/kafkatest)"
+	if s.kafka.External() {
+		where = "the Kafka cluster in $KAFKA_BROKERS"
 	}
-	s.brokers = s.kafka.ListenAddrs()
+	out.say("services up in %s; Kafka: %s at %s", time.Since(began).Round(100*time.Millisecond), where, strings.Join(s.brokers, ","))
 	return s, nil
+}
+
+func (s *services) startPostgresRedis(ctx context.Context, o options) error {
+	var err error
+	if s.cluster, err = pgtest.Start(ctx, clusterOptions(o, s.out)); err != nil {
+		return fmt.Errorf("start PostgreSQL cluster: %w", err)
+	}
+	if s.redis, err = pgtest.StartRedis(ctx); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	return s.redisPersistence(ctx)
+}
+
+// runTag is 8 random hex digits.
+func runTag() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+var runSeq atomic.Int64
+
+// name is a queue, topic and consumer-group name of this run, unique in
+// the process and, through tag, across runs sharing a Redis or a Kafka
+// cluster.
+func (s *services) name(what string) string {
+	return fmt.Sprintf("chaos-%s-%s-%d", s.tag, what, runSeq.Add(1))
+}
+
+// kafkaName says which Kafka the suite ran against, for the results.
+func (s *services) kafkaName() string {
+	if s.kafka == nil {
+		return ""
+	}
+	if s.kafka.External() {
+		return "external ($KAFKA_BROKERS=" + strings.Join(s.brokers, ",") + ")"
+	}
+	return "Apache Kafka broker from internal/kafkatest (single-node KRaft)"
 }
 
 func (s *services) close() {
 	if s.kafka != nil {
-		s.kafka.Close()
+		_ = s.kafka.Close()
 	}
 	if s.redis != nil {
 		_ = s.redis.Close()
@@ -128,10 +216,11 @@ func (s *services) redisKeysLoaded(ctx context.Context) int64 {
 	return -1
 }
 
-// createTopics makes topics of n partitions on the in-process broker.
-func (s *services) createTopics(n int32, names ...string) error {
+// createTopics makes topics of n partitions and waits until each
+// partition has a leader.
+func (s *services) createTopics(ctx context.Context, n int, names ...string) error {
 	for _, name := range names {
-		if err := s.kafka.CreateTopic(name, n, nil); err != nil {
+		if err := s.kafka.CreateTopic(ctx, name, n); err != nil {
 			return fmt.Errorf("create topic %s: %w", name, err)
 		}
 	}
@@ -152,6 +241,9 @@ type dbEnv struct {
 	// tracker included, so that a fault can hold new ones.
 	replicaDialer *fault.Dialer
 	router        *consume.Router
+	// target is the port the producer and primary pools connect to when
+	// they were made movable (see movePrimary); 0 otherwise.
+	target atomic.Int64
 }
 
 // primaryDSN lists every node of the cluster with
@@ -168,9 +260,25 @@ func primaryDSN(c *pgtest.Cluster, db string) string {
 		strings.Join(hosts, ","), db)
 }
 
+// movableDSN is the primary's URL for pools whose BeforeConnect picks the
+// port (dbEnv.target): read-write, so that a pool pointed at a standby
+// that is not promoted yet fails to connect rather than read it.
+func movableDSN(c *pgtest.Cluster, db string) string {
+	return c.Primary().DSN(db) + "&target_session_attrs=read-write&connect_timeout=2"
+}
+
+// movePrimary points the movable pools' new connections at n, as a DNS
+// name or a proxy that moves with the primary would; connections they
+// already hold stay where they are until closed.
+func (e *dbEnv) movePrimary(n *pgtest.Node) { e.target.Store(int64(n.Port())) }
+
 var dbSeq atomic.Int64
 
-func newDBEnv(ctx context.Context, s *services, c *pgtest.Cluster, scenario string, rc consume.Config) (*dbEnv, error) {
+// newDBEnv creates a database on c with the application's pools and a
+// router built from them. Without movable, the producer and primary pools
+// use primaryDSN; with it, movableDSN and whatever port movePrimary set
+// last.
+func newDBEnv(ctx context.Context, s *services, c *pgtest.Cluster, scenario string, rc consume.Config, movable bool) (*dbEnv, error) {
 	e := &dbEnv{cluster: c, replicaDialer: fault.NewDialer(nil)}
 	e.name = fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), dbSeq.Add(1))
 	if err := c.CreateDatabase(ctx, e.name); err != nil {
@@ -183,10 +291,19 @@ func newDBEnv(ctx context.Context, s *services, c *pgtest.Cluster, scenario stri
 		}
 	}()
 	var err error
-	if e.producer, err = newPool(ctx, primaryDSN(c, e.name), 12, nil); err != nil {
+	dsn, hook := primaryDSN(c, e.name), (func(context.Context, *pgx.ConnConfig) error)(nil)
+	if movable {
+		e.movePrimary(c.Primary())
+		dsn = movableDSN(c, e.name)
+		hook = func(_ context.Context, cc *pgx.ConnConfig) error {
+			cc.Port = uint16(e.target.Load())
+			return nil
+		}
+	}
+	if e.producer, err = newPrimaryPool(ctx, dsn, 12, "chaos-producer", hook); err != nil {
 		return nil, err
 	}
-	if e.primary, err = newPool(ctx, primaryDSN(c, e.name), 24, nil); err != nil {
+	if e.primary, err = newPrimaryPool(ctx, dsn, 24, "chaos-primary", hook); err != nil {
 		return nil, err
 	}
 	if _, err = e.producer.Exec(ctx, `CREATE TABLE items (id bigint PRIMARY KEY, version bigint NOT NULL)`); err != nil {
@@ -212,6 +329,20 @@ func newDBEnv(ctx context.Context, s *services, c *pgtest.Cluster, scenario stri
 	}
 	ok = true
 	return e, nil
+}
+
+// newPrimaryPool opens a pool on the primary named app
+// (application_name), whose new connections go through beforeConnect if
+// it is set.
+func newPrimaryPool(ctx context.Context, dsn string, size int32, app string, beforeConnect func(context.Context, *pgx.ConnConfig) error) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = size
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.BeforeConnect = beforeConnect
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // newPool opens a pool of size connections and, for pools a fault may

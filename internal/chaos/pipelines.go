@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/metric"
 
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
@@ -51,14 +52,19 @@ func caughtupRead(ctx context.Context, st *stream, p payload, header string) err
 	if !ok || err != nil {
 		return errors.New("chaos: the handler's context carries no routing decision")
 	}
-	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback}
+	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback, waited: dec.Waited}
 	if dd, ok := dec.Database("main"); ok {
 		rd.replica = dd.Replica
 	}
-	// The Decision's own clock: Route stamped TokenAge from the same now
-	// it decided and charged the fallback cap with.
-	if tok, err := position.Decode(header); err == nil && !tok.CapturedAt.IsZero() {
-		rd.decided = tok.CapturedAt.Add(dec.TokenAge)
+	if tok, err := position.Decode(header); err == nil {
+		// The Decision's own clock: Route stamped TokenAge from the same
+		// now it decided and charged the fallback cap with.
+		if !tok.CapturedAt.IsZero() {
+			rd.decided = tok.CapturedAt.Add(dec.TokenAge)
+		}
+		if len(tok.Entries) > 0 {
+			rd.timeline = tok.Entries[0].Epoch.Timeline
+		}
 	}
 	return readRow(ctx, st, pool, rd)
 }
@@ -77,17 +83,44 @@ func classify(st *stream, err error) {
 	}
 }
 
+// deadlineSlack is what caughtup's asynq middleware adds to a deferral's
+// delay before comparing it with the attempt's deadline (asynq rounds
+// retry times to whole seconds and moves due tasks every second).
+const deadlineSlack = 2 * time.Second
+
+// deferredPastDeadline counts a deferral that outlasts the deadline of the
+// attempt that returned it: the case where the middleware must tell an
+// asynq.Timeout (per attempt: deferring is safe) from an asynq.Deadline
+// (absolute: it would read now instead). The count is keyed by the
+// attempt's time limit, which for a Timeout-only task is its Timeout.
+func deferredPastDeadline(ctx context.Context, st *stream, began time.Time, err error) {
+	var de *consume.DeferError
+	dl, ok := ctx.Deadline()
+	if !ok || !errors.As(err, &de) || time.Until(dl) >= de.Delay+deadlineSlack {
+		return
+	}
+	st.mu.Lock()
+	st.pastDeadline[dl.Sub(began).Round(time.Second)]++
+	st.mu.Unlock()
+}
+
 // asynqPipe is the producer side of one asynq queue.
 type asynqPipe struct {
 	queue    string
 	client   *caughtupasynq.Client
 	maxRetry int
+	// options, if set, are extra options of p's task.
+	options func(p payload) []asynq.Option
 }
 
 // send enqueues through caughtup's stamping client, which reads the token
 // of the write from ctx.
 func (a *asynqPipe) send(ctx context.Context, p payload) error {
-	_, err := a.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, taskType, p.encode()), asynq.Queue(a.queue), asynq.MaxRetry(a.maxRetry))
+	opts := []asynq.Option{asynq.Queue(a.queue), asynq.MaxRetry(a.maxRetry)}
+	if a.options != nil {
+		opts = append(opts, a.options(p)...)
+	}
+	_, err := a.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, taskType, p.encode()), opts...)
 	return err
 }
 
@@ -116,17 +149,20 @@ func (s *services) redisOpt() asynq.RedisClientOpt {
 
 // startCaughtupAsynq runs an asynq server with caughtup's hooks and
 // middleware; the harness's own middleware outside it counts deferrals.
-func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream) (*asynq.Server, error) {
+// The middleware records into mp (nil: the global MeterProvider).
+func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream, mp metric.MeterProvider) (*asynq.Server, error) {
 	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(s.asynqServerConfig(queue, 12, 250*time.Millisecond)))
 	mux := asynq.NewServeMux()
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			began := time.Now()
 			err := next.ProcessTask(ctx, t)
 			classify(st, err)
+			deferredPastDeadline(ctx, st, began, err)
 			return err
 		})
 	})
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log}))
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp}))
 	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
 		p, err := decodePayload(t.Payload())
 		if err != nil {
@@ -181,6 +217,44 @@ type kafkaMember struct {
 	cancel context.CancelFunc
 	done   chan error
 	once   sync.Once
+
+	// handled records when this member's handler completed a message of
+	// which partition, so that a scenario can time the coordinator's
+	// handovers from what each member actually consumed.
+	mu      sync.Mutex
+	handled []handledAt
+}
+
+type handledAt struct {
+	at        time.Time
+	partition int
+}
+
+// firstAfter is the first message this member completed after t, from
+// one of partitions (any partition when nil), and whether there was one.
+func (m *kafkaMember) firstAfter(t time.Time, partitions map[int]bool) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, h := range m.handled {
+		if h.at.After(t) && (partitions == nil || partitions[h.partition]) {
+			return h.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// partitionsBetween are the partitions this member completed messages of
+// in (from, to).
+func (m *kafkaMember) partitionsBetween(from, to time.Time) map[int]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[int]bool{}
+	for _, h := range m.handled {
+		if h.at.After(from) && h.at.Before(to) {
+			out[h.partition] = true
+		}
+	}
+	return out
 }
 
 type kafkaTuning struct {
@@ -193,7 +267,7 @@ type kafkaTuning struct {
 // logic. The Consumer requires a Router; router with consume.Always hands
 // every message on at once, without waiting, deferring or touching the
 // fallback cap, and h ignores the pool it hands out.
-func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, router *consume.Router, h caughtupkafka.Handler) (*kafkaMember, error) {
+func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, router *consume.Router, h caughtupkafka.Handler, mp metric.MeterProvider) (*kafkaMember, error) {
 	m := &kafkaMember{name: name, dialer: fault.NewDialer(nil), done: make(chan error, 1)}
 	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
 		Brokers:             s.brokers,
@@ -207,12 +281,13 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 		RetryBackoffMax:     tune.retryMax,
 		CommitInterval:      200 * time.Millisecond,
 		HeartbeatInterval:   300 * time.Millisecond,
-		SessionTimeout:      3 * time.Second,
-		RebalanceTimeout:    3 * time.Second,
+		SessionTimeout:      s.group.session,
+		RebalanceTimeout:    s.group.rebalance,
 		JoinGroupBackoff:    200 * time.Millisecond,
 		MaxWait:             100 * time.Millisecond,
 		Dialer:              &kafkago.Dialer{DialFunc: m.dialer.DialContext, Timeout: 5 * time.Second},
 		Logger:              s.log,
+		MeterProvider:       mp,
 		DeadLetter: func(ctx context.Context, msg kafkago.Message, err error) error {
 			// A dead letter is a job that never completed: the
 			// checker reports it lost.
@@ -223,6 +298,11 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 	}, func(ctx context.Context, msg kafkago.Message) error {
 		err := h(ctx, msg)
 		classify(st, err)
+		if err == nil {
+			m.mu.Lock()
+			m.handled = append(m.handled, handledAt{time.Now(), msg.Partition})
+			m.mu.Unlock()
+		}
 		return err
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 // suiteResult is everything a run printed, as written to the JSON file.
 type suiteResult struct {
 	Mode           string            `json:"mode"`
+	Kafka          string            `json:"kafka"`
 	Interpretation string            `json:"interpretation"`
 	Started        string            `json:"started"`
 	Seconds        float64           `json:"elapsed_s"`

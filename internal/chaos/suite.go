@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -19,21 +18,23 @@ import (
 
 // scale is how big and how long a run is.
 type scale struct {
-	jobs         int           // per scenario, half through asynq and half through Kafka
+	jobs         int           // per scenario, half through asynq and half through Kafka (all through asynq when asynqOnly)
 	lead         time.Duration // production before the fault
 	tail         time.Duration // production after the fault
 	pause        time.Duration // the long replay pause
 	down         time.Duration // a crashed replica stays down this long
 	wedge        time.Duration // tracker wedge
 	redisDown    time.Duration
-	capPause     time.Duration // lag spike under the fallback cap
-	holdLong     time.Duration // replay-conflict hold beyond max_standby_streaming_delay
-	holdShort    time.Duration // replay-conflict hold released by the client
-	standbyDelay time.Duration // max_standby_streaming_delay of the clusters
-	consumers    time.Duration // spacing of the consumer kills and joins
-	maxPause     time.Duration // comparison: longest random pause
-	compareFor   time.Duration // comparison: production span
-	drain        time.Duration // how long to wait for the last jobs after production
+	capPause     time.Duration    // lag spike under the fallback cap
+	holdLong     time.Duration    // replay-conflict hold beyond max_standby_streaming_delay
+	holdShort    time.Duration    // replay-conflict hold released by the client
+	standbyDelay time.Duration    // max_standby_streaming_delay of the clusters
+	consumers    time.Duration    // spacing of the consumer kills and joins
+	timeoutPause time.Duration    // timeout-tasks: replay paused this long
+	timeouts     [2]time.Duration // timeout-tasks: the tasks' asynq.Timeout values
+	maxPause     time.Duration    // comparison: longest random pause
+	compareFor   time.Duration    // comparison: production span
+	drain        time.Duration    // how long to wait for the last jobs after production
 }
 
 var (
@@ -42,12 +43,21 @@ var (
 		pause: 30 * time.Second, down: 8 * time.Second, wedge: 10 * time.Second, redisDown: 5 * time.Second,
 		capPause: 10 * time.Second, holdLong: 35 * time.Second, holdShort: 10 * time.Second, standbyDelay: 30 * time.Second,
 		consumers: 5 * time.Second, maxPause: 5 * time.Second, compareFor: 40 * time.Second, drain: 3 * time.Minute,
+		// A token's deferral step reaches DeferMax (30s), which with 2s of
+		// slack outlasts a Timeout(30s) attempt, once the token is 31s old
+		// at a deferral; with asynq's whole-second retry times and the
+		// waits in between, a task written as replay stops gets there
+		// about 37s in. 45s makes the first ~8s of the pause's tasks do.
+		timeoutPause: 45 * time.Second, timeouts: [2]time.Duration{2 * time.Second, 30 * time.Second},
 	}
 	shortScale = scale{
 		jobs: 800, lead: 1500 * time.Millisecond, tail: 1500 * time.Millisecond,
 		pause: 3 * time.Second, down: 2 * time.Second, wedge: 3 * time.Second, redisDown: 2 * time.Second,
 		capPause: 3 * time.Second, holdLong: 6 * time.Second, holdShort: 3 * time.Second, standbyDelay: 4 * time.Second,
 		consumers: 2 * time.Second, maxPause: 3 * time.Second, compareFor: 8 * time.Second, drain: 90 * time.Second,
+		// The second deferral's step (2s) plus 2s of slack outlasts a
+		// Timeout(4s) attempt: the full run's edge, scaled down.
+		timeoutPause: 6 * time.Second, timeouts: [2]time.Duration{2 * time.Second, 4 * time.Second},
 	}
 )
 
@@ -69,19 +79,42 @@ type options struct {
 	only  *regexp.Regexp
 }
 
-// scenario is one fault timeline run against both adapters at once.
+// scenario is one fault timeline run against both adapters at once. A
+// new scenario lives in a file of its own, with a constructor that
+// scenarioList names (see scenarios.go).
 type scenario struct {
 	name  string
 	about string
-	// fresh: the scenario promotes a replica, so it gets its own cluster.
-	fresh  bool
-	policy consume.Policy
-	router func(*consume.Config)
+	// fresh: the scenario promotes a replica, so it gets its own cluster,
+	// with replicas replicas (default 2).
+	fresh    bool
+	replicas int
+	// settings are extra postgresql.conf settings of the scenario's own
+	// cluster.
+	settings map[string]string
+	// movablePrimary: the producers' and the router's primary pools connect
+	// to whichever node dbEnv.movePrimary last named, instead of the
+	// multi-host read-write URL (see newDBEnv).
+	movablePrimary bool
+	policy         consume.Policy
+	router         func(*consume.Config)
+	// asynqOnly: every job goes through asynq; there is no Kafka pipeline.
+	asynqOnly bool
+	// taskOptions, if set, are extra options of each job's asynq task.
+	taskOptions func(p payload) []asynq.Option
 	// span is how long production runs; fault runs alongside it.
 	span func(s scale) time.Duration
 	// delay, if set, enqueues jobs that long after their write.
 	delay func(r *rand.Rand) time.Duration
-	fault func(ctx context.Context, r *run) error
+	// prepare, if set, runs once the database, the router and the
+	// pipelines exist, before production: extra pools and producers
+	// (run.extra).
+	prepare func(ctx context.Context, r *run) error
+	fault   func(ctx context.Context, r *run) error
+	// judge, if set, runs after the drain, before the tables: it may
+	// re-judge reads whose staleness depends on what the fault did
+	// (stream.rejudge).
+	judge func(ctx context.Context, r *run) error
 	check func(r *run, res *scenarioResult)
 }
 
@@ -100,6 +133,18 @@ type run struct {
 	asynqClient         *asynq.Client
 	ast, kst            *stream
 	work                *workload
+	// extra are producers besides the scenario's main workload, writing
+	// through the same lanes (the diverged standby's split-brain writer).
+	extra []*workload
+	// metrics collects what the router, the asynq middleware and the
+	// Kafka consumer count, for the scenario's checks (overrides).
+	metrics *runMetrics
+	// state is a scenario's own bookkeeping, set by its prepare or fault
+	// function and read by its judge and check.
+	state any
+	// closers run when the scenario ends, last first (pools a prepare
+	// function opened).
+	closers []func()
 
 	// What the fault timelines measured, for their checks.
 	failoverStart, failoverEnd time.Time
@@ -173,8 +218,6 @@ type scenarioResult struct {
 	Failures       []string       `json:"failures,omitempty"`
 }
 
-var runSeq atomic.Int64
-
 // runScenario sets a scenario up on its cluster, produces its jobs while
 // its fault runs, waits for every job to complete, and checks the result.
 func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioResult) {
@@ -182,17 +225,26 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	res = scenarioResult{Name: sc.name, About: sc.about, Policy: policyName(sc.policy)}
 	began := time.Now()
 	defer func() { res.Seconds = time.Since(began).Seconds() }()
-	r := &run{s: s, sc: sc, sl: sl, cluster: s.cluster}
-	seq := runSeq.Add(1)
-	r.queue = fmt.Sprintf("chaos-%s-%d", sc.name, seq)
+	r := &run{s: s, sc: sc, sl: sl, cluster: s.cluster, metrics: newRunMetrics()}
+	defer r.metrics.close()
+	r.queue = s.name(sc.name)
 	r.topic = r.queue
 	r.group = r.queue
 	r.ast = newStream("asynq", "asynq", "caughtup")
-	r.kst = newStream("kafka", "kafka", "caughtup")
+	if !sc.asynqOnly {
+		r.kst = newStream("kafka", "kafka", "caughtup")
+	}
 
 	if sc.fresh {
-		s.out.say("%s: starting a cluster of its own (the scenario promotes a replica)", sc.name)
-		c, err := pgtest.Start(ctx, clusterOptions(s.opts))
+		opts := clusterOptions(s.opts, s.out)
+		if sc.replicas > 0 {
+			opts.Replicas = sc.replicas
+		}
+		for k, v := range sc.settings {
+			opts.Settings[k] = v
+		}
+		s.out.say("%s: starting a cluster of its own (the scenario promotes a replica): a primary and %d replicas", sc.name, opts.Replicas)
+		c, err := pgtest.Start(ctx, opts)
 		if err != nil {
 			res.Failures = append(res.Failures, fmt.Sprintf("start cluster: %v", err))
 			return res
@@ -200,11 +252,17 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 		defer c.Close()
 		r.cluster = c
 	}
-	rc := consume.Config{DefaultPolicy: sc.policy}
+	// Before the cluster closes.
+	defer func() {
+		for i := len(r.closers) - 1; i >= 0; i-- {
+			r.closers[i]()
+		}
+	}()
+	rc := consume.Config{DefaultPolicy: sc.policy, MeterProvider: r.metrics.provider}
 	if sc.router != nil {
 		sc.router(&rc)
 	}
-	env, err := newDBEnv(ctx, s, r.cluster, sc.name, rc)
+	env, err := newDBEnv(ctx, s, r.cluster, sc.name, rc, sc.movablePrimary)
 	if err != nil {
 		res.Failures = append(res.Failures, fmt.Sprintf("set up database and router: %v", err))
 		return res
@@ -214,22 +272,35 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	res.CapRate, res.CapBurst = float64(cfg.PrimaryRate), cfg.PrimaryBurst
 	res.CapWindowLimit = int(float64(cfg.PrimaryRate)) + cfg.PrimaryBurst
 
-	if err := r.startPipelines(); err != nil {
+	if err := r.startPipelines(ctx); err != nil {
 		r.stopPipelines()
 		env.close()
 		res.Failures = append(res.Failures, fmt.Sprintf("start pipelines: %v", err))
 		return res
 	}
 	span := sc.span(sl)
+	lanes := []*lane{{name: "asynq", sinks: []sink{{send: r.asynqPipe.send, streams: []*stream{r.ast}}}}}
+	if r.kst != nil {
+		lanes = append(lanes, &lane{name: "kafka", sinks: []sink{{send: r.kafkaPipe.send, streams: []*stream{r.kst}}}})
+	}
 	r.work = &workload{
 		pool: env.producer, jobs: sl.jobs, over: span, workers: 8, keys: int64(max(sl.jobs/4, 50)), delay: sc.delay,
-		lanes: []*lane{
-			{name: "asynq", sinks: []sink{{send: r.asynqPipe.send, streams: []*stream{r.ast}}}},
-			{name: "kafka", sinks: []sink{{send: r.kafkaPipe.send, streams: []*stream{r.kst}}}},
-		},
+		lanes: lanes,
+	}
+	if sc.prepare != nil {
+		if err := sc.prepare(ctx, r); err != nil {
+			r.stopPipelines()
+			env.close()
+			res.Failures = append(res.Failures, fmt.Sprintf("prepare: %v", err))
+			return res
+		}
 	}
 	s.out.say("%s: %s", sc.name, sc.about)
-	s.out.say("%s: producing %d jobs over %s (%d asynq + %d kafka, concurrently)", sc.name, sl.jobs, span.Round(100*time.Millisecond), sl.jobs/2, sl.jobs-sl.jobs/2)
+	if r.kst != nil {
+		s.out.say("%s: producing %d jobs over %s (%d asynq + %d kafka, concurrently)", sc.name, sl.jobs, span.Round(100*time.Millisecond), sl.jobs/2, sl.jobs-sl.jobs/2)
+	} else {
+		s.out.say("%s: producing %d asynq jobs over %s", sc.name, sl.jobs, span.Round(100*time.Millisecond))
+	}
 
 	// The whole scenario is bounded; a wedged fault or consumer must not
 	// hang the suite.
@@ -239,22 +310,33 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	var wg sync.WaitGroup
 	var faultErr error
 	wg.Go(func() { faultErr = sc.fault(sctx, r) })
+	for _, w := range r.extra {
+		wg.Go(func() { w.run(sctx) })
+	}
 	r.work.run(sctx)
 	res.ProduceSeconds = time.Since(r.start).Seconds()
 	wg.Wait()
 	if faultErr != nil {
 		r.fail("fault: %v", faultErr)
 	}
-	r.event("production done: %d jobs in %.1fs", r.work.produced.Load(), res.ProduceSeconds)
-	r.drain(sctx, []*stream{r.ast, r.kst})
+	r.event("production done: %d jobs in %.1fs", r.produced(), res.ProduceSeconds)
+	r.drain(sctx, r.streams())
 	r.stopPipelines()
+	if sc.judge != nil {
+		if err := sc.judge(sctx, r); err != nil {
+			r.fail("judge: %v", err)
+		}
+	}
 
-	res.Jobs = int(r.work.produced.Load())
-	res.Split = fmt.Sprintf("%d asynq + %d kafka, concurrently", r.work.lanes[0].jobs.Load(), r.work.lanes[1].jobs.Load())
+	res.Jobs = int(r.produced())
+	res.Split = r.split()
 	res.WriteRetries, res.SendRetries = r.work.writeRetries.Load(), r.work.sendRetries.Load()
 	res.WriteMeanMS, res.SendMeanMS = r.work.meanMS()
-	all := mergeStreams("all", "caughtup", r.ast, r.kst)
-	for _, st := range []*stream{r.ast, r.kst, all} {
+	streams := r.streams()
+	if len(streams) > 1 {
+		streams = append(streams, mergeStreams("all", "caughtup", streams...))
+	}
+	for _, st := range streams {
 		res.Streams = append(res.Streams, st.result())
 	}
 	r.checkCaughtup(&res, res.CapWindowLimit)
@@ -267,6 +349,31 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	res.Failures = append(res.Failures, r.failures...)
 	r.mu.Unlock()
 	return res
+}
+
+// streams are the scenario's pipelines: asynq, and Kafka unless asynqOnly.
+func (r *run) streams() []*stream {
+	if r.kst == nil {
+		return []*stream{r.ast}
+	}
+	return []*stream{r.ast, r.kst}
+}
+
+// produced counts the jobs of every producer.
+func (r *run) produced() int64 {
+	n := r.work.produced.Load()
+	for _, w := range r.extra {
+		n += w.produced.Load()
+	}
+	return n
+}
+
+// split says how the jobs went through the pipelines.
+func (r *run) split() string {
+	if r.kst == nil {
+		return fmt.Sprintf("%d asynq", r.ast.jobs())
+	}
+	return fmt.Sprintf("%d asynq + %d kafka, concurrently", r.ast.jobs(), r.kst.jobs())
 }
 
 func policyName(p consume.Policy) string {
@@ -291,8 +398,11 @@ func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
 			r.fail("%s: %d fallback reads on the primary within one second; the cap admits %d", sr.Stream, sr.MaxFallbackPerSec, capLimit)
 		}
 	}
-	if res.Jobs < r.sl.jobs {
-		r.fail("only %d of %d jobs were produced", res.Jobs, r.sl.jobs)
+	if by, n := r.asynqOverrides(); n > 0 {
+		r.note("the asynq middleware overrode %d routing decisions (caughtup.asynq.overrides): %v", n, by)
+	}
+	if n := int(r.work.produced.Load()); n < r.sl.jobs {
+		r.fail("only %d of %d jobs were produced", n, r.sl.jobs)
 	}
 }
 
@@ -322,7 +432,7 @@ func (r *run) drain(ctx context.Context, streams []*stream) {
 	}
 }
 
-func (r *run) startPipelines() error {
+func (r *run) startPipelines(ctx context.Context) error {
 	s := r.s
 	r.asynqClient = asynq.NewClient(s.redisOpt())
 	// MaxRetry is high because a refusal by the fallback cap counts as a
@@ -330,14 +440,17 @@ func (r *run) startPipelines() error {
 	// every try of a long lag spike must not reach its last attempt, where
 	// the middleware would read the primary past the cap rather than
 	// archive it.
-	r.asynqPipe = &asynqPipe{queue: r.queue, client: caughtupasynq.NewClient(r.asynqClient), maxRetry: 1000}
-	if err := s.createTopics(8, r.topic); err != nil {
-		return err
-	}
-	r.kafkaPipe = s.newKafkaPipe(r.topic)
+	r.asynqPipe = &asynqPipe{queue: r.queue, client: caughtupasynq.NewClient(r.asynqClient), maxRetry: 1000, options: r.sc.taskOptions}
 	if _, err := r.startAsynqServer(); err != nil {
 		return err
 	}
+	if r.kst == nil {
+		return nil
+	}
+	if err := s.createTopics(ctx, 8, r.topic); err != nil {
+		return err
+	}
+	r.kafkaPipe = s.newKafkaPipe(r.topic)
 	if _, err := r.startKafkaMember("kafka-1"); err != nil {
 		return err
 	}
@@ -345,7 +458,7 @@ func (r *run) startPipelines() error {
 }
 
 func (r *run) startAsynqServer() (*asynq.Server, error) {
-	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast)
+	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast, r.metrics.provider)
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +470,7 @@ func (r *run) startAsynqServer() (*asynq.Server, error) {
 
 func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
 	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, kafkaTuning{100 * time.Millisecond, time.Second},
-		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst))
+		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst), r.metrics.provider)
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,13 @@ type workload struct {
 	// delay, if set, is how long after the commit a job is enqueued
 	// (a job scheduled for later, or an event relayed late).
 	delay func(r *rand.Rand) time.Duration
+	// idBase and keyBase offset job ids and row keys, so that a second
+	// producer of one scenario uses ids and rows of its own.
+	idBase, keyBase int64
+	// gate, if set, is held for reading around each write (transaction
+	// and position capture): a fault that takes it for writing stops new
+	// writes and waits for those under way.
+	gate *sync.RWMutex
 
 	writeRetries, sendRetries atomic.Int64
 	writeNanos, sendNanos     atomic.Int64
@@ -76,7 +83,7 @@ func (w *workload) run(ctx context.Context) {
 			break
 		}
 		select {
-		case ids <- int64(i + 1):
+		case ids <- w.idBase + int64(i+1):
 		case <-ctx.Done():
 		}
 	}
@@ -86,8 +93,8 @@ func (w *workload) run(ctx context.Context) {
 }
 
 func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *sync.WaitGroup) {
-	l := w.lanes[int(id)%len(w.lanes)]
-	key := 1 + rng.Int64N(w.keys)
+	l := w.lanes[int(id%int64(len(w.lanes)))]
+	key := w.keyBase + 1 + rng.Int64N(w.keys)
 	var (
 		p    payload
 		tctx context.Context
@@ -96,10 +103,16 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 	for {
 		var version int64
 		var err error
+		if w.gate != nil {
+			w.gate.RLock()
+		}
 		tctx, err = enqueue.InTx(ctx, w.pool, func(tx pgx.Tx) error {
 			return tx.QueryRow(ctx, `INSERT INTO items (id, version) VALUES ($1, 1)
 				ON CONFLICT (id) DO UPDATE SET version = items.version + 1 RETURNING version`, key).Scan(&version)
 		})
+		if w.gate != nil {
+			w.gate.RUnlock()
+		}
 		if err == nil {
 			p = payload{ID: id, Key: key, Version: version, Committed: time.Now().UnixNano()}
 			break
