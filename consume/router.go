@@ -178,16 +178,16 @@ func (r *Router) Config() Config {
 // that is not known to have replayed the token.
 func (r *Router) Route(ctx context.Context, header string, policy Policy) (context.Context, Decision, error) {
 	if header == "" {
-		return r.route(ctx, position.Token{}, nil, policy)
+		return r.route(ctx, position.Token{}, nil, policy, nil)
 	}
 	tok, err := position.Decode(header)
-	return r.route(ctx, tok, err, policy)
+	return r.route(ctx, tok, err, policy, nil)
 }
 
 // RouteToken is Route for a token already decoded (CDC events carry their
 // position directly).
 func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Policy) (context.Context, Decision, error) {
-	return r.route(ctx, tok, nil, policy)
+	return r.route(ctx, tok, nil, policy, nil)
 }
 
 // RouteDecoded is Route for a token decoded by the caller, typically with
@@ -199,10 +199,12 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 	if decodeErr != nil {
 		tok = position.Token{}
 	}
-	return r.route(ctx, tok, decodeErr, policy)
+	return r.route(ctx, tok, decodeErr, policy, nil)
 }
 
-func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy) (context.Context, Decision, error) {
+// route decides, waits, verifies (with a Verifier: RouteVerified), applies
+// the cap and records the job.
+func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier) (context.Context, Decision, error) {
 	rv, buf := newRouting(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
@@ -217,14 +219,35 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 	}
 	d := Decide(in)
 	waited := false
-	if d.Action == ActionWait {
-		waited = true
-		var err error
-		if d, err = r.wait(ctx, &in, d); err != nil {
-			r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
-				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
-			return ctx, d, err
+	var waitedFor time.Duration
+	var verifyErr error
+	for {
+		if d.Action == ActionWait {
+			// One budget per job, however often verification sends it
+			// back to waiting.
+			waited = true
+			var err error
+			d, err = r.wait(ctx, &in, d, r.cfg.WaitBudget-waitedFor)
+			waitedFor += d.Waited
+			d.Waited = waitedFor
+			if err != nil {
+				r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
+					slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
+				return ctx, d, err
+			}
 		}
+		if verify == nil || d.Action != ActionRun {
+			break
+		}
+		again, err := r.verify(ctx, &in, &d, verify)
+		if err != nil {
+			verifyErr = err
+		}
+		if !again {
+			break
+		}
+		d = Decide(in)
+		d.Waited = waitedFor
 	}
 	if d.Action == ActionRun && d.Fallback && !r.lim.Allow() {
 		in.Capped = true
@@ -233,11 +256,21 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		d.Waited = w
 	}
 	r.met.record(ctx, &d, waited)
-	r.logDecision(ctx, &d, tokErr)
+	logErr := tokErr
+	if logErr == nil && d.Reason == ReasonUnverified {
+		logErr = verifyErr
+	}
+	r.logDecision(ctx, &d, logErr)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
 		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}
 	}
 	rv.r, rv.d, rv.tok, rv.now = r, d, tok, in.Now
+	if verify != nil {
+		// The token's positions are not commit-safe by themselves (the
+		// Verifier vouched for them): children inherit only what the
+		// replicas read had replayed.
+		rv.tok = readPositions(&d, in.Now)
+	}
 	return handlerContext(ctx, rv), d, nil
 }
