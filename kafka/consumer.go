@@ -11,6 +11,8 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
+
+	"github.com/caughtup/caughtup/cdc"
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
@@ -35,6 +37,12 @@ type Consumer struct {
 	handler Handler
 	log     *slog.Logger
 	met     *metrics
+
+	// For TokenDebezium: the checker, and the router's clock and
+	// staleness bound, which say whether its primary's epoch is current.
+	checker   *cdc.Checker
+	now       func() time.Time
+	staleness time.Duration
 
 	running atomic.Bool
 }
@@ -62,6 +70,15 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	var err error
 	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kafka: creating instruments: %w", err)
+	}
+	if cfg.TokenSource == TokenDebezium {
+		if c.checker = cfg.Debezium.Checker; c.checker == nil {
+			if c.checker, err = cdc.NewChecker(cdc.Config{MeterProvider: mp}); err != nil {
+				return nil, fmt.Errorf("caughtup/kafka: creating the CDC checker: %w", err)
+			}
+		}
+		rc := cfg.Router.Config()
+		c.now, c.staleness = rc.Now, rc.StalenessBound
 	}
 	return c, nil
 }

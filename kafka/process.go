@@ -12,7 +12,6 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/position"
 )
 
 // minDeferDelay keeps a deferral that asks for no delay from spinning.
@@ -39,8 +38,8 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		}
 	}
 	// The token is read once per message; every attempt routes it again.
-	tok, tokErr := TokenOf(msg)
-	if tokErr != nil {
+	mt := c.readToken(ctx, msg)
+	if mt.err != nil {
 		ctx = withSource(ctx, msg)
 	}
 	for {
@@ -48,7 +47,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		if attempts > 0 {
 			hctx = context.WithValue(ctx, attemptKey{}, attempts)
 		}
-		err := c.attempt(hctx, msg, tok, tokErr)
+		err := c.attempt(hctx, msg, &mt)
 		if err == nil {
 			tm.add(ctx, ResultHandled)
 			return true
@@ -113,11 +112,17 @@ func Attempt(ctx context.Context) int {
 	return n
 }
 
-// attempt routes msg, whose token TokenOf read as tok and tokErr, and
-// runs the handler with the routed context. It returns Route's
-// *consume.DeferError when no replica can serve the message yet.
-func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, tok position.Token, tokErr error) error {
-	rctx, _, err := c.cfg.Router.RouteDecoded(ctx, tok, tokErr, c.cfg.Policy)
+// attempt routes msg, whose token readToken read as mt, and runs the
+// handler with the routed context. It returns Route's *consume.DeferError
+// when no replica can serve the message yet.
+func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, mt *msgToken) error {
+	var rctx context.Context
+	var err error
+	if mt.verify != nil {
+		rctx, _, err = c.cfg.Router.RouteVerified(ctx, mt.tok, mt.err, c.cfg.Policy, mt.verify)
+	} else {
+		rctx, _, err = c.cfg.Router.RouteDecoded(ctx, mt.tok, mt.err, c.cfg.Policy)
+	}
 	if err != nil {
 		return err
 	}
