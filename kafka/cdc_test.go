@@ -436,3 +436,41 @@ func TestDebeziumUnvouchedReadsPrimary(t *testing.T) {
 	primary := sumCounter(t, e.metrics, "caughtup.cdc.primary", "caughtup.reason")
 	require.Equal(t, map[string]int64{"snapshot": 1, "malformed": 1, "not_postgresql": 1, "missing_txid": 1, "aborted": 1}, primary)
 }
+
+// TestDebeziumConfig: the database defaults to the router's only one, must
+// be named when the router has several, and must be one of them.
+func TestDebeziumConfig(t *testing.T) {
+	t.Parallel()
+	e := setupDB(t, nil)
+	h := func(context.Context, kafkago.Message) error { return nil }
+	base := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t",
+		Router: e.router, TokenSource: caughtupkafka.TokenDebezium}
+	c, err := caughtupkafka.NewConsumer(base, h)
+	require.NoError(t, err)
+	require.Equal(t, "main", c.Config().Debezium.Database, "the router's only database")
+
+	bad := base
+	bad.Debezium.Database = "billing"
+	_, err = caughtupkafka.NewConsumer(bad, h)
+	require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig)
+	require.ErrorContains(t, err, `"billing"`)
+
+	bad = base
+	bad.TokenSource = 7
+	_, err = caughtupkafka.NewConsumer(bad, h)
+	require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig)
+
+	rc := e.router.Config()
+	rc.Databases["other"] = rc.Databases["main"]
+	two, err := consume.NewRouter(t.Context(), rc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = two.Close() })
+	bad = base
+	bad.Router = two
+	_, err = caughtupkafka.NewConsumer(bad, h)
+	require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig, "several databases: name one")
+	bad.Debezium.Database = "other"
+	_, err = caughtupkafka.NewConsumer(bad, h)
+	require.NoError(t, err)
+	require.Equal(t, "debezium", caughtupkafka.TokenDebezium.String())
+}
