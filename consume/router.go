@@ -178,16 +178,16 @@ func (r *Router) Config() Config {
 // that is not known to have replayed the token.
 func (r *Router) Route(ctx context.Context, header string, policy Policy) (context.Context, Decision, error) {
 	if header == "" {
-		return r.route(ctx, position.Token{}, nil, policy, nil)
+		return r.route(ctx, position.Token{}, nil, policy, nil, nil)
 	}
 	tok, err := position.Decode(header)
-	return r.route(ctx, tok, err, policy, nil)
+	return r.route(ctx, tok, err, policy, nil, nil)
 }
 
 // RouteToken is Route for a token already decoded (CDC events carry their
 // position directly).
 func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Policy) (context.Context, Decision, error) {
-	return r.route(ctx, tok, nil, policy, nil)
+	return r.route(ctx, tok, nil, policy, nil, nil)
 }
 
 // RouteDecoded is Route for a token decoded by the caller, typically with
@@ -199,12 +199,12 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 	if decodeErr != nil {
 		tok = position.Token{}
 	}
-	return r.route(ctx, tok, decodeErr, policy, nil)
+	return r.route(ctx, tok, decodeErr, policy, nil, nil)
 }
 
 // route decides, waits, verifies (with a Verifier: RouteVerified), applies
-// the cap and records the job.
-func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier) (context.Context, Decision, error) {
+// the cap and records the job (in t, when routed through a Tally).
+func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
 	rv, buf := newRouting(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
@@ -255,7 +255,7 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		d = Decide(in)
 		d.Waited = w
 	}
-	r.met.record(ctx, &d, waited)
+	r.met.recordTo(ctx, &d, waited, t)
 	logErr := tokErr
 	if logErr == nil && d.Reason == ReasonUnverified {
 		logErr = verifyErr

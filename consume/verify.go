@@ -79,6 +79,8 @@ type EntryCheck struct {
 	Unknown bool
 }
 
+var errNoVerifier = errors.New("caughtup/consume: RouteVerified needs a Verifier; use RouteDecoded for tokens that need none")
+
 // errUnverified stands in for a VerifyUnknown that gave no error.
 var errUnverified = errors.New("caughtup/consume: the Verifier could not confirm the replica (VerifyUnknown without an error)")
 
@@ -102,12 +104,12 @@ var errUnverified = errors.New("caughtup/consume: the Verifier could not confirm
 // writes capture a token after their read (enqueue's AfterReplicaRead).
 func (r *Router) RouteVerified(ctx context.Context, tok position.Token, decodeErr error, policy Policy, verify Verifier) (context.Context, Decision, error) {
 	if verify == nil {
-		return ctx, Decision{}, errors.New("caughtup/consume: RouteVerified needs a Verifier; use RouteDecoded for tokens that need none")
+		return ctx, Decision{}, errNoVerifier
 	}
 	if decodeErr != nil {
 		tok = position.Token{}
 	}
-	return r.route(ctx, tok, decodeErr, policy, verify)
+	return r.route(ctx, tok, decodeErr, policy, verify, nil)
 }
 
 // verify asks v about every database d runs on a replica. again reports
