@@ -147,6 +147,8 @@ type partition struct {
 	done atomic.Int64
 	// committed is the last offset committed; only the committer uses it.
 	committed int64
+	// state is the worker's, flushed by the committer.
+	state *partState
 }
 
 type generation struct {
@@ -159,7 +161,7 @@ func (c *Consumer) startGeneration(ctx context.Context, gen *kafkago.Generation,
 	g := &generation{gen: gen}
 	for _, topic := range c.cfg.topics() {
 		for _, a := range gen.Assignments[topic] {
-			p := &partition{topic: topic, id: a.ID, start: a.Offset, committed: -1}
+			p := &partition{topic: topic, id: a.ID, start: a.Offset, committed: -1, state: c.newPartState(topic)}
 			p.done.Store(-1)
 			g.parts = append(g.parts, p)
 		}
@@ -216,7 +218,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 	}
 	// One partition reads one topic; a retry topic's partitions count
 	// under the retry topic.
-	tm := c.met.topic(p.topic)
+	ps := p.state
 	for fails := 0; ; {
 		msg, err := r.FetchMessage(ctx)
 		if err != nil {
@@ -232,8 +234,8 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 			continue
 		}
 		fails = 0
-		if !c.process(ctx, msg, w, tm) {
-			tm.add(ctx, ResultDropped)
+		if !c.process(ctx, msg, w, ps) {
+			ps.add(ctx, ResultDropped)
 			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
 				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))
 			return
@@ -253,13 +255,23 @@ func (c *Consumer) commitLoop(runCtx, gctx context.Context, g *generation) {
 		select {
 		case <-t.C:
 			c.commit(runCtx, g)
+			g.flush(runCtx)
 			continue
 		case <-gctx.Done():
 		case <-runCtx.Done():
 		}
 		g.workers.Wait()
 		c.commit(context.WithoutCancel(runCtx), g)
+		g.flush(runCtx)
 		return
+	}
+}
+
+// flush adds what the partitions counted since the last flush to the
+// instruments (partState).
+func (g *generation) flush(ctx context.Context) {
+	for _, p := range g.parts {
+		p.state.flush(ctx)
 	}
 }
 

@@ -112,11 +112,11 @@ type msgToken struct {
 	verify consume.Verifier
 }
 
-// readToken reads msg's token from where TokenSource says. ctx is for the
-// checker's counters.
-func (c *Consumer) readToken(ctx context.Context, msg kafkago.Message) msgToken {
+// readToken reads msg's token from where TokenSource says, for the
+// partition whose state is ps. ctx is for the checker's counters.
+func (c *Consumer) readToken(ctx context.Context, msg kafkago.Message, ps *partState) msgToken {
 	if c.cfg.TokenSource != TokenDebezium {
-		tok, err := TokenOf(msg)
+		tok, err := ps.tokenOf(msg)
 		return msgToken{tok: tok, err: err}
 	}
 	if len(msg.Value) == 0 {

@@ -23,7 +23,7 @@ const maxErrorHeader = 1024
 // process runs one message to its end: handled, republished to the retry
 // topic, or dead-lettered. It returns false if ctx ended first; the
 // message must then stay uncommitted, to be delivered again.
-func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, tm *topicMetrics) bool {
+func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, ps *partState) bool {
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
@@ -38,7 +38,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		}
 	}
 	// The token is read once per message; every attempt routes it again.
-	mt := c.readToken(ctx, msg)
+	mt := c.readToken(ctx, msg, ps)
 	if mt.err != nil {
 		ctx = withSource(ctx, msg)
 	}
@@ -47,9 +47,9 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		if attempts > 0 {
 			hctx = context.WithValue(ctx, attemptKey{}, attempts)
 		}
-		err := c.attempt(hctx, msg, &mt)
+		err := c.attempt(hctx, msg, &mt, ps)
 		if err == nil {
-			tm.add(ctx, ResultHandled)
+			ps.add(ctx, ResultHandled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -62,7 +62,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts) {
 					return false
 				}
-				tm.add(ctx, ResultDeferred)
+				ps.add(ctx, ResultDeferred)
 				return true
 			}
 			// InPlace: keep the partition's order and wait here. Route
@@ -74,7 +74,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			// deferral step that may be seconds long. Otherwise (the cap,
 			// waiting disabled or a tiny budget) sleep the delay, so the
 			// loop never spins.
-			tm.add(ctx, ResultWaited)
+			ps.add(ctx, ResultWaited)
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
@@ -85,13 +85,13 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		}
 		attempts++
 		if attempts >= c.cfg.MaxAttempts {
-			return c.deadLetter(ctx, w, msg, attempts, err, tm)
+			return c.deadLetter(ctx, w, msg, attempts, err, ps)
 		}
 		delay := c.cfg.retryDelay(attempts)
 		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
 			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		tm.add(ctx, ResultRetried)
+		ps.add(ctx, ResultRetried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts)
 		}
@@ -112,16 +112,16 @@ func Attempt(ctx context.Context) int {
 	return n
 }
 
-// attempt routes msg, whose token readToken read as mt, and runs the
-// handler with the routed context. It returns Route's *consume.DeferError
+// attempt routes msg, whose token readToken read as mt, through the
+// partition's Tally, and runs the handler with the routed context. It returns Route's *consume.DeferError
 // when no replica can serve the message yet.
-func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, mt *msgToken) error {
+func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, mt *msgToken, ps *partState) error {
 	var rctx context.Context
 	var err error
 	if mt.verify != nil {
-		rctx, _, err = c.cfg.Router.RouteVerified(ctx, mt.tok, mt.err, c.cfg.Policy, mt.verify)
+		rctx, _, err = ps.tally.RouteVerified(ctx, mt.tok, mt.err, c.cfg.Policy, mt.verify)
 	} else {
-		rctx, _, err = c.cfg.Router.RouteDecoded(ctx, mt.tok, mt.err, c.cfg.Policy)
+		rctx, _, err = ps.tally.RouteDecoded(ctx, mt.tok, mt.err, c.cfg.Policy)
 	}
 	if err != nil {
 		return err
@@ -155,7 +155,7 @@ func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafkago.M
 // deadLetter hands a message that failed attempts times to the hook or the
 // dead-letter topic, retrying until that succeeds or ctx ends: a message
 // is never committed unless it was handled or parked somewhere.
-func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, tm *topicMetrics) bool {
+func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, ps *partState) bool {
 	c.log.ErrorContext(ctx, "caughtup/kafka: handler failed on every attempt; dead-lettering the message",
 		slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 		slog.Int("attempts", attempts), slog.Any("error", cause))
@@ -185,7 +185,7 @@ func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.
 		ok = c.publish(ctx, w, out)
 	}
 	if ok {
-		tm.add(ctx, ResultDeadLettered)
+		ps.add(ctx, ResultDeadLettered)
 	}
 	return ok
 }
