@@ -64,17 +64,24 @@ func stampedCtx(t testing.TB, e *env) context.Context {
 const benchPartitions = 4
 
 // throughputTopic fills a topic of benchPartitions partitions, evenly, with
-// n messages stamped with the token ctx carries; each value is the
-// message's index.
+// n messages each stamped as its producer would after its own commit: a
+// token of its own (a position at or below the one ctx carries, so that
+// the replicas have it), so that every message's token is decoded. Each
+// value is the message's index.
 func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 	topic := newTopics(t, benchPartitions, "")[0]
-	kw := newWriter(t, topic)
-	kw.Balancer = &kafkago.RoundRobin{}
-	kw.BatchSize = 1000
-	w := caughtupkafka.NewWriter(kw)
+	w := newWriter(t, topic)
+	w.Balancer = &kafkago.RoundRobin{}
+	w.BatchSize = 1000
+	base, ok := enqueue.TokenFrom(ctx)
+	require.True(t, ok)
+	e := base.Entries[0]
 	batch := make([]kafkago.Message, 0, 10000)
 	for i := range n {
-		batch = append(batch, kafkago.Message{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))})
+		msg := kafkago.Message{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))}
+		tok := position.New(e.Database, e.Epoch, e.LSN-position.LSN(i%4096), position.SourcePrimary, base.CapturedAt)
+		require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(ctx, tok), &msg))
+		batch = append(batch, msg)
 		if len(batch) == cap(batch) || i == n-1 {
 			require.NoError(t, w.WriteMessages(ctx, batch...))
 			batch = batch[:0]

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
@@ -473,4 +474,42 @@ func TestDebeziumConfig(t *testing.T) {
 	_, err = caughtupkafka.NewConsumer(bad, h)
 	require.NoError(t, err)
 	require.Equal(t, "debezium", caughtupkafka.TokenDebezium.String())
+}
+
+// TestDebeziumUnknownEpochReadsPrimary: while the router has no recent
+// observation of its primary it knows no epoch to give an envelope, and a
+// change event reads the primary (primary_epoch) instead of being compared
+// with the replicas on a guess.
+func TestDebeziumUnknownEpochReadsPrimary(t *testing.T) {
+	t.Parallel()
+	e := setupDB(t, nil)
+	dead, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(dead.Close)
+	router, err := consume.NewRouter(t.Context(), consume.Config{
+		Databases: map[string]consume.Database{"main": {Primary: dead, Replicas: consume.Replicas(e.replicas...)}},
+		Logger:    testLogger(t),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = router.Close() })
+
+	topic := newTopics(t, 1, "")[0]
+	got := make(chan consume.Decision, 1)
+	startConsumer(t, caughtupkafka.ConsumerConfig{
+		Topic: topic, TokenSource: caughtupkafka.TokenDebezium, Router: router, Policy: consume.Delayed,
+	}, func(ctx context.Context, msg kafkago.Message) error {
+		dec, _ := consume.DecisionFrom(ctx)
+		got <- dec
+		return nil
+	})
+	// A position every replica has passed, and a transaction ID.
+	value := fmt.Sprintf(`{"op":"c","after":{"id":1},"source":{"connector":"postgresql","snapshot":"false","txId":700,"lsn":%d,"ts_ms":%d}}`,
+		uint64(position.MustParseLSN("0/100")), time.Now().UnixMilli())
+	require.NoError(t, newWriter(t, topic).WriteMessages(t.Context(), kafkago.Message{Value: []byte(value)}))
+	dec := wait(t, got, "the event's run")
+	require.Equal(t, consume.OutcomePrimaryEpoch, dec.Outcome)
+	require.Equal(t, consume.ReasonEpoch, dec.Reason)
+	dd, ok := dec.Database("main")
+	require.True(t, ok)
+	require.Equal(t, position.UnknownEpoch, dd.Incomparable)
 }
