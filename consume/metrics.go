@@ -416,7 +416,7 @@ func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tal
 // caller) until t.Flush.
 func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement) {
 	if t != nil {
-		t.n[tallyKey{c, set}]++
+		t.n[c][set]++
 		return
 	}
 	m.counter(c).Add(ctx, 1, set.add...)

@@ -34,10 +34,7 @@ func (m *metrics) counter(c counter) metric.Int64Counter {
 	return m.decisions
 }
 
-type tallyKey struct {
-	c   counter
-	set *measurement
-}
+const numCounters = int(counterFuture) + 1
 
 // A Tally routes jobs exactly as its Router does, but keeps the counts of
 // their decisions (caughtup.consume.decisions, …database.routes,
@@ -56,12 +53,16 @@ type tallyKey struct {
 type Tally struct {
 	r  *Router
 	mu sync.Mutex
-	n  map[tallyKey]int64
+	n  [numCounters]map[*measurement]int64
 }
 
 // NewTally returns a Tally of r.
 func (r *Router) NewTally() *Tally {
-	return &Tally{r: r, n: make(map[tallyKey]int64)}
+	t := &Tally{r: r}
+	for c := range t.n {
+		t.n[c] = make(map[*measurement]int64)
+	}
+	return t
 }
 
 // RouteDecoded is Router.RouteDecoded, counted in t.
@@ -89,10 +90,12 @@ func (t *Tally) Flush(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k, n := range t.n {
-		if n != 0 {
-			t.r.met.counter(k.c).Add(ctx, n, k.set.add...)
-			t.n[k] = 0
+	for c, counts := range t.n {
+		for set, n := range counts {
+			if n != 0 {
+				t.r.met.counter(counter(c)).Add(ctx, n, set.add...)
+				counts[set] = 0
+			}
 		}
 	}
 }

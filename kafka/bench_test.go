@@ -33,8 +33,10 @@ import (
 // on the test binary's real Kafka 4.4 broker (or KAFKA_BROKERS).
 // CAUGHTUP_KAFKA_BENCH_MESSAGES sets the size of the throughput runs
 // (default 400,000 messages with a trivial handler, a tenth of that with a
-// point query) and CAUGHTUP_KAFKA_BENCH_ROUNDS how many runs of each
-// variant (default 1; with more, the median is reported).
+// point query), CAUGHTUP_KAFKA_BENCH_ROUNDS how many runs of each
+// variant (default 1; with more, the median is reported) and
+// CAUGHTUP_KAFKA_BENCH_ONLY which variants run (comma-separated names, for
+// profiling one).
 
 // quiet is a router like e.router that records into a no-op
 // MeterProvider: the routing alone.
@@ -284,9 +286,14 @@ func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants]float
 	quiet := e.quiet(t)
 	topic := throughputTopic(t, stampedCtx(t, e), n)
 	var got [numVariants][]float64
+	only := os.Getenv("CAUGHTUP_KAFKA_BENCH_ONLY")
 	for round := range rounds {
 		for k := range numVariants {
 			v := (round + k) % numVariants
+			if only != "" && !slices.Contains(strings.Split(only, ","), variantNames[v]) {
+				got[v] = append(got[v], 0)
+				continue
+			}
 			var sd *side
 			var group string
 			members := 1

@@ -70,12 +70,14 @@ func (ps *partState) tokenOf(msg kafkago.Message) (position.Token, error) {
 	switch {
 	case n == 0:
 		return position.Token{}, nil
-	case n == 1 && ps.header != "" && string(one) == ps.header:
+	case n > 1:
+		return TokenOf(msg)
+	case ps.header != "" && string(one) == ps.header:
 		return ps.tok, ps.tokErr
 	}
-	tok, err := TokenOf(msg)
-	if n == 1 {
-		ps.header, ps.tok, ps.tokErr = string(one), tok, err
-	}
+	// TokenOf, keeping the text it decodes.
+	h := string(one)
+	tok, err := position.DecodeHeaders(h)
+	ps.header, ps.tok, ps.tokErr = h, tok, err
 	return tok, err
 }
