@@ -210,21 +210,34 @@ func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool
 	return sd, group
 }
 
+// result is one run's figures.
+type result struct {
+	rate float64       // messages/s
+	cpu  time.Duration // this process's CPU time per message
+}
+
 // run opens the gate once group is stable with members members that
 // share every partition of the topic, then waits until every message ran
-// and returns messages/s from the gate to the last first run.
-func (sd *side) run(t testing.TB, group string, members int) float64 {
+// and returns messages/s from the gate to the last first run, and the CPU
+// time the process used meanwhile per message.
+func (sd *side) run(t testing.TB, group string, members int) result {
 	t.Helper()
 	waitStable(t, group, members)
 	sd.opened = time.Now()
+	cpu0 := cpuTime()
 	close(sd.gate)
 	select {
 	case <-sd.all:
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("only %d of %d messages within 5 minutes", sd.distinct.Load(), len(sd.seen))
 	}
+	cpu := cpuTime() - cpu0
 	require.NoError(t, sd.stop())
-	return float64(len(sd.seen)) / time.Unix(0, sd.last.Load()).Sub(sd.opened).Seconds()
+	n := len(sd.seen)
+	return result{
+		rate: float64(n) / time.Unix(0, sd.last.Load()).Sub(sd.opened).Seconds(),
+		cpu:  cpu / time.Duration(n),
+	}
 }
 
 // waitStable waits until the coordinator reports group Stable with
@@ -281,17 +294,17 @@ var variantNames = [numVariants]string{"kafka-go", "kafka-go-1-reader", "routed"
 
 // measure reads one topic of n messages once per variant and round, each
 // time with a fresh group, the variants in rotating order, and returns
-// each variant's median rate in messages/s.
-func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants]float64 {
+// each variant's runs.
+func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]result {
 	quiet := e.quiet(t)
 	topic := throughputTopic(t, stampedCtx(t, e), n)
-	var got [numVariants][]float64
+	var got [numVariants][]result
 	only := os.Getenv("CAUGHTUP_KAFKA_BENCH_ONLY")
 	for round := range rounds {
 		for k := range numVariants {
 			v := (round + k) % numVariants
 			if only != "" && !slices.Contains(strings.Split(only, ","), variantNames[v]) {
-				got[v] = append(got[v], 0)
+				got[v] = append(got[v], result{})
 				continue
 			}
 			var sd *side
@@ -311,13 +324,25 @@ func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants]float
 			got[v] = append(got[v], sd.run(t, group, members))
 		}
 	}
-	var med [numVariants]float64
-	for v := range numVariants {
-		s := slices.Clone(got[v])
-		slices.Sort(s)
-		med[v] = s[len(s)/2]
+	return got
+}
+
+// stats are a variant's median and extreme rates and median CPU time per
+// message over its runs.
+type stats struct {
+	rate, slowest, fastest float64
+	cpu                    time.Duration
+}
+
+func summarize(runs []result) stats {
+	rates := make([]float64, len(runs))
+	cpus := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		rates[i], cpus[i] = r.rate, r.cpu
 	}
-	return med
+	slices.Sort(rates)
+	slices.Sort(cpus)
+	return stats{rate: rates[len(rates)/2], slowest: rates[0], fastest: rates[len(rates)-1], cpu: cpus[len(cpus)/2]}
 }
 
 func benchEnv(b *testing.B, name string, def int) int {
@@ -348,26 +373,42 @@ func BenchmarkThroughput(b *testing.B) {
 			name, msgs = "point-query", n/10
 		}
 		b.Run(name, func(b *testing.B) {
-			var r [numVariants]float64
+			var runs [numVariants][]result
 			for b.Loop() {
-				r = measure(b, e, msgs, rounds, query)
+				runs = measure(b, e, msgs, rounds, query)
+			}
+			var st [numVariants]stats
+			for v := range numVariants {
+				st[v] = summarize(runs[v])
 			}
 			for v := range numVariants {
-				b.ReportMetric(r[v], variantNames[v]+"-msg/s")
+				b.ReportMetric(st[v].rate, variantNames[v]+"-msg/s")
+				b.ReportMetric(float64(st[v].cpu.Nanoseconds()), variantNames[v]+"-cpu-ns/msg")
 				if v != kafkaGo {
-					b.ReportMetric(r[v]/r[kafkaGo], variantNames[v]+"-ratio")
+					b.ReportMetric(st[v].rate/st[kafkaGo].rate, variantNames[v]+"-ratio")
 				}
 			}
-			b.Logf("%s handler, %d messages, %d partitions, %d run(s) each (median):\n%s", name, msgs, benchPartitions, rounds, formatRates(r))
+			b.Logf("%s handler, %d messages, %d partitions, %d run(s) each:\n%s", name, msgs, benchPartitions, rounds, formatRates(st))
 		})
 	}
 }
 
-func formatRates(r [numVariants]float64) string {
+// formatRates is the table: each variant's median rate and its ratio to
+// the plain consumer's, the slowest and fastest run, and the CPU time this
+// process spent per message (the test binary's, broker excluded) with its
+// ratio, plain/variant: the throughput ratio to expect where the CPU is
+// the limit, as on 2 shared cores, and steadier than rates measured there.
+func formatRates(st [numVariants]stats) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\t%-22s %12s %8s\n", "consumer", "msg/s", "/plain")
+	fmt.Fprintf(&sb, "\t%-20s %10s %7s %10s %10s %11s %9s\n", "consumer", "msg/s", "/plain", "slowest", "fastest", "cpu µs/msg", "cpu ratio")
 	for v := range numVariants {
-		fmt.Fprintf(&sb, "\t%-22s %12.0f %8.3f\n", variantNames[v], r[v], r[v]/r[kafkaGo])
+		s := st[v]
+		cpuRatio := 0.0
+		if s.cpu > 0 {
+			cpuRatio = float64(st[kafkaGo].cpu) / float64(s.cpu)
+		}
+		fmt.Fprintf(&sb, "\t%-20s %10.0f %7.3f %10.0f %10.0f %11.2f %9.3f\n", variantNames[v], s.rate, s.rate/st[kafkaGo].rate,
+			s.slowest, s.fastest, float64(s.cpu.Nanoseconds())/1000, cpuRatio)
 	}
 	return sb.String()
 }
