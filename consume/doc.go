@@ -43,7 +43,9 @@
 // commit): a Verifier must confirm on the replica chosen that it shows
 // the job's writes, and a replica it finds behind counts as behind, so
 // the job waits, defers or reads the primary in the same place, under the
-// same budget, cap and metrics. The handler's context also carries the decision (DecisionFrom)
+// same budget, cap and metrics. A Tally routes like its Router but adds
+// the counts in bulk when flushed, for adapters whose message rate makes a
+// counter Add per job costly (the Kafka consumer flushes at every commit). The handler's context also carries the decision (DecisionFrom)
 // and, for the jobs the handler enqueues, the job's token raised to what
 // the chosen replicas had replayed (enqueue.TokenFrom).
 //
