@@ -158,8 +158,10 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	// The real envelope: source.lsn is below every replica's replay.
 	rd := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers(t), Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer func() { require.NoError(t, rd.Close()) }()
-	msg, err := rd.ReadMessage(ctx)
-	require.NoError(t, err)
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	msg, err := rd.ReadMessage(rctx)
+	require.NoError(t, err, "Debezium's event for the transaction")
 	ev, err := cdc.ParseDebezium(msg.Value)
 	require.NoError(t, err)
 	require.NoError(t, ev.Validate(), "a streamed insert: %s", msg.Value)
