@@ -51,15 +51,23 @@ func BenchmarkProcess(b *testing.B) {
 	cons, err := NewConsumer(ConsumerConfig{Brokers: []string{"localhost:1"}, GroupID: "g", Topic: "t", Router: router},
 		func(ctx context.Context, msg kafkago.Message) error { return nil })
 	require.NoError(b, err)
-	ps := cons.newPartState("t")
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if !cons.process(ctx, msgs[i%len(msgs)], nil, ps) {
-			b.Fatal("not processed")
-		}
-		i++
+	for name, msgs := range map[string][]kafkago.Message{
+		"token-per-message": msgs,
+		"one-token":         msgs[:1], // a batch stamped with one position: decoded once
+		"no-token":          {{Topic: "t", Value: []byte("x")}},
+	} {
+		b.Run(name, func(b *testing.B) {
+			ps := cons.newPartState("t")
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if !cons.process(ctx, msgs[i%len(msgs)], nil, ps) {
+					b.Fatal("not processed")
+				}
+				i++
+			}
+			b.StopTimer()
+			ps.flush(ctx)
+		})
 	}
-	b.StopTimer()
-	ps.flush(ctx)
 }
