@@ -219,35 +219,21 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 	}
 	d := Decide(in)
 	waited := false
-	var waitedFor time.Duration
 	var verifyErr error
-	for {
-		if d.Action == ActionWait {
-			// One budget per job, however often verification sends it
-			// back to waiting.
-			waited = true
-			var err error
-			d, err = r.wait(ctx, &in, d, r.cfg.WaitBudget-waitedFor)
-			waitedFor += d.Waited
-			d.Waited = waitedFor
-			if err != nil {
-				r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
-					slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
-				return ctx, d, err
-			}
+	if verify != nil {
+		var err error
+		if d, waited, verifyErr, err = r.verified(ctx, &in, d, verify); err != nil {
+			return ctx, d, err
 		}
-		if verify == nil || d.Action != ActionRun {
-			break
+	}
+	if d.Action == ActionWait {
+		waited = true
+		var err error
+		if d, err = r.wait(ctx, &in, d); err != nil {
+			r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
+				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
+			return ctx, d, err
 		}
-		again, err := r.verify(ctx, &in, &d, verify)
-		if err != nil {
-			verifyErr = err
-		}
-		if !again {
-			break
-		}
-		d = Decide(in)
-		d.Waited = waitedFor
 	}
 	if d.Action == ActionRun && d.Fallback && !r.lim.Allow() {
 		in.Capped = true
@@ -255,12 +241,11 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		d = Decide(in)
 		d.Waited = w
 	}
-	r.met.recordTo(ctx, &d, waited, t)
-	logErr := tokErr
-	if logErr == nil && d.Reason == ReasonUnverified {
-		logErr = verifyErr
+	if tokErr == nil && d.Reason == ReasonUnverified {
+		tokErr = verifyErr // for the warning
 	}
-	r.logDecision(ctx, &d, logErr)
+	r.met.recordTo(ctx, &d, waited, t)
+	r.logDecision(ctx, &d, tokErr)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
 		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}

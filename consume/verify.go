@@ -3,6 +3,7 @@ package consume
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -110,6 +111,54 @@ func (r *Router) RouteVerified(ctx context.Context, tok position.Token, decodeEr
 		tok = position.Token{}
 	}
 	return r.route(ctx, tok, decodeErr, policy, verify, nil)
+}
+
+// verified carries a job's first decision d through waiting and
+// verification, until a decision whose replicas v has all called fresh,
+// or one that does not run on a replica (the primary, a deferral): never
+// ActionWait. Every wait shares the one Config.WaitBudget of the job,
+// through a deadline on the waits' context (wait ends its budget at a
+// deadline, as at its timer). It returns the decision, whether it waited,
+// the error of the last VerifyUnknown (for the warning), and ctx's error
+// if ctx was cancelled during a wait.
+func (r *Router) verified(ctx context.Context, in *DecideInput, d Decision, v Verifier) (Decision, bool, error, error) {
+	var (
+		waited    bool
+		waitedFor time.Duration
+		verifyErr error
+		wctx      context.Context
+	)
+	for {
+		if d.Action == ActionWait {
+			if wctx == nil {
+				var cancel context.CancelFunc
+				wctx, cancel = context.WithTimeout(ctx, r.cfg.WaitBudget)
+				defer cancel()
+			}
+			waited = true
+			var err error
+			d, err = r.wait(wctx, in, d)
+			waitedFor += d.Waited
+			d.Waited = waitedFor
+			if err != nil {
+				r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
+					slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
+				return d, waited, verifyErr, err
+			}
+		}
+		if d.Action != ActionRun {
+			return d, waited, verifyErr, nil
+		}
+		again, err := r.verify(ctx, in, &d, v)
+		if err != nil {
+			verifyErr = err
+		}
+		if !again {
+			return d, waited, verifyErr, nil
+		}
+		d = Decide(*in)
+		d.Waited = waitedFor
+	}
 }
 
 // verify asks v about every database d runs on a replica. again reports

@@ -7,11 +7,11 @@ import (
 )
 
 // wait re-decides on every snapshot the tracker publishes until Decide
-// stops saying ActionWait or budget (what is left of Config.WaitBudget
-// for this job) runs out; meanwhile the replicas it waits on are polled
-// every WaitPollInterval.
-func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision, budget time.Duration) (Decision, error) {
+// stops saying ActionWait or the budget runs out; meanwhile the replicas
+// it waits on are polled every WaitPollInterval.
+func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decision, error) {
 	start := time.Now()
+	budget := r.cfg.WaitBudget
 	if dl, ok := ctx.Deadline(); ok {
 		budget = min(budget, time.Until(dl))
 	}
