@@ -180,7 +180,7 @@ func Decide(in DecideInput) Decision {
 		if vc.Unknown {
 			dd.Database, dd.Entry, dd.replica, dd.Outcome, dd.Reason = e.Database, e, -1, OutcomePrimary, ReasonUnverified
 		} else {
-			decideDatabase(dd, e, in.Snapshot.Database(e.Database), cutoff, in.Spread, vc.After)
+			decideDatabaseAfter(dd, e, in.Snapshot.Database(e.Database), cutoff, in.Spread, vc.After)
 		}
 		switch {
 		case dd.Outcome == OutcomeReplica && in.Waited:
@@ -294,10 +294,15 @@ func tokenAge(t position.Token, now time.Time, tolerance time.Duration) (age tim
 const maxCandidates = 64
 
 // decideDatabase fills dd (zero) for one token entry; replicas observed
-// before cutoff are stale, and those that have not replayed past after
-// (non-zero: a Verifier found one there without the job's writes) are
-// behind.
-func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32, after position.LSN) {
+// before cutoff are stale.
+func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32) {
+	decideDatabaseAfter(dd, e, db, cutoff, spread, 0)
+}
+
+// decideDatabaseAfter is decideDatabase where, besides, replicas that have
+// not replayed past after (non-zero: a Verifier found one there without
+// the job's writes) are behind.
+func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32, after position.LSN) {
 	dd.Database, dd.Entry, dd.replica, dd.Outcome = e.Database, e, -1, OutcomePrimary
 	if db == nil {
 		dd.Reason = ReasonUnknownDatabase
