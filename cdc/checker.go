@@ -128,6 +128,24 @@ const (
 // error), never a panic; envelopes without a commit-safe rule never reach
 // the replica.
 func (c *Checker) CheckEnvelope(ctx context.Context, replica Querier, envelope []byte) (Event, Result) {
+	ev, err := c.ParseEnvelope(ctx, envelope)
+	if err != nil {
+		var ee *EnvelopeError
+		errors.As(err, &ee) // ParseEnvelope returns nothing else
+		return ev, Result{Status: StatusUnknown, Reason: ee.Reason, Err: err}
+	}
+	return ev, c.Check(ctx, replica, ev.Source)
+}
+
+// ParseEnvelope is the first half of CheckEnvelope, for a consumer that
+// checks the event later on a replica of its choosing: it parses a
+// Debezium JSON envelope and validates it (Event.Validate). An envelope
+// the rule cannot apply to (malformed, a snapshot read, no lsn or txId,
+// another connector) returns an *EnvelopeError and is counted as a
+// StatusUnknown check in caughtup.cdc.checks and caughtup.cdc.primary,
+// as CheckEnvelope counts it: read the primary. Otherwise call Check with
+// the event's Source on the replica, before reading there.
+func (c *Checker) ParseEnvelope(ctx context.Context, envelope []byte) (Event, error) {
 	ev, err := ParseDebezium(envelope)
 	if err == nil {
 		err = ev.Validate()
@@ -135,11 +153,9 @@ func (c *Checker) CheckEnvelope(ctx context.Context, replica Querier, envelope [
 	if err != nil {
 		var ee *EnvelopeError
 		errors.As(err, &ee) // ParseDebezium and Validate return nothing else
-		r := Result{Status: StatusUnknown, Reason: ee.Reason, Err: err}
-		c.metrics.record(ctx, r)
-		return ev, r
+		c.metrics.record(ctx, Result{Status: StatusUnknown, Reason: ee.Reason, Err: err})
 	}
-	return ev, c.Check(ctx, replica, ev.Source)
+	return ev, err
 }
 
 // Check applies the rule to src on replica, a pool (or connection) of the

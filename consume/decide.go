@@ -112,6 +112,11 @@ type DecideInput struct {
 	// Buf is scratch for Decision.Databases; with room for every entry
 	// of the token Decide does not allocate.
 	Buf []DatabaseDecision
+	// Verified is what a Verifier found on replicas earlier decisions
+	// for this job had chosen (Router.RouteVerified), index i for
+	// Token.Entries[i]; nil when there was nothing to add. It can only
+	// make a replica count as behind, or a database read the primary.
+	Verified []EntryCheck
 }
 
 var defaultConfig = Config{}.WithDefaults()
@@ -165,10 +170,18 @@ func Decide(in DecideInput) Decision {
 
 	var behind, epoch, other int
 	cutoff := in.Now.Add(-cfg.StalenessBound)
-	for _, e := range in.Token.Entries {
+	for i, e := range in.Token.Entries {
 		d.Databases = append(d.Databases, DatabaseDecision{})
 		dd := &d.Databases[len(d.Databases)-1]
-		decideDatabase(dd, e, in.Snapshot.Database(e.Database), cutoff, in.Spread)
+		var vc EntryCheck
+		if i < len(in.Verified) {
+			vc = in.Verified[i]
+		}
+		if vc.Unknown {
+			dd.Database, dd.Entry, dd.replica, dd.Outcome, dd.Reason = e.Database, e, -1, OutcomePrimary, ReasonUnverified
+		} else {
+			decideDatabaseAfter(dd, e, in.Snapshot.Database(e.Database), cutoff, in.Spread, vc.After)
+		}
 		switch {
 		case dd.Outcome == OutcomeReplica && in.Waited:
 			dd.Outcome = OutcomeReplicaWaited
@@ -283,6 +296,13 @@ const maxCandidates = 64
 // decideDatabase fills dd (zero) for one token entry; replicas observed
 // before cutoff are stale.
 func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32) {
+	decideDatabaseAfter(dd, e, db, cutoff, spread, 0)
+}
+
+// decideDatabaseAfter is decideDatabase where, besides, replicas that have
+// not replayed past after (non-zero: a Verifier found one there without
+// the job's writes) are behind.
+func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32, after position.LSN) {
 	dd.Database, dd.Entry, dd.replica, dd.Outcome = e.Database, e, -1, OutcomePrimary
 	if db == nil {
 		dd.Reason = ReasonUnknownDatabase
@@ -350,6 +370,13 @@ func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, c
 			// passes RestartFloor.
 			behind = true
 			minBehind = min(minBehind, r.Replayed.LSN.BytesBefore(max(e.LSN, r.RestartFloor)))
+		case c.Status == position.CaughtUp && after != 0 && r.Replayed.LSN <= after:
+			// A replica at or below after was found without the job's
+			// writes; every replica replays the same WAL, so this one
+			// lacks them too until it passes after.
+			behind = true
+			held = held && r.held()
+			minBehind = min(minBehind, uint64(after-r.Replayed.LSN)+1)
 		case c.Status == position.CaughtUp:
 			if i < maxCandidates {
 				caught |= 1 << i

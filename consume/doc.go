@@ -38,7 +38,14 @@
 //
 // Route takes the header text as carried, RouteToken a decoded token (CDC
 // events carry their position), RouteDecoded a token with its decode
-// error. The handler's context also carries the decision (DecisionFrom)
+// error, and RouteVerified a token whose position is necessary but not
+// sufficient (a Debezium event's source.lsn is its change, below its
+// commit): a Verifier must confirm on the replica chosen that it shows
+// the job's writes, and a replica it finds behind counts as behind, so
+// the job waits, defers or reads the primary in the same place, under the
+// same budget, cap and metrics. A Tally routes like its Router but adds
+// the counts in bulk when flushed, for adapters whose message rate makes a
+// counter Add per job costly (the Kafka consumer flushes at every commit). The handler's context also carries the decision (DecisionFrom)
 // and, for the jobs the handler enqueues, the job's token raised to what
 // the chosen replicas had replayed (enqueue.TokenFrom).
 //

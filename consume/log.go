@@ -72,7 +72,7 @@ func (r *Router) logDecision(ctx context.Context, d *Decision, tokErr error) {
 	}
 	warn := false
 	switch d.Reason {
-	case ReasonMalformedToken, ReasonEpoch, ReasonNoHealthyReplica, ReasonTrackerStale, ReasonUnknownDatabase, ReasonCapped:
+	case ReasonMalformedToken, ReasonEpoch, ReasonNoHealthyReplica, ReasonTrackerStale, ReasonUnknownDatabase, ReasonCapped, ReasonUnverified:
 		warn = true
 	}
 	level := slog.LevelDebug

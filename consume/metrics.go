@@ -366,8 +366,19 @@ func (m *metrics) route(dm *dbMetrics, dd *DatabaseDecision) *measurement {
 // record counts one routed job: what Route decided, and how long it
 // waited when it did.
 func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
+	m.recordTo(ctx, d, waited, nil)
+}
+
+// recordTo is record with the counts going to t when it is not nil
+// (Tally), to be added in bulk by t.Flush. The wait histogram is recorded
+// at once: only jobs that waited have it.
+func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tally) {
 	job := m.decision(d)
-	m.decisions.Add(ctx, 1, job.add...)
+	if t != nil {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+	}
+	m.add(ctx, t, counterDecisions, job)
 	if waited {
 		m.wait.Record(ctx, d.Waited.Seconds(), job.rec...)
 	}
@@ -378,10 +389,10 @@ func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
 		} else {
 			set = newMeasurement(reasonAttrs(d.Reason)...)
 		}
-		m.missing.Add(ctx, 1, set.add...)
+		m.add(ctx, t, counterMissing, set)
 	}
 	if d.ClockSkew > 0 {
-		m.future.Add(ctx, 1, m.futureSet.add...)
+		m.add(ctx, t, counterFuture, m.futureSet)
 	}
 	for i := range d.Databases {
 		dd := &d.Databases[i]
@@ -393,10 +404,20 @@ func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
 			} else {
 				set = newMeasurement(crossEpochAttrs(dd.Database, dd.Incomparable)...)
 			}
-			m.crossEpoch.Add(ctx, 1, set.add...)
+			m.add(ctx, t, counterCrossEpoch, set)
 		}
 		if d.Action == ActionRun {
-			m.routes.Add(ctx, 1, m.route(dm, dd).add...)
+			m.add(ctx, t, counterRoutes, m.route(dm, dd))
 		}
 	}
+}
+
+// add counts one on counter c with set: at once, or in t (locked by the
+// caller) until t.Flush.
+func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement) {
+	if t != nil {
+		t.n[c][set]++
+		return
+	}
+	m.counter(c).Add(ctx, 1, set.add...)
 }

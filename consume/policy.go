@@ -205,8 +205,14 @@ const (
 	// before (ReplicaState.RestartFloor); the job waits or defers as for
 	// ReasonReplicaBehind.
 	ReasonReplicaRestarted
+	// ReasonUnverified: the replica chosen could not confirm what its
+	// position suggested (Router.RouteVerified: the Verifier answered
+	// VerifyUnknown, e.g. the commit status of a CDC event's transaction
+	// is unknown there or the replica did not answer); the database
+	// reads the primary.
+	ReasonUnverified
 
-	numReasons = int(ReasonReplicaRestarted) + 1
+	numReasons = int(ReasonUnverified) + 1
 )
 
 var reasonNames = [numReasons]string{
@@ -225,6 +231,7 @@ var reasonNames = [numReasons]string{
 	ReasonCapped:           "capped",
 	ReasonDivergedStandby:  "diverged_standby",
 	ReasonReplicaRestarted: "replica_restarted",
+	ReasonUnverified:       "unverified",
 }
 
 // String is the reason's name in metrics and logs ("replica_behind", …).
@@ -246,7 +253,7 @@ func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 func (r Reason) fallback() bool {
 	switch r {
 	case ReasonReplicaBehind, ReasonDeadline, ReasonUnknownAge, ReasonNoHealthyReplica, ReasonTrackerStale,
-		ReasonDivergedStandby, ReasonReplicaRestarted:
+		ReasonDivergedStandby, ReasonReplicaRestarted, ReasonUnverified:
 		return true
 	}
 	return false

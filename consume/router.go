@@ -179,16 +179,16 @@ func (r *Router) Config() Config {
 // that is not known to have replayed the token.
 func (r *Router) Route(ctx context.Context, header string, policy Policy) (context.Context, Decision, error) {
 	if header == "" {
-		return r.route(ctx, position.Token{}, nil, policy)
+		return r.route(ctx, position.Token{}, nil, policy, nil, nil)
 	}
 	tok, err := position.Decode(header)
-	return r.route(ctx, tok, err, policy)
+	return r.route(ctx, tok, err, policy, nil, nil)
 }
 
 // RouteToken is Route for a token already decoded (CDC events carry their
 // position directly).
 func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Policy) (context.Context, Decision, error) {
-	return r.route(ctx, tok, nil, policy)
+	return r.route(ctx, tok, nil, policy, nil, nil)
 }
 
 // RouteDecoded is Route for a token decoded by the caller, typically with
@@ -200,10 +200,12 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 	if decodeErr != nil {
 		tok = position.Token{}
 	}
-	return r.route(ctx, tok, decodeErr, policy)
+	return r.route(ctx, tok, decodeErr, policy, nil, nil)
 }
 
-func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy) (context.Context, Decision, error) {
+// route decides, waits, verifies (with a Verifier: RouteVerified), applies
+// the cap and records the job (in t, when routed through a Tally).
+func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
 	rv, buf := newRouting(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
@@ -218,6 +220,13 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 	}
 	d := Decide(in)
 	waited := false
+	var verifyErr error
+	if verify != nil {
+		var err error
+		if d, waited, verifyErr, err = r.verified(ctx, &in, d, verify); err != nil {
+			return ctx, d, err
+		}
+	}
 	if d.Action == ActionWait {
 		waited = true
 		var err error
@@ -233,12 +242,21 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		d = Decide(in)
 		d.Waited = w
 	}
-	r.met.record(ctx, &d, waited)
+	if tokErr == nil && d.Reason == ReasonUnverified {
+		tokErr = verifyErr // for the warning
+	}
+	r.met.recordTo(ctx, &d, waited, t)
 	r.logDecision(ctx, &d, tokErr)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
 		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}
 	}
 	rv.r, rv.d, rv.tok, rv.now = r, d, tok, in.Now
+	if verify != nil {
+		// The token's positions are not commit-safe by themselves (the
+		// Verifier vouched for them): children inherit only what the
+		// replicas read had replayed.
+		rv.tok = readPositions(&d, in.Now)
+	}
 	return handlerContext(ctx, rv), d, nil
 }

@@ -2,10 +2,13 @@ package kafka_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,11 +28,15 @@ import (
 // Throughput and per-message cost are measured here, never asserted in
 // tests: make bench, or
 //
-//	go test -run '^$' -bench . ./kafka/
+//	go test -run '^$' -bench Throughput ./kafka/
 //
+// on the test binary's real Kafka 4.4 broker (or KAFKA_BROKERS).
 // CAUGHTUP_KAFKA_BENCH_MESSAGES sets the size of the throughput runs
-// (default 20,000 messages with a trivial handler, a quarter of that with
-// a point query).
+// (default 400,000 messages with a trivial handler, a tenth of that with a
+// point query), CAUGHTUP_KAFKA_BENCH_ROUNDS how many runs of each
+// variant (default 1; with more, the median is reported) and
+// CAUGHTUP_KAFKA_BENCH_ONLY which variants run (comma-separated names, for
+// profiling one).
 
 // quiet is a router like e.router that records into a no-op
 // MeterProvider: the routing alone.
@@ -55,14 +62,28 @@ func stampedCtx(t testing.TB, e *env) context.Context {
 	return ctx
 }
 
-// throughputTopic fills a 4-partition topic with n messages stamped with
-// the token ctx carries.
+// benchPartitions is the partition count of the throughput topics.
+const benchPartitions = 4
+
+// throughputTopic fills a topic of benchPartitions partitions, evenly, with
+// n messages each stamped as its producer would after its own commit: a
+// token of its own (a position at or below the one ctx carries, so that
+// the replicas have it), so that every message's token is decoded. Each
+// value is the message's index.
 func throughputTopic(t testing.TB, ctx context.Context, n int) string {
-	topic := newTopics(t, 4, "")[0]
-	w := caughtupkafka.NewWriter(newWriter(t, topic))
-	batch := make([]kafkago.Message, 0, 1000)
+	topic := newTopics(t, benchPartitions, "")[0]
+	w := newWriter(t, topic)
+	w.Balancer = &kafkago.RoundRobin{}
+	w.BatchSize = 1000
+	base, ok := enqueue.TokenFrom(ctx)
+	require.True(t, ok)
+	e := base.Entries[0]
+	batch := make([]kafkago.Message, 0, 10000)
 	for i := range n {
-		batch = append(batch, kafkago.Message{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))})
+		msg := kafkago.Message{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))}
+		tok := position.New(e.Database, e.Epoch, e.LSN-position.LSN(i%4096), position.SourcePrimary, base.CapturedAt)
+		require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(ctx, tok), &msg))
+		batch = append(batch, msg)
 		if len(batch) == cap(batch) || i == n-1 {
 			require.NoError(t, w.WriteMessages(ctx, batch...))
 			batch = batch[:0]
@@ -71,33 +92,50 @@ func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 	return topic
 }
 
-// side is one consumer of a throughput round: a fresh group over the
-// topic and the completion time of each message.
+// side is one consumer of a throughput run: a fresh group over the
+// topic. Handlers wait for the gate, which opens once the group is
+// stable, so that joins and rebalances are not measured; the run ends
+// when every message ran at least once.
 type side struct {
-	done []int64
-	n    atomic.Int64
-	all  chan struct{}
-	stop func() error
+	gate     chan struct{}
+	opened   time.Time
+	seen     []atomic.Bool
+	distinct atomic.Int64
+	last     atomic.Int64 // UnixNano of the last first run
+	all      chan struct{}
+	stop     func() error
 }
 
-func newSide(n int) *side { return &side{done: make([]int64, n), all: make(chan struct{})} }
+func newSide(n int) *side {
+	return &side{gate: make(chan struct{}), seen: make([]atomic.Bool, n), all: make(chan struct{})}
+}
 
-// handler does nothing, or with query one point query on pool.
+// handler does nothing but get its pool, or with query runs one point
+// query on it.
 func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), query bool) caughtupkafka.Handler {
 	return func(ctx context.Context, msg kafkago.Message) error {
+		select {
+		case <-sd.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		p, err := pool(ctx)
 		if err != nil {
 			return err
 		}
 		if query {
 			var one int
-			if err := p.QueryRow(ctx, `SELECT 1 FROM items WHERE id = (SELECT min(id) FROM items)`).Scan(&one); err != nil {
+			if err := p.QueryRow(ctx, `SELECT 1 FROM items WHERE id = $1`, 1).Scan(&one); err != nil {
 				return err
 			}
 		}
-		if i := sd.n.Add(1); i <= int64(len(sd.done)) {
-			sd.done[i-1] = time.Now().UnixNano()
-			if i == int64(len(sd.done)) {
+		i, err := strconv.Atoi(string(msg.Value))
+		if err != nil || i < 0 || i >= len(sd.seen) {
+			return fmt.Errorf("not a throughput message: %q", msg.Value)
+		}
+		if !sd.seen[i].Swap(true) {
+			sd.last.Store(time.Now().UnixNano())
+			if sd.distinct.Add(1) == int64(len(sd.seen)) {
 				close(sd.all)
 			}
 		}
@@ -107,158 +145,272 @@ func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), q
 
 // startRouted reads a whole topic of n messages with caughtup's Consumer
 // routed by router under policy; the handler uses the pool it is given.
-func startRouted(t testing.TB, topic string, n int, router *consume.Router, policy consume.Policy, query bool) *side {
+func startRouted(t testing.TB, topic string, n int, router *consume.Router, policy consume.Policy, query bool) (*side, string) {
 	sd := newSide(n)
+	group := newGroup(t)
 	r := startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, Router: router, Policy: policy, CommitInterval: time.Second,
+		Topic: topic, GroupID: group, Router: router, Policy: policy, CommitInterval: time.Second,
 	}, sd.handler(func(ctx context.Context) (*pgxpool.Pool, error) { return consume.Pool(ctx, "main") }, query))
 	sd.stop = r.stop
-	return sd
+	return sd, group
 }
 
 // startKafkaGo reads a whole topic of n messages as a plain kafka-go
-// application does, with a group Reader (fetch, handle, commit
-// asynchronously every second); the handler uses the primary.
-func startKafkaGo(t testing.TB, e *env, topic string, n int, query bool) *side {
+// application does: members group Readers in one group, each a loop of
+// FetchMessage, handler, CommitMessages (committed every second, as the
+// routed Consumer commits), with the routed Consumer's fetch settings
+// (MaxWait 100ms, QueueCapacity 100, MinBytes and MaxBytes by default,
+// heartbeat 200ms). With one member per partition it has the routed
+// Consumer's parallelism: one loop per partition. The handler reads the
+// replicas in turn, without knowing whether they have caught up.
+func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool) (*side, string) {
 	sd := newSide(n)
-	h := sd.handler(func(context.Context) (*pgxpool.Pool, error) { return e.primary, nil }, query)
-	r := kafkago.NewReader(kafkago.ReaderConfig{
-		Brokers: brokers(t), GroupID: newGroup(t), Topic: topic,
-		MaxWait: 100 * time.Millisecond, CommitInterval: time.Second, HeartbeatInterval: 200 * time.Millisecond,
-	})
+	var turn atomic.Uint32
+	h := sd.handler(func(context.Context) (*pgxpool.Pool, error) {
+		return e.replicas[int(turn.Add(1))%len(e.replicas)], nil
+	}, query)
+	group := newGroup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			msg, err := r.FetchMessage(ctx)
-			if err != nil {
-				return
-			}
-			for h(ctx, msg) != nil {
-				select {
-				case <-ctx.Done():
+	readers := make([]*kafkago.Reader, members)
+	for i := range readers {
+		r := kafkago.NewReader(kafkago.ReaderConfig{
+			Brokers: brokers(t), GroupID: group, Topic: topic,
+			MaxWait: 100 * time.Millisecond, QueueCapacity: caughtupkafka.DefaultQueueCapacity,
+			CommitInterval: time.Second, HeartbeatInterval: 200 * time.Millisecond,
+		})
+		readers[i] = r
+		wg.Go(func() {
+			for {
+				msg, err := r.FetchMessage(ctx)
+				if err != nil {
 					return
-				case <-time.After(10 * time.Millisecond):
 				}
+				for h(ctx, msg) != nil {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+				_ = r.CommitMessages(ctx, msg)
 			}
-			_ = r.CommitMessages(ctx, msg)
-		}
-	})
+		})
+	}
 	sd.stop = sync.OnceValue(func() error {
 		cancel()
 		wg.Wait()
-		return r.Close()
+		var err error
+		for _, r := range readers {
+			err = errors.Join(err, r.Close())
+		}
+		return err
 	})
 	t.Cleanup(func() { _ = sd.stop() })
-	return sd
+	return sd, group
 }
 
-func (sd *side) wait(t testing.TB) {
+// result is one run's figures.
+type result struct {
+	rate float64       // messages/s
+	cpu  time.Duration // this process's CPU time per message
+}
+
+// run opens the gate once group is stable with members members that
+// share every partition of the topic, then waits until every message ran
+// and returns messages/s from the gate to the last first run, and the CPU
+// time the process used meanwhile per message.
+func (sd *side) run(t testing.TB, group string, members int) result {
+	t.Helper()
+	waitStable(t, group, members)
+	sd.opened = time.Now()
+	cpu0 := cpuTime()
+	close(sd.gate)
 	select {
 	case <-sd.all:
 	case <-time.After(5 * time.Minute):
-		t.Fatalf("only %d of %d messages within 5 minutes", sd.n.Load(), len(sd.done))
+		t.Fatalf("only %d of %d messages within 5 minutes", sd.distinct.Load(), len(sd.seen))
 	}
+	cpu := cpuTime() - cpu0
 	require.NoError(t, sd.stop())
+	n := len(sd.seen)
+	return result{
+		rate: float64(n) / time.Unix(0, sd.last.Load()).Sub(sd.opened).Seconds(),
+		cpu:  cpu / time.Duration(n),
+	}
 }
 
-// rate is how many messages per second sd completed, between its first
-// and its last completion.
-func (sd *side) rate() float64 {
-	from, to := slices.Min(sd.done), slices.Max(sd.done)
-	return float64(len(sd.done)) / time.Duration(to-from).Seconds()
+// waitStable waits until the coordinator reports group Stable with
+// members members that own every partition of the throughput topic between
+// them.
+func waitStable(t testing.TB, group string, members int) {
+	t.Helper()
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers(t)...), Transport: tr, Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	last := "no answer"
+	for {
+		fc, err := cl.FindCoordinator(ctx, &kafkago.FindCoordinatorRequest{Key: group, KeyType: kafkago.CoordinatorKeyTypeConsumer})
+		if err == nil && fc.Error == nil {
+			addr := kafkago.TCP(net.JoinHostPort(fc.Coordinator.Host, strconv.Itoa(fc.Coordinator.Port)))
+			var dg *kafkago.DescribeGroupsResponse
+			if dg, err = cl.DescribeGroups(ctx, &kafkago.DescribeGroupsRequest{Addr: addr, GroupIDs: []string{group}}); err == nil && len(dg.Groups) == 1 {
+				g := dg.Groups[0]
+				owned := 0
+				for _, m := range g.Members {
+					for _, tp := range m.MemberAssignments.Topics {
+						owned += len(tp.Partitions)
+					}
+				}
+				if g.Error == nil && g.GroupState == "Stable" && len(g.Members) == members && owned == benchPartitions {
+					return
+				}
+				last = fmt.Sprintf("state %s, %d members owning %d partitions", g.GroupState, len(g.Members), owned)
+			}
+		}
+		if err != nil {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("group %s never became stable with %d members (%s)", group, members, last)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
-// variants of a throughput round.
+// variants of a throughput run.
 const (
-	kafkaGo    = iota // plain kafka-go group Reader
-	always            // caughtup's Consumer, Policy Always: its machinery, no replica choice
-	routed            // Policy Delayed, metrics into an SDK MeterProvider (as in production)
-	routedNoop        // Policy Delayed, no-op metrics: the routing alone
+	kafkaGo    = iota // plain kafka-go: one group Reader per partition
+	kafkaGoOne        // plain kafka-go: a single group Reader
+	routed            // caughtup's Consumer, Policy Delayed, SDK metrics (as in production)
+	routedNoop        // Policy Delayed, no-op metrics: the routing and the consumer alone
 	numVariants
 )
 
-var variantNames = [numVariants]string{"kafka-go", "always", "routed", "routed-noop-metrics"}
+var variantNames = [numVariants]string{"kafka-go", "kafka-go-1-reader", "routed", "routed-noop-metrics"}
 
-// measure reads one topic of n messages again and again with fresh
-// groups, one variant after the other in rotating order, and returns each
-// variant's median rate in messages/s over the rounds.
-func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants]float64 {
+// measure reads one topic of n messages once per variant and round, each
+// time with a fresh group, the variants in rotating order, and returns
+// each variant's runs.
+func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]result {
 	quiet := e.quiet(t)
 	topic := throughputTopic(t, stampedCtx(t, e), n)
-	var got [numVariants][]float64
+	var got [numVariants][]result
+	only := os.Getenv("CAUGHTUP_KAFKA_BENCH_ONLY")
 	for round := range rounds {
 		for k := range numVariants {
 			v := (round + k) % numVariants
+			if only != "" && !slices.Contains(strings.Split(only, ","), variantNames[v]) {
+				got[v] = append(got[v], result{})
+				continue
+			}
 			var sd *side
+			var group string
+			members := 1
 			switch v {
 			case kafkaGo:
-				sd = startKafkaGo(t, e, topic, n, query)
-			case always:
-				sd = startRouted(t, topic, n, quiet, consume.Always, query)
+				members = benchPartitions
+				sd, group = startKafkaGo(t, e, topic, n, members, query)
+			case kafkaGoOne:
+				sd, group = startKafkaGo(t, e, topic, n, 1, query)
 			case routed:
-				sd = startRouted(t, topic, n, e.router, consume.Delayed, query)
+				sd, group = startRouted(t, topic, n, e.router, consume.Delayed, query)
 			case routedNoop:
-				sd = startRouted(t, topic, n, quiet, consume.Delayed, query)
+				sd, group = startRouted(t, topic, n, quiet, consume.Delayed, query)
 			}
-			sd.wait(t)
-			got[v] = append(got[v], sd.rate())
+			got[v] = append(got[v], sd.run(t, group, members))
 		}
 	}
-	var med [numVariants]float64
-	for v := range numVariants {
-		s := slices.Clone(got[v])
-		slices.Sort(s)
-		med[v] = s[len(s)/2]
-	}
-	return med
+	return got
 }
 
-func benchMessages(b *testing.B) int {
-	if s := os.Getenv("CAUGHTUP_KAFKA_BENCH_MESSAGES"); s != "" {
+// stats are a variant's median and extreme rates and median CPU time per
+// message over its runs.
+type stats struct {
+	rate, slowest, fastest float64
+	cpu                    time.Duration
+}
+
+func summarize(runs []result) stats {
+	rates := make([]float64, len(runs))
+	cpus := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		rates[i], cpus[i] = r.rate, r.cpu
+	}
+	slices.Sort(rates)
+	slices.Sort(cpus)
+	return stats{rate: rates[len(rates)/2], slowest: rates[0], fastest: rates[len(rates)-1], cpu: cpus[len(cpus)/2]}
+}
+
+func benchEnv(b *testing.B, name string, def int) int {
+	if s := os.Getenv(name); s != "" {
 		n, err := strconv.Atoi(s)
-		require.NoError(b, err, "CAUGHTUP_KAFKA_BENCH_MESSAGES")
+		require.NoError(b, err, name)
 		return n
 	}
-	return 20000
+	return def
 }
 
-// BenchmarkThroughput reads a 4-partition topic of stamped messages whose
-// replicas have caught up, three rounds per variant, and reports each
-// variant's median messages/s and its ratio to the plain kafka-go
-// consumer, with a trivial handler and with a handler that runs one point
-// query. On the in-process broker a trivial handler costs microseconds per
-// message, so its ratios show the consumer's and the router's own costs
-// almost undiluted; any I/O in the handler dilutes them.
+// BenchmarkThroughput reads a topic of stamped messages whose replicas
+// have caught up (4 partitions, filled evenly) with caughtup's routed
+// Consumer and with a plain kafka-go consumer, and reports messages/s and
+// the ratio routed/plain, with a trivial handler and with a handler that
+// runs one point query on the pool it reads. The plain consumer is
+// startKafkaGo with one group Reader per partition (the routed Consumer's
+// parallelism); a single group Reader is shown for reference. Each run
+// starts a fresh group and is timed from the moment the group is stable
+// (every handler waits for it) until every message has run.
 func BenchmarkThroughput(b *testing.B) {
 	e := setupDB(b, nil)
+	n := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_MESSAGES", 400_000)
+	rounds := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_ROUNDS", 1)
 	for _, query := range []bool{false, true} {
-		name, n := "trivial", benchMessages(b)
+		name, msgs := "trivial", n
 		if query {
-			name, n = "point-query", n/4
+			name, msgs = "point-query", n/10
 		}
 		b.Run(name, func(b *testing.B) {
-			var r [numVariants]float64
+			var runs [numVariants][]result
 			for b.Loop() {
-				r = measure(b, e, n, 3, query)
+				runs = measure(b, e, msgs, rounds, query)
+			}
+			var st [numVariants]stats
+			for v := range numVariants {
+				st[v] = summarize(runs[v])
 			}
 			for v := range numVariants {
-				b.ReportMetric(r[v], variantNames[v]+"-msg/s")
+				b.ReportMetric(st[v].rate, variantNames[v]+"-msg/s")
+				b.ReportMetric(float64(st[v].cpu.Nanoseconds()), variantNames[v]+"-cpu-ns/msg")
 				if v != kafkaGo {
-					b.ReportMetric(r[v]/r[kafkaGo], variantNames[v]+"-ratio")
+					b.ReportMetric(st[v].rate/st[kafkaGo].rate, variantNames[v]+"-ratio")
 				}
 			}
-			b.Logf("%s handler, %d messages, 4 partitions, median of 3 rounds: %s", name, n, formatRates(r))
+			b.Logf("%s handler, %d messages, %d partitions, %d run(s) each:\n%s", name, msgs, benchPartitions, rounds, formatRates(st))
 		})
 	}
 }
 
-func formatRates(r [numVariants]float64) string {
-	s := fmt.Sprintf("%s %.0f msg/s", variantNames[kafkaGo], r[kafkaGo])
-	for v := kafkaGo + 1; v < numVariants; v++ {
-		s += fmt.Sprintf(", %s %.0f msg/s (%.3f)", variantNames[v], r[v], r[v]/r[kafkaGo])
+// formatRates is the table: each variant's median rate and its ratio to
+// the plain consumer's, the slowest and fastest run, and the CPU time this
+// process spent per message (the test binary's, broker excluded) with its
+// ratio, plain/variant: the throughput ratio to expect where the CPU is
+// the limit, as on 2 shared cores, and steadier than rates measured there.
+func formatRates(st [numVariants]stats) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\t%-20s %10s %7s %10s %10s %11s %9s\n", "consumer", "msg/s", "/plain", "slowest", "fastest", "cpu µs/msg", "cpu ratio")
+	for v := range numVariants {
+		s := st[v]
+		cpuRatio := 0.0
+		if s.cpu > 0 {
+			cpuRatio = float64(st[kafkaGo].cpu) / float64(s.cpu)
+		}
+		fmt.Fprintf(&sb, "\t%-20s %10.0f %7.3f %10.0f %10.0f %11.2f %9.3f\n", variantNames[v], s.rate, s.rate/st[kafkaGo].rate,
+			s.slowest, s.fastest, float64(s.cpu.Nanoseconds())/1000, cpuRatio)
 	}
-	return s
+	return sb.String()
 }
 
 // BenchmarkMiddleware is the routing decorator alone around a trivial

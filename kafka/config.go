@@ -112,6 +112,15 @@ type ConsumerConfig struct {
 	// one setting in the router serves every adapter.
 	Policy consume.Policy
 
+	// TokenSource says where each message's token comes from. Default
+	// TokenHeader: the header the stamping Writer (or an outbox relay)
+	// put on it. TokenDebezium reads Debezium change events instead, and
+	// routes each by its source position under the commit-safe rule
+	// (Debezium below).
+	TokenSource TokenSource
+	// Debezium configures TokenSource TokenDebezium; unused otherwise.
+	Debezium DebeziumConfig
+
 	// Mode is what happens to a message no replica can serve yet. Default
 	// InPlace.
 	Mode Mode
@@ -226,6 +235,13 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.QueueCapacity == 0 {
 		c.QueueCapacity = DefaultQueueCapacity
 	}
+	if c.TokenSource == TokenDebezium && c.Debezium.Database == "" && c.Router != nil {
+		if dbs := c.Router.Config().Databases; len(dbs) == 1 {
+			for name := range dbs {
+				c.Debezium.Database = name
+			}
+		}
+	}
 	return c
 }
 
@@ -261,6 +277,14 @@ func (c ConsumerConfig) Validate() error {
 		return bad("StartOffset must be kafkago.FirstOffset or kafkago.LastOffset")
 	case c.MaxWait <= 0 || c.QueueCapacity < 1 || c.MinBytes < 0 || c.MaxBytes < 0:
 		return bad("MaxWait and QueueCapacity must be positive, MinBytes and MaxBytes not negative")
+	case c.TokenSource != TokenHeader && c.TokenSource != TokenDebezium:
+		return bad("unknown TokenSource %d; use TokenHeader or TokenDebezium", c.TokenSource)
+	case c.TokenSource == TokenDebezium && c.Debezium.Database == "":
+		return bad("Debezium.Database is empty and the Router has several databases; name the one the connector captures (a key of consume.Config.Databases)")
+	case c.TokenSource == TokenDebezium:
+		if _, ok := c.Router.Config().Databases[c.Debezium.Database]; !ok {
+			return bad("Debezium.Database %q is not one of the Router's databases (consume.Config.Databases); name the one the connector captures", c.Debezium.Database)
+		}
 	}
 	return nil
 }

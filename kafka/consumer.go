@@ -11,6 +11,8 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
+
+	"github.com/caughtup/caughtup/cdc"
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
@@ -35,6 +37,12 @@ type Consumer struct {
 	handler Handler
 	log     *slog.Logger
 	met     *metrics
+
+	// For TokenDebezium: the checker, and the router's clock and
+	// staleness bound, which say whether its primary's epoch is current.
+	checker   *cdc.Checker
+	now       func() time.Time
+	staleness time.Duration
 
 	running atomic.Bool
 }
@@ -62,6 +70,15 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	var err error
 	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kafka: creating instruments: %w", err)
+	}
+	if cfg.TokenSource == TokenDebezium {
+		if c.checker = cfg.Debezium.Checker; c.checker == nil {
+			if c.checker, err = cdc.NewChecker(cdc.Config{MeterProvider: mp}); err != nil {
+				return nil, fmt.Errorf("caughtup/kafka: creating the CDC checker: %w", err)
+			}
+		}
+		rc := cfg.Router.Config()
+		c.now, c.staleness = rc.Now, rc.StalenessBound
 	}
 	return c, nil
 }
@@ -130,6 +147,8 @@ type partition struct {
 	done atomic.Int64
 	// committed is the last offset committed; only the committer uses it.
 	committed int64
+	// state is the worker's, flushed by the committer.
+	state *partState
 }
 
 type generation struct {
@@ -142,7 +161,7 @@ func (c *Consumer) startGeneration(ctx context.Context, gen *kafkago.Generation,
 	g := &generation{gen: gen}
 	for _, topic := range c.cfg.topics() {
 		for _, a := range gen.Assignments[topic] {
-			p := &partition{topic: topic, id: a.ID, start: a.Offset, committed: -1}
+			p := &partition{topic: topic, id: a.ID, start: a.Offset, committed: -1, state: c.newPartState(topic)}
 			p.done.Store(-1)
 			g.parts = append(g.parts, p)
 		}
@@ -199,7 +218,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 	}
 	// One partition reads one topic; a retry topic's partitions count
 	// under the retry topic.
-	tm := c.met.topic(p.topic)
+	ps := p.state
 	for fails := 0; ; {
 		msg, err := r.FetchMessage(ctx)
 		if err != nil {
@@ -215,8 +234,8 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 			continue
 		}
 		fails = 0
-		if !c.process(ctx, msg, w, tm) {
-			tm.add(ctx, ResultDropped)
+		if !c.process(ctx, msg, w, ps) {
+			ps.add(ctx, ResultDropped)
 			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
 				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))
 			return
@@ -236,13 +255,23 @@ func (c *Consumer) commitLoop(runCtx, gctx context.Context, g *generation) {
 		select {
 		case <-t.C:
 			c.commit(runCtx, g)
+			g.flush(runCtx)
 			continue
 		case <-gctx.Done():
 		case <-runCtx.Done():
 		}
 		g.workers.Wait()
 		c.commit(context.WithoutCancel(runCtx), g)
+		g.flush(runCtx)
 		return
+	}
+}
+
+// flush adds what the partitions counted since the last flush to the
+// instruments (partState).
+func (g *generation) flush(ctx context.Context) {
+	for _, p := range g.parts {
+		p.state.flush(ctx)
 	}
 }
 

@@ -289,7 +289,8 @@ func TestInPlaceWaitEndsOnThePrimaryAtMaxAge(t *testing.T) {
 	wait(t, probe.followers, "the followers' runs")
 	require.Equal(t, consume.OutcomePrimary, dec.Outcome)
 	require.Equal(t, consume.ReasonDeadline, dec.Reason)
-	require.Positive(t, e.results(t)["waited"], "the blocker never waited in place")
+	require.Eventually(t, func() bool { return e.results(t)["waited"] > 0 }, 30*time.Second, 10*time.Millisecond,
+		"the blocker never waited in place")
 	probe.mu.Lock()
 	defer probe.mu.Unlock()
 	require.False(t, probe.followerBeforeBlocker, "a follower ran before the blocker")

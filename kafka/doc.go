@@ -59,6 +59,34 @@
 // topic (consume.WithSource). Code with its own consume loop gets the same
 // routing from Middleware.
 //
+// # CDC topics (Debezium)
+//
+// A consumer of a Debezium topic sets TokenSource to TokenDebezium and
+// gets the decisions of a stamped message: the token is the envelope's
+// source position, and the message runs on a caught-up replica, waits, is
+// deferred or reads the primary under the cap, with the same metrics.
+//
+//	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+//		Brokers: brokers, GroupID: "search-indexer", Topic: "shop.public.orders",
+//		Router: router, Policy: consume.Delayed,
+//		TokenSource: caughtupkafka.TokenDebezium,
+//		Debezium:    caughtupkafka.DebeziumConfig{Database: "main"}, // default: the router's only database
+//	}, func(ctx context.Context, msg kafkago.Message) error {
+//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT ...") // a replica where the change is committed
+//		...
+//	})
+//
+// source.lsn is the change record's position, before its commit, so
+// replay >= source.lsn is necessary, not sufficient: the replica the
+// router picks must also report the event's transaction committed
+// (cdc.Checker, consume.Router.RouteVerified) before the handler gets it,
+// and one that does not counts as behind for the message. Envelopes the
+// rule cannot vouch for (tombstones, snapshot reads, malformed ones, other
+// connectors, no lsn or txId) read the primary and are counted. The epoch
+// is the router's primary's when the message is read: TokenDebezium and
+// DebeziumConfig say what that means across a failover. The JSON
+// converter is expected, with or without schemas.
+//
 // # Consuming: one reader per partition
 //
 // kafka-go offers two ways to consume in a group. A group Reader merges
@@ -154,4 +182,11 @@
 // ConsumerConfig; routing decisions are counted by the router. It is a
 // synchronous counter: its sums outlive Run, and consumers made one after
 // the other on one MeterProvider add to the same series.
+//
+// Each partition's worker counts its messages' results and routing
+// decisions itself (consume.Tally) and adds them to the counters at every
+// offset commit (CommitInterval) and once it stops, before Run returns:
+// at hundreds of thousands of messages a second, three counter Adds a
+// message would cost more than the rest of the consumer's work on it. So
+// the counts trail the messages by up to CommitInterval.
 package kafka

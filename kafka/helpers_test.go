@@ -115,9 +115,9 @@ func (r *running) kill() error {
 }
 
 // killable shortens the group's session and rebalance timeouts so that
-// the partitions of a killed member move on quickly: 2s on the in-process
-// broker (started with a 1s minimum), 6s on a real cluster (Kafka's
-// default group.min.session.timeout.ms).
+// the partitions of a killed member move on quickly: 2s on the test
+// binary's broker (started with group.min.session.timeout.ms 1s, see
+// TestMain), 6s on a KAFKA_BROKERS cluster (Kafka's default minimum).
 func killable(cfg caughtupkafka.ConsumerConfig) caughtupkafka.ConsumerConfig {
 	d := 2 * time.Second
 	if os.Getenv("KAFKA_BROKERS") != "" {

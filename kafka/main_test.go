@@ -6,66 +6,38 @@ import (
 	"os"
 	"regexp"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/goleak"
 
+	"github.com/caughtup/caughtup/internal/kafkatest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 )
 
-// Tests run against an in-process kfake broker unless KAFKA_BROKERS names
-// a real cluster (comma-separated host:port). Every test creates its own
-// uniquely named topics. KAFKA_REPLICATION_FACTOR sets their replication
-// factor on a real cluster (default 1).
+// Tests run against a real Apache Kafka 4 broker (single node, KRaft),
+// started once per test binary by internal/kafkatest, or against the
+// cluster KAFKA_BROKERS names (comma-separated host:port). Every test
+// creates its own uniquely named topics and groups, so they share the
+// broker. KAFKA_REPLICATION_FACTOR sets the topics' replication factor
+// (default 1).
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(runner{pgtest.Wrap(m, pgtest.Options{})})
+	goleak.VerifyTestMain(kafkatest.Wrap(pgtest.Wrap(m, pgtest.Options{}), kafkatest.Options{
+		// Kafka refuses session timeouts under 6s by default; the kill
+		// tests let a dead member's partitions move on within 2s
+		// (killable).
+		Settings: map[string]string{"group.min.session.timeout.ms": "1000"},
+	}))
 }
 
-// runner closes the shared kfake cluster after the tests and before goleak
-// looks for leftover goroutines.
-type runner struct{ inner interface{ Run() int } }
-
-func (r runner) Run() int {
-	code := r.inner.Run()
-	fake.mu.Lock()
-	if fake.c != nil {
-		fake.c.Close()
-		fake.c = nil
-	}
-	fake.mu.Unlock()
-	return code
-}
-
-var fake struct {
-	mu    sync.Mutex
-	c     *kfake.Cluster
-	addrs []string
-}
-
-// brokers returns KAFKA_BROKERS or the shared kfake cluster's address.
+// brokers returns the shared broker's (or KAFKA_BROKERS') addresses.
 func brokers(t testing.TB) []string {
 	t.Helper()
-	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
-		return strings.Split(env, ",")
-	}
-	fake.mu.Lock()
-	defer fake.mu.Unlock()
-	if fake.c == nil {
-		// A 1s minimum session timeout lets tests that kill a member
-		// see its partitions move within seconds (killable).
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-		require.NoError(t, err, "starting the in-process kfake broker")
-		fake.c, fake.addrs = c, c.ListenAddrs()
-	}
-	return fake.addrs
+	return kafkatest.Shared(t).Brokers()
 }
 
 var topicSeq atomic.Int64

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
@@ -31,7 +30,7 @@ func TestOutboxPublisherRefusesUnsafeWriters(t *testing.T) {
 }
 
 // TestOutboxPublisher relays outbox rows from a real primary to a Kafka
-// broker (in-process kfake) and reads them back: key, value, producer
+// broker and reads them back: key, value, producer
 // headers, the event ID and the relay's token arrive; a producer's
 // malformed token header arrives unchanged, so its consumer reads the
 // primary (the one header rule).
@@ -46,12 +45,10 @@ func TestOutboxPublisher(t *testing.T) {
 	defer primary.Close()
 	require.NoError(t, outbox.Migrate(ctx, primary))
 
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "orders"))
-	require.NoError(t, err)
-	defer kc.Close()
+	topic := newTopics(t, 2, "")[0]
 	transport := &kafkago.Transport{}
 	defer transport.CloseIdleConnections()
-	w := &kafkago.Writer{Addr: kafkago.TCP(kc.ListenAddrs()...), Balancer: &kafkago.Hash{}, RequiredAcks: kafkago.RequireAll,
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers(t)...), Balancer: &kafkago.Hash{}, RequiredAcks: kafkago.RequireAll,
 		BatchTimeout: time.Millisecond, Transport: transport}
 	defer func() { _ = w.Close() }()
 	pub, err := caughtupkafka.NewOutboxPublisher(w)
@@ -66,7 +63,7 @@ func TestOutboxPublisher(t *testing.T) {
 			if i == 0 {
 				h[position.HeaderName] = malformed
 			}
-			id, err := outbox.Insert(ctx, tx, outbox.Event{Topic: "orders", Key: []byte(key), Payload: []byte(key), Headers: h})
+			id, err := outbox.Insert(ctx, tx, outbox.Event{Topic: topic, Key: []byte(key), Payload: []byte(key), Headers: h})
 			ids[id] = i
 			return err
 		})
@@ -80,7 +77,7 @@ func TestOutboxPublisher(t *testing.T) {
 
 	seen := map[string]bool{}
 	for p := range 2 {
-		rd := kafkago.NewReader(kafkago.ReaderConfig{Brokers: kc.ListenAddrs(), Topic: "orders", Partition: p, MaxWait: 50 * time.Millisecond,
+		rd := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers(t), Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond,
 			Dialer: &kafkago.Dialer{Timeout: 5 * time.Second}})
 		last, err := rd.ReadLag(ctx)
 		require.NoError(t, err)

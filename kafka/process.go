@@ -24,10 +24,10 @@ const maxErrorHeader = 1024
 // process runs one message to its end: handled, republished to the retry
 // topic, or dead-lettered. It returns false if ctx ended first; the
 // message must then stay uncommitted, to be delivered again.
-func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, tm *topicMetrics) bool {
+func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, ps *partState) bool {
 	// The token is read once per message; every attempt routes it again.
-	tok, tokErr := TokenOf(msg)
-	if tokErr != nil {
+	mt := c.readToken(ctx, msg, ps)
+	if mt.err != nil {
 		ctx = withSource(ctx, msg)
 	}
 	attempts := 0
@@ -35,7 +35,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
 		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
-			if !c.untilDue(ctx, msg, time.UnixMilli(due), tok, tokErr, tm) {
+			if !c.untilDue(ctx, msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
 				return false
 			}
 		}
@@ -45,9 +45,9 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		if attempts > 0 {
 			hctx = context.WithValue(ctx, attemptKey{}, attempts)
 		}
-		err := c.attempt(hctx, msg, tok, tokErr)
+		err := c.attempt(hctx, msg, &mt, ps)
 		if err == nil {
-			tm.add(ctx, ResultHandled)
+			ps.add(ctx, ResultHandled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -60,7 +60,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts, true) {
 					return false
 				}
-				tm.add(ctx, ResultDeferred)
+				ps.add(ctx, ResultDeferred)
 				return true
 			}
 			// InPlace: keep the partition's order and wait here. Route
@@ -72,7 +72,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			// deferral step that may be seconds long. Otherwise (the cap,
 			// waiting disabled or a tiny budget) sleep the delay, so the
 			// loop never spins.
-			tm.add(ctx, ResultWaited)
+			ps.add(ctx, ResultWaited)
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
@@ -83,13 +83,13 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		}
 		attempts++
 		if attempts >= c.cfg.MaxAttempts {
-			return c.deadLetter(ctx, w, msg, attempts, err, tm)
+			return c.deadLetter(ctx, w, msg, attempts, err, ps)
 		}
 		delay := c.cfg.retryDelay(attempts)
 		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
 			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		tm.add(ctx, ResultRetried)
+		ps.add(ctx, ResultRetried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts, false)
 		}
@@ -110,11 +110,17 @@ func Attempt(ctx context.Context) int {
 	return n
 }
 
-// attempt routes msg, whose token TokenOf read as tok and tokErr, and
-// runs the handler with the routed context. It returns Route's
-// *consume.DeferError when no replica can serve the message yet.
-func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, tok position.Token, tokErr error) error {
-	rctx, _, err := c.cfg.Router.RouteDecoded(ctx, tok, tokErr, c.cfg.Policy)
+// attempt routes msg, whose token readToken read as mt, through the
+// partition's Tally, and runs the handler with the routed context. It returns Route's *consume.DeferError
+// when no replica can serve the message yet.
+func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, mt *msgToken, ps *partState) error {
+	var rctx context.Context
+	var err error
+	if mt.verify != nil {
+		rctx, _, err = ps.tally.RouteVerified(ctx, mt.tok, mt.err, c.cfg.Policy, mt.verify)
+	} else {
+		rctx, _, err = ps.tally.RouteDecoded(ctx, mt.tok, mt.err, c.cfg.Policy)
+	}
 	if err != nil {
 		return err
 	}
@@ -145,7 +151,7 @@ func (c *Consumer) call(ctx context.Context, msg kafkago.Message) (err error) {
 // now+delay), so waiting here for the head costs the messages behind it
 // little; a message behind the head waits for it even when its own token
 // is caught up.
-func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, tok position.Token, tokErr error, tm *topicMetrics) bool {
+func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
 	wait := time.Until(due)
 	if wait <= 0 {
 		return true
@@ -160,7 +166,7 @@ func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.T
 	case ctx.Err() != nil:
 		return false
 	case err == nil:
-		tm.add(ctx, ResultWoken)
+		ps.add(ctx, ResultWoken)
 	}
 	return true
 }
@@ -182,7 +188,7 @@ func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafkago.M
 // deadLetter hands a message that failed attempts times to the hook or the
 // dead-letter topic, retrying until that succeeds or ctx ends: a message
 // is never committed unless it was handled or parked somewhere.
-func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, tm *topicMetrics) bool {
+func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.Message, attempts int, cause error, ps *partState) bool {
 	c.log.ErrorContext(ctx, "caughtup/kafka: handler failed on every attempt; dead-lettering the message",
 		slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 		slog.Int("attempts", attempts), slog.Any("error", cause))
@@ -212,7 +218,7 @@ func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafkago.
 		ok = c.publish(ctx, w, out)
 	}
 	if ok {
-		tm.add(ctx, ResultDeadLettered)
+		ps.add(ctx, ResultDeadLettered)
 	}
 	return ok
 }

@@ -13,8 +13,9 @@
 // it has stopped.
 //
 // Without configuration it starts its own primary with two streaming
-// replicas (PostgreSQL 15 server binaries must be installed) and an
-// in-process Kafka broker (kfake), and pauses replay at random. To use
+// replicas (PostgreSQL 15 server binaries must be installed) and a
+// single-node Apache Kafka 4.4 broker (Java 17; the jars come from Maven
+// Central, see scripts/install-deps), and pauses replay at random. To use
 // existing services instead:
 //
 //	CAUGHTUP_PRIMARY_URL=postgres://app@primary/app \
@@ -96,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer svc.Close()
-	brokers, err := svc.Kafka(stderr)
+	brokers, err := svc.Kafka(ctx, stderr)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 // Package examplesvc gives the programs under examples/ their services:
 // the ones the environment names, or throwaway ones started with pgtest
-// and kfake, so that every example runs on a fresh machine with no flags.
+// and kafkatest (a real Kafka broker and Kafka Connect with Debezium; Java
+// 17 and the jars scripts/install-deps resolves), so that every example
+// runs on a fresh machine with no flags.
 package examplesvc
 
 import (
@@ -9,10 +11,11 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/caughtup/caughtup/internal/kafkatest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 )
 
@@ -96,17 +99,48 @@ func (s *Services) Redis(ctx context.Context, stderr io.Writer) (string, error) 
 	return r.Addr(), nil
 }
 
-// Kafka returns the comma-separated $KAFKA_BROKERS, or starts an
-// in-process Kafka-protocol broker.
-func (s *Services) Kafka(stderr io.Writer) ([]string, error) {
+// Kafka returns the comma-separated $KAFKA_BROKERS, or starts a
+// single-node Apache Kafka 4 broker (internal/kafkatest) that Close stops.
+func (s *Services) Kafka(ctx context.Context, stderr io.Writer) ([]string, error) {
 	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
 		return strings.Split(b, ","), nil
 	}
-	fmt.Fprintln(stderr, "starting an in-process Kafka broker (set KAFKA_BROKERS to use your own)")
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	fmt.Fprintln(stderr, "starting a Kafka broker (set KAFKA_BROKERS to use your own)")
+	b, err := kafkatest.Start(ctx, kafkatest.Options{})
 	if err != nil {
 		return nil, err
 	}
-	s.closers = append(s.closers, c.Close)
-	return c.ListenAddrs(), nil
+	s.closers = append(s.closers, func() { _ = b.Close() })
+	return b.Brokers(), nil
+}
+
+// Debezium starts a Kafka Connect worker (internal/kafkatest) against
+// brokers, and on it a Debezium PostgreSQL connector (pgoutput) that
+// captures tables ("schema.table", which must exist) of the primary's
+// database into the topics "<prefix>.<schema>.<table>", and returns once
+// it streams. The primary must have wal_level = logical and its user the
+// REPLICATION attribute and the right to create a publication (the
+// throwaway cluster's "postgres" has both). Close deletes the connector,
+// its slot and its publication, and stops the worker.
+func (s *Services) Debezium(ctx context.Context, stderr io.Writer, brokers []string, prefix string, tables ...string) error {
+	src, err := kafkatest.PostgresFromDSN(s.Primary.Config().ConnString())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stderr, "starting Kafka Connect with the Debezium PostgreSQL connector")
+	c, err := kafkatest.StartConnect(ctx, brokers, kafkatest.ConnectOptions{})
+	if err != nil {
+		return err
+	}
+	s.closers = append(s.closers, func() { _ = c.Close() })
+	pc, err := c.StartPostgresConnector(ctx, prefix, kafkatest.DebeziumPostgres{Postgres: src, Tables: tables, TopicPrefix: prefix})
+	if err != nil {
+		return err
+	}
+	s.closers = append(s.closers, func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = pc.Delete(dctx)
+	})
+	return nil
 }
