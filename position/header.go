@@ -60,3 +60,70 @@ func DecodeHeaders(values ...string) (Token, error) {
 	}
 	return tok, nil
 }
+
+// A HeaderDecoder reads the token header of one message after another, as
+// a consumer's loop does: DecodeHeaders of a single value given as the
+// bytes a message carries, without allocating once it has seen the
+// message's database names. It remembers the last value, so that a run of
+// messages stamped with one position (the events of one transaction, an
+// outbox relay's batch) is decoded once, and the database names it has
+// decoded, so that the same names cost no new strings.
+//
+// The Token it returns shares its Entries with the decoder: it is valid
+// until the next call of Decode. A caller that keeps it longer copies the
+// entries (consume's Router copies what it keeps, so a token decoded here
+// may be routed directly). The zero HeaderDecoder is ready to use; it is
+// not safe for concurrent use.
+type HeaderDecoder struct {
+	last    []byte // the value last decoded, a copy
+	decoded bool   // last, tok and err hold a decoded value
+	tok     Token
+	err     error
+	entries []Entry // tok's Entries
+	names   nameCache
+}
+
+// Decode returns the token of one HeaderName header value, as
+// DecodeHeaders(string(value)) does: the zero Token and nil for an empty
+// value, the zero Token and a *DecodeError for one that does not decode.
+func (h *HeaderDecoder) Decode(value []byte) (Token, error) {
+	if len(value) == 0 {
+		return Token{}, nil
+	}
+	if h.decoded && string(value) == string(h.last) {
+		return h.tok, h.err
+	}
+	tok, derr := decode(value, h.entries[:0], &h.names)
+	h.last = append(h.last[:0], value...)
+	h.decoded = true
+	if derr != nil {
+		derr.Input = excerpt(value, derr.Offset)
+		h.tok, h.err = Token{}, derr
+		return h.tok, h.err
+	}
+	h.entries = tok.Entries[:0]
+	h.tok, h.err = tok, nil
+	return tok, nil
+}
+
+// nameCache holds database names decoded before, so that decoding the
+// same bytes again takes the string already made. It keeps the last
+// MaxDatabases distinct names.
+type nameCache struct {
+	names [MaxDatabases]string
+	next  int
+}
+
+// intern returns name as a string: one the cache holds if its bytes are
+// the same, else a new one, which the cache keeps in place of its oldest.
+func intern[S text](c *nameCache, name S) string {
+	for _, n := range c.names {
+		if len(n) == len(name) && string(name) == n {
+			return n
+		}
+	}
+	n := string(name)
+	c.names[c.next%MaxDatabases] = n
+	c.next++
+	return n
+}

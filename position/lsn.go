@@ -39,7 +39,7 @@ func MustParseLSN(s string) LSN {
 	return l
 }
 
-func parseLSN(s string) (LSN, bool) {
+func parseLSN[S text](s S) (LSN, bool) {
 	slash := -1
 	for i := 0; i < len(s); i++ {
 		if s[i] == '/' {
@@ -63,7 +63,7 @@ func parseLSN(s string) (LSN, bool) {
 
 // parseHex accepts 1..maxDigits hexadecimal digits and nothing else (no
 // sign, no prefix, no spaces), so every accepted text has one meaning.
-func parseHex(s string, maxDigits int) (uint64, bool) {
+func parseHex[S text](s S, maxDigits int) (uint64, bool) {
 	if len(s) == 0 || len(s) > maxDigits {
 		return 0, false
 	}
