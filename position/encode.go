@@ -138,7 +138,7 @@ func (t *Token) UnmarshalText(b []byte) error {
 // bounded excerpt of s, so that a log line can show what the producer at
 // fault sent.
 func Decode(s string) (Token, error) {
-	t, err := decode(s, nil, nil)
+	t, err := decode(s, nil, nil, nil)
 	if err != nil {
 		err.Input = excerpt(s, err.Offset)
 		return Token{}, err
@@ -173,15 +173,17 @@ type text interface{ ~string | ~[]byte }
 // decode parses s, appending the token's entries to entries (nil: a new
 // slice). With names, database names are taken from it when their bytes
 // match one seen before, and added to it otherwise; without, they are
-// string(s[i:j]), which for a string s shares its bytes.
-func decode[S text](s S, entries []Entry, names *nameCache) (Token, *DecodeError) {
+// string(s[i:j]), which for a string s shares its bytes. With memo, the
+// heads of entries that repeat the value decoded before are taken from it
+// (reuseHead), and this value's are recorded in memo.next.
+func decode[S text](s S, entries []Entry, names *nameCache, memo *headMemo) (Token, *DecodeError) {
 	if len(s) > MaxEncodedLen {
 		return Token{}, &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
 	}
 	if len(s) == 0 {
 		return Token{}, &DecodeError{Err: ErrMalformed, Detail: "empty"}
 	}
-	d := decoder[S]{s: s, names: names}
+	d := decoder[S]{s: s, names: names, memo: memo}
 	if d.next() != 'v' {
 		return Token{}, d.fail(ErrMalformed, `want "v<version>;"`)
 	}
@@ -211,7 +213,7 @@ func decode[S text](s S, entries []Entry, names *nameCache) (Token, *DecodeError
 		if len(t.Entries) == MaxDatabases {
 			return Token{}, d.fail(ErrTooLarge, "more than "+strconv.Itoa(MaxDatabases)+" databases")
 		}
-		e, err := d.entry()
+		e, err := d.entry(len(t.Entries))
 		if err != nil {
 			return Token{}, err
 		}
@@ -223,6 +225,10 @@ func decode[S text](s S, entries []Entry, names *nameCache) (Token, *DecodeError
 				return Token{}, d.fail(ErrDuplicateDatabase, strconv.Quote(e.Database))
 			}
 			pos--
+		}
+		if pos == len(t.Entries) {
+			t.Entries = append(t.Entries, e)
+			continue
 		}
 		t.Entries = append(t.Entries, Entry{})
 		copy(t.Entries[pos+1:], t.Entries[pos:])
@@ -238,6 +244,7 @@ type decoder[S text] struct {
 	s     S
 	pos   int
 	names *nameCache
+	memo  *headMemo
 }
 
 func (d *decoder[S]) done() bool { return d.pos >= len(d.s) }
@@ -302,8 +309,40 @@ var digits = func() (t [256]uint8) {
 // noDigit is above every base uint reads.
 const noDigit = 0xFF
 
-func (d *decoder[S]) entry() (Entry, *DecodeError) {
-	var e Entry
+// lsn reads the entry's LSN: the text up to the next ';' or the end is
+// "X/Y", each half 1 to 8 hexadecimal digits (as parseLSN reads it, in
+// one pass). On failure d.pos stays at the LSN's start.
+func (d *decoder[S]) lsn() (LSN, bool) {
+	s, i := d.s, d.pos
+	hi, i, ok := hexRun(s, i)
+	if !ok || i >= len(s) || s[i] != '/' {
+		return 0, false
+	}
+	lo, i, ok := hexRun(s, i+1)
+	if !ok || i < len(s) && s[i] != ';' {
+		return 0, false
+	}
+	d.pos = i
+	return LSN(hi<<32 | lo), true
+}
+
+// hexRun reads the hexadecimal digits of s from i on, and reports where
+// they end and whether there were 1 to maxHalfDigits of them.
+func hexRun[S text](s S, i int) (v uint64, end int, ok bool) {
+	start := i
+	for ; i < len(s); i++ {
+		dv := digits[s[i]]
+		if dv >= 16 {
+			break
+		}
+		v = v<<4 | uint64(dv)
+	}
+	return v, i, i > start && i-start <= maxHalfDigits
+}
+
+// head reads an entry's head: "<database>=<source>.<system id>.<timeline>."
+// into e.
+func (d *decoder[S]) head(e *Entry) *DecodeError {
 	s, start := d.s, d.pos
 	i := start
 	for i < len(s) && isNameByte(s[i]) {
@@ -311,7 +350,7 @@ func (d *decoder[S]) entry() (Entry, *DecodeError) {
 	}
 	d.pos = i
 	if d.pos == start || d.pos-start > MaxDatabaseNameLen || d.next() != '=' {
-		return e, d.fail(ErrMalformed, "want <database>= with 1-63 of [A-Za-z0-9_-]")
+		return d.fail(ErrMalformed, "want <database>= with 1-63 of [A-Za-z0-9_-]")
 	}
 	if d.names != nil {
 		e.Database = intern(d.names, d.s[start:d.pos-1])
@@ -328,29 +367,59 @@ func (d *decoder[S]) entry() (Entry, *DecodeError) {
 	case 'u':
 		e.Source = SourceUnknown
 	default:
-		return e, d.fail(ErrMalformed, "want source p, r, c or u")
+		return d.fail(ErrMalformed, "want source p, r, c or u")
 	}
 	if d.next() != '.' {
-		return e, d.fail(ErrMalformed, `want "." after source`)
+		return d.fail(ErrMalformed, `want "." after source`)
 	}
 	sys, ok := d.uint(16, 16, '.')
 	if !ok || d.s[d.pos-1] != '.' {
-		return e, d.fail(ErrMalformed, "want system identifier as 1-16 hex digits")
+		return d.fail(ErrMalformed, "want system identifier as 1-16 hex digits")
 	}
 	tli, ok := d.uint(16, 8, '.')
 	if !ok || d.s[d.pos-1] != '.' {
-		return e, d.fail(ErrMalformed, "want timeline as 1-8 hex digits")
+		return d.fail(ErrMalformed, "want timeline as 1-8 hex digits")
 	}
 	e.Epoch = Epoch{SystemID: sys, Timeline: uint32(tli)}
-	lsnStart := d.pos
-	i = lsnStart
-	for i < len(s) && s[i] != ';' {
-		i++
+	return nil
+}
+
+// reuseHead takes the j-th entry's head from the memo when the text at
+// d.pos repeats, byte for byte, the head the j-th entry of the value
+// decoded before had. head reads nothing past the head's final '.', so
+// the same bytes read the same (offsets aside). It reports whether it
+// did, having advanced d.pos past the head.
+func (d *decoder[S]) reuseHead(j int, e *Entry) bool {
+	m := d.memo
+	if m == nil || j >= len(m.heads) {
+		return false
 	}
-	d.pos = i
-	lsn, ok := parseLSN(s[lsnStart:i])
+	h := &m.heads[j]
+	seg := m.prev[h.start:h.end]
+	s, at := d.s, d.pos
+	if len(s)-at < len(seg) || string(s[at:at+len(seg)]) != string(seg) {
+		return false
+	}
+	*e = h.e
+	d.pos = at + len(seg)
+	m.next = append(m.next, entryHead{start: at, end: d.pos, e: h.e})
+	return true
+}
+
+// entry reads the j-th entry of the text.
+func (d *decoder[S]) entry(j int) (Entry, *DecodeError) {
+	var e Entry
+	start := d.pos
+	if !d.reuseHead(j, &e) {
+		if err := d.head(&e); err != nil {
+			return e, err
+		}
+		if d.memo != nil {
+			d.memo.next = append(d.memo.next, entryHead{start: start, end: d.pos, e: e})
+		}
+	}
+	lsn, ok := d.lsn()
 	if !ok {
-		d.pos = lsnStart
 		return e, d.fail(ErrMalformed, `want LSN "X/Y"`)
 	}
 	e.LSN = lsn

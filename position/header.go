@@ -64,16 +64,21 @@ func DecodeHeaders(values ...string) (Token, error) {
 // A HeaderDecoder reads the token header of one message after another, as
 // a consumer's loop does: DecodeHeaders of a single value given as the
 // bytes a message carries, without allocating once it has seen the
-// message's database names. It remembers the last value, so that a run of
-// messages stamped with one position (the events of one transaction, an
-// outbox relay's batch) is decoded once, and the database names it has
-// decoded, so that the same names cost no new strings.
+// message's database names. Consecutive messages mostly carry tokens that
+// differ only in their capture times and positions; the decoder remembers
+// the last value and what it decoded to, so that a repeated value (the
+// events of one transaction, an outbox relay's batch stamped with one
+// position) is not decoded again and a repeated entry head (database,
+// source, system identifier and timeline) is not parsed again, and it
+// remembers the database names it has made, so that the same names cost
+// no new strings. Only bytes identical to ones decoded before are taken
+// from memory, so the answer is always DecodeHeaders's.
 //
 // The Token it returns shares its Entries with the decoder: it is valid
 // until the next call of Decode. A caller that keeps it longer copies the
-// entries (consume's Router copies what it keeps, so a token decoded here
-// may be routed directly). The zero HeaderDecoder is ready to use; it is
-// not safe for concurrent use.
+// entries (consume's Router keeps nothing of the tokens it routes, so a
+// token decoded here may be routed directly). The zero HeaderDecoder is
+// ready to use; it is not safe for concurrent use.
 type HeaderDecoder struct {
 	last    []byte // the value last decoded, a copy
 	decoded bool   // last, tok and err hold a decoded value
@@ -81,6 +86,7 @@ type HeaderDecoder struct {
 	err     error
 	entries []Entry // tok's Entries
 	names   nameCache
+	memo    headMemo
 }
 
 // Decode returns the token of one HeaderName header value, as
@@ -93,17 +99,39 @@ func (h *HeaderDecoder) Decode(value []byte) (Token, error) {
 	if h.decoded && string(value) == string(h.last) {
 		return h.tok, h.err
 	}
-	tok, derr := decode(value, h.entries[:0], &h.names)
+	h.memo.prev, h.memo.next = h.last, h.memo.next[:0]
+	if !h.decoded {
+		h.memo.heads = h.memo.heads[:0]
+	}
+	tok, derr := decode(value, h.entries[:0], &h.names, &h.memo)
 	h.last = append(h.last[:0], value...)
 	h.decoded = true
+	h.memo.prev = nil
 	if derr != nil {
+		h.memo.heads = h.memo.heads[:0] // they were the value before
 		derr.Input = excerpt(value, derr.Offset)
 		h.tok, h.err = Token{}, derr
 		return h.tok, h.err
 	}
+	// The heads just recorded describe the value now in last.
+	h.memo.heads, h.memo.next = h.memo.next, h.memo.heads
 	h.entries = tok.Entries[:0]
 	h.tok, h.err = tok, nil
 	return tok, nil
+}
+
+// headMemo is what a HeaderDecoder remembers of the entry heads of the
+// value it decoded last: where each lay in that value (prev, during a
+// decode) and what it decoded to, LSN aside.
+type headMemo struct {
+	prev  []byte
+	heads []entryHead // the last value's, in text order
+	next  []entryHead // the value being decoded's
+}
+
+type entryHead struct {
+	start, end int   // the head's bytes
+	e          Entry // its database, source and epoch
 }
 
 // nameCache holds database names decoded before, so that decoding the

@@ -69,16 +69,8 @@ func parseHex[S text](s S, maxDigits int) (uint64, bool) {
 	}
 	var v uint64
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		var d byte
-		switch {
-		case '0' <= c && c <= '9':
-			d = c - '0'
-		case 'a' <= c && c <= 'f':
-			d = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			d = c - 'A' + 10
-		default:
+		d := digits[s[i]]
+		if d >= 16 {
 			return 0, false
 		}
 		v = v<<4 | uint64(d)
