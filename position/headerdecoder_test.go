@@ -79,7 +79,7 @@ func TestHeaderDecoderRun(t *testing.T) {
 				es = append(es, Entry{Database: names[i], Epoch: epochs[rng.IntN(len(epochs))],
 					LSN: LSN(rng.Uint64() >> rng.IntN(64)), Source: Source(rng.IntN(4))})
 			}
-			s, _ = Of(time.UnixMilli(rng.Int64N(1 << 45)), es...).Encode()
+			s, _ = Of(time.UnixMilli(rng.Int64N(1<<45)), es...).Encode()
 		}
 		if s != "" && rng.IntN(4) == 0 {
 			b := []byte(s)
