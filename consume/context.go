@@ -9,15 +9,25 @@ import (
 )
 
 // routing is what Route puts in the handler's context (context.WithValue
-// under routingKey): the router, the decision and, for the child token,
-// the job's token and the decision time. The same allocation holds the
-// decision's Databases for the one or two databases most tokens name
-// (newRouting).
+// under routingKey): the router, the decision and what the child token
+// needs besides. The same allocation holds the decision's Databases for
+// the one or two databases most tokens name (newRouting).
+//
+// The job's token is not kept: its entries are the decision's
+// (DatabaseDecision.Entry, in the token's order), and jobToken puts them
+// back together with captured when a handler enqueues. So Route keeps
+// nothing of the token it was given, whose entries may be a buffer the
+// caller reuses (position.HeaderDecoder).
 type routing struct {
-	r   *Router
-	d   Decision
-	tok position.Token
-	now time.Time
+	r *Router
+	d Decision
+	// captured is the job token's CapturedAt; now is the decision time.
+	captured time.Time
+	now      time.Time
+	// verified: the token's positions were vouched for by a Verifier
+	// (RouteVerified) and are not safe to pass on; children inherit only
+	// what the replicas read had replayed (readPositions).
+	verified bool
 }
 
 type routingKey struct{}
@@ -48,13 +58,40 @@ func newRouting(databases int) (*routing, []DatabaseDecision) {
 	return &routing{}, make([]DatabaseDecision, 0, databases)
 }
 
-// handlerContext is ctx with rv and, for a job with a token, the child
+// jobToken is the token the job was routed with: the decision's entries
+// and captured. Only a decision for a token (no decode error) has
+// Databases, one per entry.
+func (rv *routing) jobToken() position.Token {
+	if len(rv.d.Databases) == 0 {
+		return position.Token{}
+	}
+	entries := make([]position.Entry, len(rv.d.Databases))
+	for i := range rv.d.Databases {
+		entries[i] = rv.d.Databases[i].Entry
+	}
+	return position.Token{Entries: entries, CapturedAt: rv.captured}
+}
+
+// hasChild reports whether the child token is non-zero.
+func (rv *routing) hasChild() bool {
+	if !rv.verified {
+		return len(rv.d.Databases) > 0
+	}
+	for i := range rv.d.Databases {
+		if rv.d.Databases[i].replica >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// handlerContext is ctx with rv and, for a job with a child token, that
 // token as an enqueue.TokenSource: most handlers enqueue nothing, so the
 // child token is merged only when asked for (enqueue.TokenFrom), and not
 // kept, since merging again costs less than an enqueue.
 func handlerContext(ctx context.Context, rv *routing) context.Context {
 	ctx = context.WithValue(ctx, routingKey{}, rv)
-	if rv.tok.IsZero() {
+	if !rv.hasChild() {
 		return ctx
 	}
 	return enqueue.WithTokenSource(ctx, (*childSource)(rv))
@@ -72,7 +109,13 @@ type childSource routing
 var _ enqueue.TokenSource = (*childSource)(nil)
 
 // Token merges the child token when enqueue first asks for it.
-func (s *childSource) Token() position.Token { return childToken(s.tok, &s.d, s.now) }
+func (s *childSource) Token() position.Token {
+	rv := (*routing)(s)
+	if rv.verified {
+		return readPositions(&rv.d, rv.now)
+	}
+	return childToken(rv.jobToken(), &rv.d, rv.now)
+}
 
 // DecisionFrom returns the decision of a context that came from Route.
 func DecisionFrom(ctx context.Context) (Decision, bool) {

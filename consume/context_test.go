@@ -3,6 +3,7 @@ package consume
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -68,4 +69,61 @@ func TestRoutedContext(t *testing.T) {
 	require.False(t, ok)
 	_, ok = DecisionFrom(hctx)
 	require.True(t, ok)
+}
+
+// TestRouteKeepsNothingOfTheToken: the handler's context rebuilds the job's
+// token from the decision, so the caller may reuse the entries it routed
+// (position.HeaderDecoder does): overwriting them afterwards changes
+// neither the decision nor the child token, for every way a token with
+// several databases is routed.
+func TestRouteKeepsNothingOfTheToken(t *testing.T) {
+	t.Parallel()
+	s := snap(
+		dbState("billing", 1, nil),
+		dbState("ci", 1, nil, rep("c1", 1, "0/500")),
+		dbState("main", 1, nil, rep("r1", 1, "0/9000"), rep("r2", 1, "0/100")),
+	)
+	r := unitRouter(t, s, func(c *Config) {
+		c.WaitBudget = -1
+		c.Now = func() time.Time { return t0 }
+	})
+	for _, tc := range []struct {
+		name    string
+		tok     position.Token
+		policy  Policy
+		outcome Outcome
+	}{
+		{"every database on a replica", tok(time.Second, ent("ci", 1, "0/400"), ent("main", 1, "0/200")), Delayed, OutcomeReplica},
+		{"one on the primary", tok(time.Second, ent("billing", 1, "0/10"), ent("main", 1, "0/200")), Sticky, OutcomePrimary},
+		{"policy always", tok(time.Second, ent("ci", 1, "0/400"), ent("main", 1, "0/200")), Always, OutcomePrimary},
+		{"three databases", tok(time.Second, ent("billing", 1, "0/10"), ent("ci", 1, "0/400"), ent("main", 1, "0/8000")), Sticky, OutcomePrimary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			entries := slices.Clone(tc.tok.Entries)
+			routed := position.Token{Entries: entries, CapturedAt: tc.tok.CapturedAt}
+			hctx, d, err := r.RouteToken(context.Background(), routed, tc.policy)
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, d.Outcome)
+			want := childToken(tc.tok, &d, t0)
+			d = cloneDecision(d)
+			for i := range entries {
+				entries[i] = position.Entry{Database: "zz", Epoch: ep(9), LSN: 1}
+			}
+			got, ok := DecisionFrom(hctx)
+			require.True(t, ok)
+			require.Equal(t, d, got)
+			child, ok := enqueue.TokenFrom(hctx)
+			require.True(t, ok)
+			require.Equal(t, want, child)
+			for i, dd := range got.Databases {
+				require.Equal(t, tc.tok.Entries[i], dd.Entry)
+			}
+		})
+	}
+}
+
+// cloneDecision is d with Databases of its own.
+func cloneDecision(d Decision) Decision {
+	d.Databases = slices.Clone(d.Databases)
+	return d
 }
