@@ -68,7 +68,7 @@ func BenchmarkProcess(b *testing.B) {
 			i := 0
 			cpu0 := ProcessCPUTime()
 			for b.Loop() {
-				if !cons.process(ctx, msgs[i%len(msgs)], nil, ps) {
+				if !cons.process(ctx, &msgs[i%len(msgs)], nil, ps) {
 					b.Fatal("not processed")
 				}
 				i++
