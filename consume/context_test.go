@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -13,11 +14,11 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-func TestNewRoutingBuffer(t *testing.T) {
+func TestNewRoutedBuffer(t *testing.T) {
 	t.Parallel()
 	for n := range 5 {
-		rv, buf := newRouting(n)
-		require.NotNil(t, rv)
+		rc, buf := newRouted(n)
+		require.NotNil(t, rc)
 		require.NotNil(t, buf)
 		require.Empty(t, buf)
 		require.GreaterOrEqual(t, cap(buf), n)
@@ -35,7 +36,7 @@ func TestRoutedContext(t *testing.T) {
 	})
 
 	type key struct{}
-	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
 	jobTok := position.Of(t0.Add(-time.Second), ent("main", 1, "0/100"))
 	hctx, d, err := r.RouteToken(parent, jobTok, Delayed)
 	require.NoError(t, err)
@@ -51,15 +52,29 @@ func TestRoutedContext(t *testing.T) {
 	require.Equal(t, "context.Background.WithValue(consume.key, v).WithCancel.WithValue(consume.routingKey, *consume.routing).WithValue(enqueue.tokenKey, *consume.childSource)",
 		fmt.Sprint(hctx))
 
-	// Derived contexts see the values and the cancellation.
+	// Derived contexts see the values and the cancellation, its cause,
+	// and AfterFunc fires; WithoutCancel keeps the values only.
 	derived, stop := context.WithTimeout(hctx, time.Minute)
 	defer stop()
-	cancel()
+	after := make(chan struct{})
+	context.AfterFunc(hctx, func() { close(after) })
+	detached := context.WithoutCancel(hctx)
+	cause := errors.New("the partition was revoked")
+	cancel(cause)
 	<-derived.Done()
+	<-after
 	require.ErrorIs(t, derived.Err(), context.Canceled)
 	require.ErrorIs(t, hctx.Err(), context.Canceled)
+	require.Equal(t, cause, context.Cause(hctx))
+	require.Equal(t, cause, context.Cause(derived))
 	_, ok = DecisionFrom(derived)
 	require.True(t, ok)
+	require.NoError(t, detached.Err())
+	_, ok = DecisionFrom(detached)
+	require.True(t, ok)
+	_, ok = enqueue.TokenFrom(detached)
+	require.True(t, ok)
+	require.Equal(t, "v", detached.Value(key{}))
 
 	// No token: no child token, and the decision still travels.
 	hctx, d, err = r.Route(context.Background(), "", Delayed)

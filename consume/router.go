@@ -208,7 +208,7 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 // route decides, waits, verifies (with a Verifier: RouteVerified), applies
 // the cap and records the job (in t, when routed through a Tally).
 func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
-	rv, buf := newRouting(len(tok.Entries))
+	rc, buf := newRouted(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
 		Token:    tok,
@@ -221,7 +221,7 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		Buf:      buf,
 	}
 	// The decision is made in the handler's context's allocation.
-	d := &rv.d
+	d := &rc.d
 	decide(&in, d)
 	waited := false
 	var verifyErr error
@@ -258,6 +258,6 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 	// With a Verifier, the token's positions are not commit-safe by
 	// themselves (the Verifier vouched for them): children inherit only
 	// what the replicas read had replayed.
-	rv.r, rv.captured, rv.now, rv.verified = r, tok.CapturedAt, in.Now, verify != nil
-	return handlerContext(ctx, rv), *d, nil
+	rc.r, rc.captured, rc.now = r, tok.CapturedAt, in.Now
+	return handlerContext(ctx, rc, verify != nil), *d, nil
 }
