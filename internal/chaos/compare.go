@@ -73,6 +73,9 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	base := s.name("compare")
 	client := asynq.NewClient(s.redisOpt())
 	defer client.Close()
+	// Closed after the servers (stop, deferred later).
+	inspector := asynq.NewInspector(s.redisOpt())
+	defer inspector.Close()
 	stamping := caughtupasynq.NewClient(client)
 	if err := s.createTopics(ctx, 8, base); err != nil {
 		res.Failures = append(res.Failures, err.Error())
@@ -115,7 +118,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			err error
 		)
 		if i == 0 {
-			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a, nil)
+			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a, nil, inspector)
 			if err == nil {
 				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{100 * time.Millisecond, time.Second},
 					env.router, caughtupKafkaHandler(env.router, consume.Delayed, k), nil)

@@ -124,6 +124,19 @@ func (a *asynqPipe) send(ctx context.Context, p payload) error {
 	return err
 }
 
+// asynqConcurrency is the workers of every asynq server of the suite. A
+// task waiting for a replica holds its worker for up to the router's
+// WaitBudget (500ms), and under a long lag a deferred task whose delay
+// ends first comes back and waits again: through the 30s replay pause the
+// asynq pipeline (a third of 250 jobs/s) makes about 400 attempts/s, each
+// holding a worker up to 500ms, so about 200 workers are busy waiting
+// (Little's law). With fewer, tasks queue up in asynq's pending list
+// behind the waiting ones instead of being deferred (and woken at the
+// catch-up), and unrelated tasks queue with them. The baselines get as
+// many, so that GitLab's in-worker sleeps (up to 1.5s) do not starve them
+// of workers either.
+const asynqConcurrency = 250
+
 // asynqServerConfig is shared by every asynq server of the suite. A fast
 // DelayedTaskCheckInterval keeps deferrals (and baseline retries) close to
 // the delay they ask for; TaskCheckInterval keeps an idle queue from adding
@@ -149,9 +162,12 @@ func (s *services) redisOpt() asynq.RedisClientOpt {
 
 // startCaughtupAsynq runs an asynq server with caughtup's hooks and
 // middleware; the harness's own middleware outside it counts deferrals.
-// The middleware records into mp (nil: the global MeterProvider).
-func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream, mp metric.MeterProvider) (*asynq.Server, error) {
-	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(s.asynqServerConfig(queue, 12, 250*time.Millisecond)))
+// The middleware records into mp (nil: the global MeterProvider) and wakes
+// deferred tasks through insp, which the caller closes once every server
+// using it has shut down and the jobs have completed (the wake then has
+// nothing left to do).
+func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream, mp metric.MeterProvider, insp *asynq.Inspector) (*asynq.Server, error) {
+	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(s.asynqServerConfig(queue, asynqConcurrency, 250*time.Millisecond)))
 	mux := asynq.NewServeMux()
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
@@ -162,7 +178,7 @@ func (s *services) startCaughtupAsynq(queue string, router *consume.Router, poli
 			return err
 		})
 	})
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp}))
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp, Inspector: insp}))
 	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
 		p, err := decodePayload(t.Payload())
 		if err != nil {

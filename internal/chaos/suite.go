@@ -131,8 +131,11 @@ type run struct {
 	asynqPipe           *asynqPipe
 	kafkaPipe           *kafkaPipe
 	asynqClient         *asynq.Client
-	ast, kst            *stream
-	work                *workload
+	// inspector wakes the asynq servers' deferred tasks (Middleware's
+	// Inspector); closed after the last server.
+	inspector *asynq.Inspector
+	ast, kst  *stream
+	work      *workload
 	// extra are producers besides the scenario's main workload, writing
 	// through the same lanes (the diverged standby's split-brain writer).
 	extra []*workload
@@ -435,6 +438,7 @@ func (r *run) drain(ctx context.Context, streams []*stream) {
 func (r *run) startPipelines(ctx context.Context) error {
 	s := r.s
 	r.asynqClient = asynq.NewClient(s.redisOpt())
+	r.inspector = asynq.NewInspector(s.redisOpt())
 	// MaxRetry is high because a refusal by the fallback cap counts as a
 	// failed attempt (see caughtupasynq.ServerConfig): a task refused on
 	// every try of a long lag spike must not reach its last attempt, where
@@ -458,7 +462,7 @@ func (r *run) startPipelines(ctx context.Context) error {
 }
 
 func (r *run) startAsynqServer() (*asynq.Server, error) {
-	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast, r.metrics.provider)
+	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast, r.metrics.provider, r.inspector)
 	if err != nil {
 		return nil, err
 	}
@@ -502,6 +506,10 @@ func (r *run) stopPipelines() {
 	}
 	if r.asynqClient != nil {
 		_ = r.asynqClient.Close()
+	}
+	if r.inspector != nil {
+		_ = r.inspector.Close()
+		r.inspector = nil
 	}
 }
 
