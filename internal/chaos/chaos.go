@@ -170,13 +170,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag), compares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
+		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag), compares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
 	jsonPath := fs.String("json", "chaos-results.json", "write the results as JSON to this file")
 	verbose := fs.Bool("v", false, "log the services' warnings (caughtup, asynq, kafka) to stderr")
 	capacityOnly := fs.Bool("capacity", false, "run only the capacity simulation")
+	jobs := fs.Int("jobs", 0, "jobs per scenario and in the comparison instead of the run's default (10,000, -short 800): a diagnostic, e.g. of how the catch-up -> start latency grows with the burst a replay pause leaves")
 	only := fs.String("run", "", "run only the scenarios whose name matches this regular expression (\"compare\" is the comparison)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -193,6 +194,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o := options{short: *short, scale: fullScale}
 	if o.short {
 		o.scale = shortScale
+	}
+	if *jobs > 0 {
+		o.scale.jobs = *jobs
 	}
 	if *only != "" {
 		re, err := regexp.Compile(*only)

@@ -45,14 +45,15 @@ func readRow(ctx context.Context, st *stream, pool *pgxpool.Pool, rd read) error
 }
 
 // caughtupRead is the handler behind caughtup's middleware: the pool and
-// the decision come from the context the adapter built.
-func caughtupRead(ctx context.Context, st *stream, p payload, header string) error {
+// the decision come from the context the adapter built. retried is the
+// queue's retry count of this run.
+func caughtupRead(ctx context.Context, st *stream, p payload, header string, retried int) error {
 	dec, ok := consume.DecisionFrom(ctx)
 	pool, err := consume.Pool(ctx, "main")
 	if !ok || err != nil {
 		return errors.New("chaos: the handler's context carries no routing decision")
 	}
-	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback, waited: dec.Waited}
+	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback, waited: dec.Waited, retried: retried}
 	if dd, ok := dec.Database("main"); ok {
 		rd.replica = dd.Replica
 	}
@@ -172,6 +173,9 @@ func (s *services) startCaughtupAsynq(queue string, router *consume.Router, poli
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			began := time.Now()
+			if p, err := decodePayload(t.Payload()); err == nil {
+				st.attempt(p.ID)
+			}
 			err := next.ProcessTask(ctx, t)
 			classify(st, err)
 			deferredPastDeadline(ctx, st, began, err)
@@ -184,7 +188,8 @@ func (s *services) startCaughtupAsynq(queue string, router *consume.Router, poli
 		if err != nil {
 			return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
 		}
-		return caughtupRead(ctx, st, p, t.Headers()[position.HeaderName])
+		retried, _ := asynq.GetRetryCount(ctx)
+		return caughtupRead(ctx, st, p, t.Headers()[position.HeaderName], retried)
 	})
 	if err := srv.Start(mux); err != nil {
 		return nil, err
@@ -275,6 +280,9 @@ func (m *kafkaMember) partitionsBetween(from, to time.Time) map[int]bool {
 
 type kafkaTuning struct {
 	retryInitial, retryMax time.Duration
+	// mode is the Consumer's deferral mode (InPlace by default); a
+	// RetryTopic consumer reads topic + ".retry" too, which must exist.
+	mode caughtupkafka.Mode
 }
 
 // startKafkaMember starts a consumer whose handler h routes by itself:
@@ -291,7 +299,7 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 		Topic:               topic,
 		Router:              router,
 		Policy:              consume.Always,
-		Mode:                caughtupkafka.InPlace,
+		Mode:                tune.mode,
 		MaxAttempts:         50,
 		RetryBackoffInitial: tune.retryInitial,
 		RetryBackoffMax:     tune.retryMax,
@@ -312,6 +320,9 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 			return nil
 		},
 	}, func(ctx context.Context, msg kafkago.Message) error {
+		if p, err := decodePayload(msg.Value); err == nil {
+			st.attempt(p.ID)
+		}
 		err := h(ctx, msg)
 		classify(st, err)
 		if err == nil {
@@ -337,7 +348,7 @@ func caughtupKafkaHandler(router *consume.Router, policy consume.Policy, st *str
 		if err != nil {
 			return nil // not ours; nothing to check
 		}
-		return caughtupRead(ctx, st, p, tokenText(msg))
+		return caughtupRead(ctx, st, p, tokenText(msg), caughtupkafka.Attempt(ctx))
 	})
 }
 
