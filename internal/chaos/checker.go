@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -87,17 +88,34 @@ type stream struct {
 	// included), for the catch-up → start latency.
 	tokens   map[int64]position.Token
 	attempts map[int64]int
+	// failed are the jobs with an attempt that failed (a handler error,
+	// or for asynq a refusal by the fallback cap): the only reasons a
+	// queue may grow a job's retry count.
+	failed map[int64]bool
 }
 
 func newStream(name, pipe, policy string) *stream {
 	return &stream{name: name, pipe: pipe, policy: policy, produced: map[int64]payload{}, completed: map[int64]time.Time{},
-		pastDeadline: map[time.Duration]int{}, tokens: map[int64]position.Token{}, attempts: map[int64]int{}}
+		pastDeadline: map[time.Duration]int{}, tokens: map[int64]position.Token{}, attempts: map[int64]int{},
+		failed: map[int64]bool{}}
 }
 
 // attempt records that a routing attempt of job id begins.
 func (s *stream) attempt(id int64) {
 	s.mu.Lock()
 	s.attempts[id]++
+	s.mu.Unlock()
+}
+
+// attempted records how an attempt of job id ended: err is what the
+// adapter got back (nil, a deferral, or a failure).
+func (s *stream) attempted(id int64, err error) {
+	var de *consume.DeferError
+	if err == nil || errors.As(err, &de) && !de.Capped() {
+		return
+	}
+	s.mu.Lock()
+	s.failed[id] = true
 	s.mu.Unlock()
 }
 
@@ -213,12 +231,16 @@ type streamResult struct {
 	// (asynq.GetRetryCount, caughtupkafka.Attempt) was above 0: a
 	// deferral must never grow it, so without handler errors
 	// (HandlerErrs) it must be 0.
-	RetriedRuns       int            `json:"completed_with_retry_count"`
-	MaxFallbackPerSec int            `json:"max_fallback_reads_per_1s"`
-	MaxPrimaryPerSec  int            `json:"max_primary_reads_per_1s"`
-	Outcomes          map[string]int `json:"outcomes"`
-	StaleExamples     []string       `json:"stale_examples,omitempty"`
-	LostExamples      []int64        `json:"lost_examples,omitempty"`
+	RetriedRuns int `json:"completed_with_retry_count"`
+	// RetriedWithoutFailure counts those of them whose job had no failed
+	// attempt (handler error, cap refusal) in caughtup's pipelines: a
+	// retry count grown by deferrals alone. Must be 0.
+	RetriedWithoutFailure int            `json:"completed_with_retry_count_without_failure"`
+	MaxFallbackPerSec     int            `json:"max_fallback_reads_per_1s"`
+	MaxPrimaryPerSec      int            `json:"max_primary_reads_per_1s"`
+	Outcomes              map[string]int `json:"outcomes"`
+	StaleExamples         []string       `json:"stale_examples,omitempty"`
+	LostExamples          []int64        `json:"lost_examples,omitempty"`
 }
 
 func (s *stream) result() streamResult {
@@ -248,6 +270,9 @@ func (s *stream) result() streamResult {
 			first[rd.job.ID] = true
 			if rd.retried > 0 {
 				r.RetriedRuns++
+				if !s.failed[rd.job.ID] {
+					r.RetriedWithoutFailure++
+				}
 			}
 			sinceCommit = append(sinceCommit, rd.at.Sub(time.Unix(0, rd.job.Committed)))
 			latency = append(latency, rd.at.Sub(time.Unix(0, rd.job.Enqueued)))

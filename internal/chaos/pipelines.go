@@ -173,11 +173,15 @@ func (s *services) startCaughtupAsynq(queue string, router *consume.Router, poli
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			began := time.Now()
-			if p, err := decodePayload(t.Payload()); err == nil {
+			p, perr := decodePayload(t.Payload())
+			if perr == nil {
 				st.attempt(p.ID)
 			}
 			err := next.ProcessTask(ctx, t)
 			classify(st, err)
+			if perr == nil {
+				st.attempted(p.ID, err)
+			}
 			deferredPastDeadline(ctx, st, began, err)
 			return err
 		})
@@ -320,11 +324,15 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 			return nil
 		},
 	}, func(ctx context.Context, msg kafkago.Message) error {
-		if p, err := decodePayload(msg.Value); err == nil {
+		p, perr := decodePayload(msg.Value)
+		if perr == nil {
 			st.attempt(p.ID)
 		}
 		err := h(ctx, msg)
 		classify(st, err)
+		if perr == nil {
+			st.attempted(p.ID, err)
+		}
 		if err == nil {
 			m.mu.Lock()
 			m.handled = append(m.handled, handledAt{time.Now(), msg.Partition})

@@ -55,7 +55,7 @@ func printCatchUp(w io.Writer, r scenarioResult) {
 	fmt.Fprintf(w, "   catch-up -> handler start: from consume.FirstCaughtUp's Read (the tracker had read an observation of a replica past the token; "+
 		"%d snapshots recorded, %d skipped) to the start of the run that completed the job\n", r.SnapshotsRecorded, r.SnapshotsSkipped)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "stream\tjobs\tp50\tp99\tmax\tmean\tbefore catch-up (replica)\tnever caught up\tretry count > 0\thandler errors\t")
+	fmt.Fprintln(tw, "stream\tjobs\tp50\tp99\tmax\tmean\tbefore catch-up (replica)\tnever caught up\tretry count > 0 (no failure)\thandler errors\t")
 	sets := []struct {
 		name string
 		get  func(s *streamResult) latencyStats
@@ -72,7 +72,7 @@ func printCatchUp(w io.Writer, r scenarioResult) {
 			}
 			extra := "\t\t"
 			if i == 0 {
-				extra = fmt.Sprintf("%d\t%d", s.RetriedRuns, s.HandlerErrs)
+				extra = fmt.Sprintf("%d (%d)\t%d", s.RetriedRuns, s.RetriedWithoutFailure, s.HandlerErrs)
 			}
 			fmt.Fprintf(tw, "%s: %s\t%d\t%s\t%s\t%s\t%s\t%d (%d)\t%d\t%s\t\n", s.Stream, set.name, c.Jobs,
 				fmtMS(c.P50), fmtMS(c.P99), fmtMS(c.Max), fmtMS(c.Mean), c.Early, c.EarlyReplica, c.Never, extra)

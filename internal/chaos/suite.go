@@ -442,6 +442,9 @@ func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
 		if sr.Lost > 0 {
 			r.fail("%s: %d of %d jobs never completed (dead-lettered %d), e.g. ids %v", sr.Stream, sr.Lost, sr.Jobs, sr.DeadLetters, sr.LostExamples)
 		}
+		if sr.RetriedWithoutFailure > 0 {
+			r.fail("%s: %d jobs completed with a retry count above 0 without a failed attempt: deferrals grew it", sr.Stream, sr.RetriedWithoutFailure)
+		}
 		if sr.MaxFallbackPerSec > capLimit {
 			r.fail("%s: %d fallback reads on the primary within one second; the cap admits %d", sr.Stream, sr.MaxFallbackPerSec, capLimit)
 		}
@@ -593,6 +596,7 @@ func mergeStreams(name, policy string, sts ...*stream) *stream {
 		maps.Copy(out.completed, st.completed)
 		maps.Copy(out.tokens, st.tokens)
 		maps.Copy(out.attempts, st.attempts)
+		maps.Copy(out.failed, st.failed)
 		out.reads = append(out.reads, st.reads...)
 		out.stale = append(out.stale, st.stale...)
 		out.deferrals += st.deferrals
