@@ -88,9 +88,10 @@ type stream struct {
 	// included), for the catch-up → start latency.
 	tokens   map[int64]position.Token
 	attempts map[int64]int
-	// failed are the jobs with an attempt that failed (a handler error,
-	// or for asynq a refusal by the fallback cap): the only reasons a
-	// queue may grow a job's retry count.
+	// failed are the jobs with an attempt that failed (a handler error;
+	// for asynq also a refusal by the fallback cap, and a retry asynq made
+	// for its own reasons, such as a lease that expired while Redis was
+	// down): the only reasons a queue may grow a job's retry count.
 	failed map[int64]bool
 }
 
@@ -233,8 +234,8 @@ type streamResult struct {
 	// (HandlerErrs) it must be 0.
 	RetriedRuns int `json:"completed_with_retry_count"`
 	// RetriedWithoutFailure counts those of them whose job had no failed
-	// attempt (handler error, cap refusal) in caughtup's pipelines: a
-	// retry count grown by deferrals alone. Must be 0.
+	// attempt (see stream.failed) in caughtup's pipelines: a retry count
+	// grown by deferrals alone. Must be 0.
 	RetriedWithoutFailure int            `json:"completed_with_retry_count_without_failure"`
 	MaxFallbackPerSec     int            `json:"max_fallback_reads_per_1s"`
 	MaxPrimaryPerSec      int            `json:"max_primary_reads_per_1s"`

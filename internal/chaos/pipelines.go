@@ -168,7 +168,19 @@ func (s *services) redisOpt() asynq.RedisClientOpt {
 // using it has shut down and the jobs have completed (the wake then has
 // nothing left to do).
 func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream, mp metric.MeterProvider, insp *asynq.Inspector) (*asynq.Server, error) {
-	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(s.asynqServerConfig(queue, asynqConcurrency, 250*time.Millisecond)))
+	cfg := s.asynqServerConfig(queue, asynqConcurrency, 250*time.Millisecond)
+	delay := cfg.RetryDelayFunc
+	cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
+		// ServerConfig answers for deferrals itself: what reaches this is a
+		// retry asynq counts against the task, after a handler error or
+		// for a lease that expired (its recoverer, after a Redis outage),
+		// which the handler's wrapper never sees.
+		if p, perr := decodePayload(t.Payload()); perr == nil {
+			st.attempted(p.ID, err)
+		}
+		return delay(n, err, t)
+	}
+	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(cfg))
 	mux := asynq.NewServeMux()
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
