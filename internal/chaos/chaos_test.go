@@ -41,9 +41,19 @@ func TestChaosShort(t *testing.T) {
 			require.Zero(t, st.Lost, "%s/%s: lost jobs, e.g. %v", sc.Name, st.Stream, st.LostExamples)
 			require.Equal(t, st.Jobs, st.Completed, "%s/%s", sc.Name, st.Stream)
 			require.LessOrEqual(t, st.MaxFallbackPerSec, sc.CapWindowLimit, "%s/%s: fallback reads over the cap", sc.Name, st.Stream)
+			require.Zero(t, st.RetriedWithoutFailure, "%s/%s: retry counts grown by deferrals", sc.Name, st.Stream)
 		}
 		all := sc.Streams[len(sc.Streams)-1]
 		switch sc.Name {
+		case "replay-pause":
+			// Kafka in both modes, and the catch-up -> start latency
+			// measured for the jobs the pause held (figures are in the
+			// table, not asserted).
+			require.Len(t, sc.Streams, 4, "asynq, kafka in place, kafka retry topic and all")
+			for _, st := range sc.Streams {
+				require.Positive(t, st.Paused.N, "%s: no job enqueued during the pause was measured", st.Stream)
+				require.Zero(t, st.Paused.Never, "%s: jobs the recorded snapshots never show caught up", st.Stream)
+			}
 		case "lag-spike-cap":
 			require.Equal(t, 40, sc.CapWindowLimit, "the cap scenario runs at 20/s with a burst of 20")
 			require.LessOrEqual(t, all.MaxPrimaryPerSec, sc.CapWindowLimit, "primary reads over the cap")
