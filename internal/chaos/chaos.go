@@ -178,6 +178,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("v", false, "log the services' warnings (caughtup, asynq, kafka) to stderr")
 	capacityOnly := fs.Bool("capacity", false, "run only the capacity simulation")
 	only := fs.String("run", "", "run only the scenarios whose name matches this regular expression (\"compare\" is the comparison)")
+	caughtupBin := fs.String("caughtup", "", "the caughtup binary the feed scenarios run their publishers with (caughtup feed); default: built from this module with go build")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -190,7 +191,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *capacityOnly {
 		return 0
 	}
-	o := options{short: *short, scale: fullScale}
+	o := options{short: *short, scale: fullScale, caughtupBin: *caughtupBin}
 	if o.short {
 		o.scale = shortScale
 	}
