@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -96,6 +97,8 @@ type fleetRow struct {
 	Publishes      float64   `json:"redis_publish_per_s"`
 	Deliveries     float64   `json:"deliveries_per_s"`
 	RedisCPU       float64   `json:"redis_cpu_percent"`
+	RoutersCPU     float64   `json:"routers_cpu_percent"`
+	PublishersCPU  float64   `json:"publishers_process_cpu_percent"`
 
 	WakeP50    float64        `json:"catchup_to_wake_p50_ms"`
 	WakeP99    float64        `json:"catchup_to_wake_p99_ms"`
@@ -218,6 +221,7 @@ type fleetEnv struct {
 	dbs     map[string]consume.Database
 	stats   []*pgx.Conn // per replica: pg_stat_statements
 	probes  []*pgx.Conn // per replica: the catch-up probe
+	ctrl    []*pgx.Conn // per replica: pausing and resuming replay
 	admin   *redis.Client
 	keys    feed.Keyring
 	keyText string
@@ -299,7 +303,9 @@ func (e *fleetEnv) start(ctx context.Context) error {
 			return err
 		}
 		reps = append(reps, consume.Replica{Name: n.Name(), Pool: p})
-		for _, conns := range []*[]*pgx.Conn{&e.stats, &e.probes} {
+		// Connections of its own, opened now: under a large fleet's load a
+		// new connection can take seconds.
+		for _, conns := range []*[]*pgx.Conn{&e.stats, &e.probes, &e.ctrl} {
 			c, err := pgx.Connect(ctx, n.DSN(e.db))
 			if err != nil {
 				return err
@@ -319,7 +325,7 @@ func (e *fleetEnv) start(ctx context.Context) error {
 
 func (e *fleetEnv) close() {
 	e.stopPublishers()
-	for _, c := range append(e.stats, e.probes...) {
+	for _, c := range append(append(e.stats, e.probes...), e.ctrl...) {
 		_ = c.Close(context.Background())
 	}
 	if e.dbs != nil {
@@ -520,8 +526,11 @@ type fleetCounters struct {
 	redisCmds int64
 	publishes int64
 	redisCPU  float64 // seconds
-	received  int64
-	fallbacks uint64
+	// routersCPU is the worker processes' CPU time, selfCPU this
+	// process's (the publishers', on the feed), in seconds.
+	routersCPU, selfCPU float64
+	received            int64
+	fallbacks           uint64
 }
 
 func (e *fleetEnv) counters(ctx context.Context, ws []*fleetWorkerProc) (fleetCounters, error) {
@@ -557,6 +566,13 @@ func (e *fleetEnv) counters(ctx context.Context, ws []*fleetWorkerProc) (fleetCo
 	if err != nil {
 		return c, err
 	}
+	for _, w := range ws {
+		c.routersCPU += processCPU(w.cmd.Process.Pid)
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		c.selfCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	}
 	for _, s := range stats {
 		c.received += s.Received
 		c.fallbacks += s.Fallbacks
@@ -564,13 +580,48 @@ func (e *fleetEnv) counters(ctx context.Context, ws []*fleetWorkerProc) (fleetCo
 	return c, nil
 }
 
-func perSecond(a, b fleetCounters) (queries []float64, cmds, pubs, deliveries, cpu float64) {
-	secs := b.at.Sub(a.at).Seconds()
-	for i := range a.queries {
-		queries = append(queries, float64(b.queries[i]-a.queries[i])/secs)
+// processCPU is a process's user + system CPU time in seconds, from
+// /proc (0 if unreadable).
+func processCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
 	}
-	return queries, float64(b.redisCmds-a.redisCmds) / secs, float64(b.publishes-a.publishes) / secs,
-		float64(b.received-a.received) / secs, 100 * (b.redisCPU - a.redisCPU) / secs
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times: 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// fleetRates are a window's rates, per second.
+type fleetRates struct {
+	queries                    []float64
+	cmds, pubs, deliveries     float64
+	redisCPU, routersCPU, self float64 // percent of one core
+}
+
+func perSecond(a, b fleetCounters) fleetRates {
+	secs := b.at.Sub(a.at).Seconds()
+	r := fleetRates{
+		cmds: float64(b.redisCmds-a.redisCmds) / secs, pubs: float64(b.publishes-a.publishes) / secs,
+		deliveries: float64(b.received-a.received) / secs, redisCPU: 100 * (b.redisCPU - a.redisCPU) / secs,
+		routersCPU: 100 * (b.routersCPU - a.routersCPU) / secs, self: 100 * (b.selfCPU - a.selfCPU) / secs,
+	}
+	for i := range a.queries {
+		r.queries = append(r.queries, float64(b.queries[i]-a.queries[i])/secs)
+	}
+	return r
 }
 
 // row runs one configuration: n routers on the feed or polling.
@@ -604,8 +655,10 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	for _, nd := range e.cluster.Replicas() {
 		reps = append(reps, fleetDSN{Name: nd.Name(), DSN: nd.DSN(e.db)})
 	}
+	// -batch is across the workers: every router starting polls every node
+	// once, which costs each node a connection.
 	cfg := fleetWorkerConfig{Primary: e.cluster.Primary().DSN(e.db), Replicas: reps, Redis: e.redis.Addr(),
-		Keys: e.keyText, Budget: e.o.budget, Batch: e.o.batch}
+		Keys: e.keyText, Budget: e.o.budget, Batch: max(1, e.o.batch/k)}
 	if mode == "feed" {
 		cfg.Feed = e.feed
 	}
@@ -632,7 +685,9 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	if err != nil {
 		return fail(err)
 	}
-	r.QueriesIdle, r.RedisCmds, r.Publishes, r.Deliveries, r.RedisCPU = perSecond(c0, c1)
+	idle := perSecond(c0, c1)
+	r.QueriesIdle, r.RedisCmds, r.Publishes, r.Deliveries = idle.queries, idle.cmds, idle.pubs, idle.deliveries
+	r.RedisCPU, r.RoutersCPU, r.PublishersCPU = idle.redisCPU, idle.routersCPU, idle.self
 
 	e.out.say("%s N=%d: %d catch-up trials", mode, n, e.o.trials)
 	var lat, pubLat []time.Duration
@@ -647,7 +702,7 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	if err != nil {
 		return fail(err)
 	}
-	r.QueriesWaiting, _, _, _, _ = perSecond(c1, c2)
+	r.QueriesWaiting = perSecond(c1, c2).queries
 	r.Samples = len(lat)
 	r.WakeP50, r.WakeP99 = ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99))
 	r.PubWakeP50, r.PubWakeP99 = ms(percentile(pubLat, 0.5)), ms(percentile(pubLat, 0.99))
@@ -687,16 +742,26 @@ func (e *fleetEnv) write(ctx context.Context) (position.Token, error) {
 	return tok, nil
 }
 
+// pauseReplicas pauses (and waits until paused) or resumes replay on
+// both replicas at once, on the control connections.
 func (e *fleetEnv) pauseReplicas(ctx context.Context, pause bool) error {
-	nodes := e.cluster.Replicas()
-	errs := make([]error, len(nodes))
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	errs := make([]error, len(e.ctrl))
 	var wg sync.WaitGroup
-	for i, n := range nodes {
+	for i, c := range e.ctrl {
 		wg.Go(func() {
-			if pause {
-				errs[i] = n.PauseReplay(ctx)
-			} else {
-				errs[i] = n.ResumeReplay(ctx)
+			if !pause {
+				_, errs[i] = c.Exec(ctx, "SELECT pg_wal_replay_resume()")
+				return
+			}
+			if _, errs[i] = c.Exec(ctx, "SELECT pg_wal_replay_pause()"); errs[i] != nil {
+				return
+			}
+			for state := ""; state != "paused"; {
+				if errs[i] = c.QueryRow(ctx, "SELECT pg_get_wal_replay_pause_state()").Scan(&state); errs[i] != nil {
+					return
+				}
 			}
 		})
 	}
@@ -857,12 +922,8 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 	fmt.Fprintf(w, "\n== fleet: routers on a signed position feed (2 publishers every %s) or polling by themselves, one PostgreSQL primary + 2 replicas, one redis-server\n",
 		consume.DefaultFeedInterval)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tN\tprocs\treplica queries/s idle (r1, r2)\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tredis CPU\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
+	fmt.Fprintln(tw, "mode\tN\tprocs\treplica queries/s idle (r1, r2)\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tCPU: redis, routers, publishers\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
 	for _, r := range rows {
-		if r.Err != "" && r.Samples == 0 {
-			fmt.Fprintf(tw, "%s\t%d\t%d\tFAILED: %s\t\t\t\t\t\t\t\t\t\t\t\t\n", r.Mode, r.Routers, r.Processes, r.Err)
-			continue
-		}
 		pub := func(v float64) string {
 			if r.Mode != "feed" {
 				return "-"
@@ -874,8 +935,8 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 		if expected > 0 {
 			share = fmt.Sprintf("%.0f%%", 100*r.Deliveries/expected)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.0f\t%.0f\t%.0f (%s)\t%.0f%%\t%s\t%s\t%s\t%s\t%d\t%d\t\n", r.Mode, r.Routers, r.Processes,
-			fmtRates(r.QueriesIdle), fmtRates(r.QueriesWaiting), r.RedisCmds, r.Publishes, r.Deliveries, share, r.RedisCPU,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.0f\t%.0f\t%.0f (%s)\t%.0f%%, %.0f%%, %.0f%%\t%s\t%s\t%s\t%s\t%d\t%d\t\n", r.Mode, r.Routers, r.Processes,
+			fmtRates(r.QueriesIdle), fmtRates(r.QueriesWaiting), r.RedisCmds, r.Publishes, r.Deliveries, share, r.RedisCPU, r.RoutersCPU, r.PublishersCPU,
 			fmtMS(r.WakeP50), fmtMS(r.WakeP99), pub(r.PubWakeP50), pub(r.PubWakeP99), r.Samples, r.Fallbacks)
 	}
 	_ = tw.Flush()
