@@ -137,9 +137,37 @@
 //     reads in any window [t, t+1s) stay within 10, and every task
 //     completes once replay resumes.
 //
+//   - feed-publisher-kill, feed-publishers-stopped, feed-redis-restart,
+//     feed-publisher-sigstop, feed-failover (feedscenarios.go): the
+//     router takes positions from a signed position feed of two
+//     publishers, each a `caughtup feed` process (the binary -caughtup
+//     names, else one built with go build), while random replay pauses
+//     come and go; then one publisher is SIGKILLed (the other keeps the
+//     feed going), both are stopped (the router falls back to its own
+//     polls, counted, and returns when they restart), redis-server is
+//     restarted, publishers are frozen with SIGSTOP for 1-7s (their
+//     polls arrive late, some past the staleness bound and MaxDelay), or
+//     a replica is promoted. Checks besides stale and lost: the fault
+//     took effect (no message from the killed publisher, late messages
+//     seen, the fallback and the return counted), jobs waited or were
+//     deferred, and the router is back on the feed at the end.
+//   - forged-feed (forged.go): replay paused on both replicas for 15s
+//     (4s), during which 1,200 (240) messages claiming both replicas
+//     caught up are published on the feed's channel with a plain Redis
+//     client: 12 kinds (wrong secret, another feed's MAC, unknown key
+//     ID, unsigned, malformed, format version 2, authentic ones replayed,
+//     and, signed with the real key, impossible, of an earlier run, sent a
+//     minute ago, of an unknown node, of another system). Each must be
+//     rejected under the counter its kind calls for, and the rejections
+//     must equal the injections.
+//
 // A new scenario goes in a file of its own (diverged.go and timeouts.go
 // are examples): a constructor returning a *scenario, named on its own
 // line in scenarioList, which sets the running order.
+//
+// The fleet simulation (`make fleet`, FleetMain in fleet.go) is a program
+// of its own: many routers in worker processes, on the feed or polling,
+// and what they cost the replicas and Redis.
 //
 // Then a comparison: one workload consumed by caughtup and by two
 // baselines implemented here, a GitLab-style check (live replay query per
@@ -170,7 +198,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag), compares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
+		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
