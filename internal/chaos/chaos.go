@@ -136,7 +136,6 @@
 //     Timeout values, caughtup.asynq.overrides counted nothing, primary
 //     reads in any window [t, t+1s) stay within 10, and every task
 //     completes once replay resumes.
-//
 //   - feed-publisher-kill, feed-publishers-stopped, feed-redis-restart,
 //     feed-publisher-sigstop, feed-failover (feedscenarios.go): the
 //     router takes positions from a signed position feed of two
@@ -165,14 +164,14 @@
 // are examples): a constructor returning a *scenario, named on its own
 // line in scenarioList, which sets the running order.
 //
-// The fleet simulation (`make fleet`, FleetMain in fleet.go) is a program
-// of its own: many routers in worker processes, on the feed or polling,
-// and what they cost the replicas and Redis.
-//
 // Then a comparison: one workload consumed by caughtup and by two
 // baselines implemented here, a GitLab-style check (live replay query per
 // replica, 3 sleeps of 0.5s, one retry through the queue, then the primary)
 // and a 2s time window, under random replay pauses.
+//
+// The fleet simulation (`make fleet`, FleetMain in fleet.go) is a program
+// of its own: many routers in worker processes, on the feed or polling,
+// and what they cost the replicas and Redis.
 //
 // The run exits 1 if caughtup read stale data, lost a job, or let more
 // primary reads through than the cap admits, or if a fault did not take

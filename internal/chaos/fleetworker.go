@@ -66,8 +66,9 @@ type fleetDSN struct {
 }
 
 type fleetBudget struct {
-	Rate  int `json:"rate"`
-	Burst int `json:"burst"`
+	Rate    int           `json:"rate"`
+	Burst   int           `json:"burst"`
+	Timeout time.Duration `json:"timeout"`
 }
 
 // fleetReply is a worker's answer, one JSON line.
@@ -232,7 +233,7 @@ func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 					Logger:        w.log,
 					MeterProvider: w.mp,
 				}
-				b, err := feed.NewBudget(feed.BudgetConfig{Client: rc, Rate: cfg.Budget.Rate, Burst: cfg.Budget.Burst})
+				b, err := feed.NewBudget(feed.BudgetConfig{Client: rc, Rate: cfg.Budget.Rate, Burst: cfg.Budget.Burst, Timeout: cfg.Budget.Timeout})
 				if err != nil {
 					errs[i] = err
 					return
