@@ -93,12 +93,15 @@ type fleetRow struct {
 
 	QueriesIdle    []float64 `json:"replica_status_queries_per_s_idle"`
 	QueriesWaiting []float64 `json:"replica_status_queries_per_s_while_jobs_wait"`
-	RedisCmds      float64   `json:"redis_commands_per_s"`
-	Publishes      float64   `json:"redis_publish_per_s"`
-	Deliveries     float64   `json:"deliveries_per_s"`
-	RedisCPU       float64   `json:"redis_cpu_percent"`
-	RoutersCPU     float64   `json:"routers_cpu_percent"`
-	PublishersCPU  float64   `json:"publishers_process_cpu_percent"`
+	// The routers' share of those (the rest are the publishers').
+	RouterQueriesIdle    []float64 `json:"router_status_queries_per_s_idle"`
+	RouterQueriesWaiting []float64 `json:"router_status_queries_per_s_while_jobs_wait"`
+	RedisCmds            float64   `json:"redis_commands_per_s"`
+	Publishes            float64   `json:"redis_publish_per_s"`
+	Deliveries           float64   `json:"deliveries_per_s"`
+	RedisCPU             float64   `json:"redis_cpu_percent"`
+	RoutersCPU           float64   `json:"routers_cpu_percent"`
+	PublishersCPU        float64   `json:"publishers_process_cpu_percent"`
 
 	WakeP50    float64        `json:"catchup_to_wake_p50_ms"`
 	WakeP99    float64        `json:"catchup_to_wake_p99_ms"`
@@ -221,9 +224,10 @@ type fleetEnv struct {
 	db      string
 	primary *pgxpool.Pool // writes
 	dbs     map[string]consume.Database
-	stats   []*pgx.Conn // per replica: pg_stat_statements
-	probes  []*pgx.Conn // per replica: the catch-up probe
-	ctrl    []*pgx.Conn // per replica: pausing and resuming replay
+	pubDBs  map[string]consume.Database // the same, as fleetPublisherRole
+	stats   []*pgx.Conn                 // per replica: pg_stat_statements
+	probes  []*pgx.Conn                 // per replica: the catch-up probe
+	ctrl    []*pgx.Conn                 // per replica: pausing and resuming replay
 	admin   *redis.Client
 	keys    feed.Keyring
 	keyText string
@@ -292,7 +296,10 @@ func (e *fleetEnv) start(ctx context.Context) error {
 	if e.primary, err = pgxpool.New(ctx, pc.DSN(e.db)); err != nil {
 		return err
 	}
-	if _, err := e.primary.Exec(ctx, `CREATE EXTENSION pg_stat_statements; CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL)`); err != nil {
+	// The publishers connect as a role of their own, so that each
+	// replica's pg_stat_statements tells their queries from the routers'.
+	if _, err := e.primary.Exec(ctx, `CREATE EXTENSION pg_stat_statements; CREATE TABLE items (id bigint PRIMARY KEY, v bigint NOT NULL);
+		CREATE ROLE `+fleetPublisherRole+` LOGIN SUPERUSER`); err != nil {
 		return err
 	}
 	if err := e.cluster.WaitReplicasCaughtUp(ctx); err != nil {
@@ -316,6 +323,20 @@ func (e *fleetEnv) start(ctx context.Context) error {
 		}
 	}
 	e.dbs = map[string]consume.Database{"main": {Primary: e.primary, Replicas: reps}}
+	// The publishers' pools: the same nodes as the publisher role. A
+	// Publisher makes its own connections from their configs.
+	pubDB := consume.Database{}
+	if pubDB.Primary, err = pgxpool.New(ctx, asPublisher(pc.DSN(e.db))); err != nil {
+		return err
+	}
+	for _, n := range e.cluster.Replicas() {
+		p, err := pgxpool.New(ctx, asPublisher(n.DSN(e.db)))
+		if err != nil {
+			return err
+		}
+		pubDB.Replicas = append(pubDB.Replicas, consume.Replica{Name: n.Name(), Pool: p})
+	}
+	e.pubDBs = map[string]consume.Database{"main": pubDB}
 	e.admin = redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
 	k, err := feed.GenerateKey("fleet1")
 	if err != nil {
@@ -330,9 +351,14 @@ func (e *fleetEnv) close() {
 	for _, c := range append(append(e.stats, e.probes...), e.ctrl...) {
 		_ = c.Close(context.Background())
 	}
-	if e.dbs != nil {
-		for _, r := range e.dbs["main"].Replicas {
-			r.Pool.Close()
+	for _, dbs := range []map[string]consume.Database{e.dbs, e.pubDBs} {
+		for _, db := range dbs {
+			for _, r := range db.Replicas {
+				r.Pool.Close()
+			}
+			if db.Primary != e.primary {
+				db.Primary.Close()
+			}
 		}
 	}
 	if e.primary != nil {
@@ -355,7 +381,7 @@ func (e *fleetEnv) startPublishers(ctx context.Context) error {
 	for _, name := range []string{"pub-a", "pub-b"} {
 		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
 		p, err := consume.NewPublisher(ctx, consume.PublisherConfig{
-			Databases: e.dbs,
+			Databases: e.pubDBs,
 			Feed:      feed.PublisherConfig{Client: rdb, Feed: e.feed, Name: name, Keys: e.keys},
 			Logger:    e.log,
 		})
@@ -377,6 +403,15 @@ func (e *fleetEnv) stopPublishers() {
 		_ = c.Close()
 	}
 	e.pubs, e.pubRdb = nil, nil
+}
+
+// fleetPublisherRole is the PostgreSQL role the publishers connect as.
+const fleetPublisherRole = "feedpub"
+
+// asPublisher is a pgtest connection string with the publisher role as
+// its user.
+func asPublisher(dsn string) string {
+	return strings.Replace(dsn, "postgres://postgres@", "postgres://"+fleetPublisherRole+"@", 1)
 }
 
 // maxLocal is the most routers polling by themselves that every node's
@@ -523,11 +558,13 @@ func collect(ws []*fleetWorkerProc, op string, d time.Duration) ([]fleetReply, e
 
 // fleetCounters are the server-side counts a row's rates come from.
 type fleetCounters struct {
-	at        time.Time
-	queries   []int64 // per replica
-	redisCmds int64
-	publishes int64
-	redisCPU  float64 // seconds
+	at      time.Time
+	queries []int64 // per replica: the tracker's replica query, from anyone
+	// routerQueries are those of the routers (not the publisher role).
+	routerQueries []int64
+	redisCmds     int64
+	publishes     int64
+	redisCPU      float64 // seconds
 	// routersCPU is the worker processes' CPU time, selfCPU this
 	// process's (the publishers', on the feed), in seconds.
 	routersCPU, selfCPU float64
@@ -538,11 +575,14 @@ type fleetCounters struct {
 func (e *fleetEnv) counters(ctx context.Context, ws []*fleetWorkerProc) (fleetCounters, error) {
 	c := fleetCounters{at: time.Now()}
 	for _, s := range e.stats {
-		var n int64
-		if err := s.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements WHERE query LIKE 'SELECT r,%'`).Scan(&n); err != nil {
+		var all, routers int64
+		if err := s.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8,
+				coalesce(sum(calls) FILTER (WHERE userid <> (SELECT oid FROM pg_roles WHERE rolname = $1)), 0)::int8
+			FROM pg_stat_statements WHERE query LIKE 'SELECT r,%'`, fleetPublisherRole).Scan(&all, &routers); err != nil {
 			return c, err
 		}
-		c.queries = append(c.queries, n)
+		c.queries = append(c.queries, all)
+		c.routerQueries = append(c.routerQueries, routers)
 	}
 	info, err := e.admin.Info(ctx, "commandstats", "cpu").Result()
 	if err != nil {
@@ -608,7 +648,7 @@ const clockTicks = 100
 
 // fleetRates are a window's rates, per second.
 type fleetRates struct {
-	queries                    []float64
+	queries, routerQueries     []float64
 	cmds, pubs, deliveries     float64
 	redisCPU, routersCPU, self float64 // percent of one core
 }
@@ -622,6 +662,7 @@ func perSecond(a, b fleetCounters) fleetRates {
 	}
 	for i := range a.queries {
 		r.queries = append(r.queries, float64(b.queries[i]-a.queries[i])/secs)
+		r.routerQueries = append(r.routerQueries, float64(b.routerQueries[i]-a.routerQueries[i])/secs)
 	}
 	return r
 }
@@ -689,6 +730,7 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	}
 	idle := perSecond(c0, c1)
 	r.QueriesIdle, r.RedisCmds, r.Publishes, r.Deliveries = idle.queries, idle.cmds, idle.pubs, idle.deliveries
+	r.RouterQueriesIdle = idle.routerQueries
 	r.RedisCPU, r.RoutersCPU, r.PublishersCPU = idle.redisCPU, idle.routersCPU, idle.self
 
 	e.out.say("%s N=%d: %d catch-up trials", mode, n, e.o.trials)
@@ -704,7 +746,8 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	if err != nil {
 		return fail(err)
 	}
-	r.QueriesWaiting = perSecond(c1, c2).queries
+	waiting := perSecond(c1, c2)
+	r.QueriesWaiting, r.RouterQueriesWaiting = waiting.queries, waiting.routerQueries
 	r.Samples = len(lat)
 	r.WakeP50, r.WakeP99 = ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99))
 	r.PubWakeP50, r.PubWakeP99 = ms(percentile(pubLat, 0.5)), ms(percentile(pubLat, 0.99))
@@ -924,7 +967,7 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 	fmt.Fprintf(w, "\n== fleet: routers on a signed position feed (2 publishers every %s) or polling by themselves, one PostgreSQL primary + 2 replicas, one redis-server\n",
 		consume.DefaultFeedInterval)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tN\tprocs\treplica queries/s idle (r1, r2)\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tCPU: redis, routers, publishers\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
+	fmt.Fprintln(tw, "mode\tN\tprocs\treplica queries/s idle (r1, r2; routers')\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tCPU: redis, routers, publishers\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
 	for _, r := range rows {
 		pub := func(v float64) string {
 			if r.Mode != "feed" {
@@ -938,7 +981,7 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 			share = fmt.Sprintf("%.0f%%", 100*r.Deliveries/expected)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.0f\t%.0f\t%.0f (%s)\t%.0f%%, %.0f%%, %.0f%%\t%s\t%s\t%s\t%s\t%d\t%d\t\n", r.Mode, r.Routers, r.Processes,
-			fmtRates(r.QueriesIdle), fmtRates(r.QueriesWaiting), r.RedisCmds, r.Publishes, r.Deliveries, share, r.RedisCPU, r.RoutersCPU, r.PublishersCPU,
+			fmtQueries(r.QueriesIdle, r.RouterQueriesIdle), fmtQueries(r.QueriesWaiting, r.RouterQueriesWaiting), r.RedisCmds, r.Publishes, r.Deliveries, share, r.RedisCPU, r.RoutersCPU, r.PublishersCPU,
 			fmtMS(r.WakeP50), fmtMS(r.WakeP99), pub(r.PubWakeP50), pub(r.PubWakeP99), r.Samples, r.Fallbacks)
 	}
 	_ = tw.Flush()
@@ -965,6 +1008,11 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 			fmt.Fprintf(w, "   FAIL (%s N=%d): %s\n", r.Mode, r.Routers, r.Err)
 		}
 	}
+}
+
+// fmtQueries is "all, all; routers', routers'" per replica.
+func fmtQueries(all, routers []float64) string {
+	return fmtRates(all) + "; " + fmtRates(routers)
 }
 
 func fmtRates(v []float64) string {
