@@ -83,7 +83,7 @@ func TestChaosShort(t *testing.T) {
 func TestFleetShort(t *testing.T) {
 	out := &progress{start: time.Now(), w: func(s string) { t.Log(s) }}
 	o := fleetOptions{feedNs: []int{3}, localNs: []int{2}, trials: 2, idle: 500 * time.Millisecond, spike: time.Second,
-		spikeRate: 200, budget: fleetBudget{Rate: 20, Burst: 20}, perProcess: 2, batch: 2}
+		spikeRate: 200, budget: fleetBudget{Rate: 20, Burst: 20, Timeout: 500 * time.Millisecond}, perProcess: 2, batch: 2}
 	rows, err := runFleet(t.Context(), o, out)
 	var tables bytes.Buffer
 	printFleet(&tables, rows, o)

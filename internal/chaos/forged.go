@@ -361,12 +361,13 @@ func forgedFeed(ctx context.Context, r *run) error {
 	if err := r.at(ctx, r.sl.lead+pause); err != nil {
 		return err
 	}
-	if err := resumeAll(nodes); err != nil {
-		return err
-	}
+	// Jobs may read a replica as soon as the first resume takes effect.
 	f.mu.Lock()
 	st.resumed = time.Now()
 	f.mu.Unlock()
+	if err := resumeAll(nodes); err != nil {
+		return err
+	}
 	r.event("resumed replay on %s after %s", names(nodes), time.Since(paused).Round(100*time.Millisecond))
 	return nil
 }
