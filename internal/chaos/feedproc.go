@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -319,4 +321,54 @@ func (o *feedObserver) waitPublishing(ctx context.Context, p *publisherProc, bef
 		return fmt.Errorf("%w within 60s: %s, log:\n%s", errNotPublishing, p.name, testsvc.LogTail(p.logPath, 0))
 	}
 	return nil
+}
+
+// clientPorts are the local ports of the process's TCP connections to
+// remotePort on the loopback interface, from /proc: its sockets' inodes
+// (/proc/<pid>/fd), looked up in its network namespace's TCP tables.
+func (p *publisherProc) clientPorts(remotePort int) ([]int, error) {
+	dir := fmt.Sprintf("/proc/%d", p.pid())
+	fds, err := os.ReadDir(dir + "/fd")
+	if err != nil {
+		return nil, err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		if l, err := os.Readlink(dir + "/fd/" + fd.Name()); err == nil {
+			if ino, ok := strings.CutPrefix(l, "socket:["); ok {
+				inodes[strings.TrimSuffix(ino, "]")] = true
+			}
+		}
+	}
+	var ports []int
+	for _, table := range []string{"/net/tcp", "/net/tcp6"} {
+		b, err := os.ReadFile(dir + table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 10 || !inodes[f[9]] {
+				continue
+			}
+			local, remote := hexPort(f[1]), hexPort(f[2])
+			if remote == remotePort && local > 0 {
+				ports = append(ports, local)
+			}
+		}
+	}
+	return ports, nil
+}
+
+// hexPort is the port of a /proc/net/tcp address ("0100007F:1F90").
+func hexPort(addr string) int {
+	_, h, ok := strings.Cut(addr, ":")
+	if !ok {
+		return -1
+	}
+	n, err := strconv.ParseInt(h, 16, 32)
+	if err != nil {
+		return -1
+	}
+	return int(n)
 }

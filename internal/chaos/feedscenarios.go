@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caughtup/caughtup/consume"
@@ -566,14 +567,18 @@ type sigstopPlan struct {
 }
 
 // sigstopPlans: pub-a alone (pub-b keeps the feed), both at once (the
-// router falls back, then the late messages arrive), and one stop past
-// the router's MaxDelay (5s). The short run keeps one of each kind.
+// router falls back to its own polls, then returns). pub-a is frozen in
+// the middle of a poll of the primary, which it publishes after the
+// freeze, that much late (its values, or past the publisher's query
+// timeout of 1s, possibly the poll's failure). The short run keeps one of
+// each kind.
 func sigstopPlans(sl scale) []sigstopPlan {
+	a := []string{"pub-a"}
 	if sl.jobs < fullScale.jobs {
-		return []sigstopPlan{{[]string{"pub-a"}, time.Second}, {feedPublishers, 1500 * time.Millisecond}, {[]string{"pub-a"}, 6 * time.Second}}
+		return []sigstopPlan{{a, 500 * time.Millisecond}, {feedPublishers, 1500 * time.Millisecond}, {a, 6 * time.Second}, {a, 800 * time.Millisecond}}
 	}
-	return []sigstopPlan{{[]string{"pub-a"}, time.Second}, {[]string{"pub-a"}, 3 * time.Second},
-		{feedPublishers, 2 * time.Second}, {[]string{"pub-a"}, 7 * time.Second}}
+	return []sigstopPlan{{a, 500 * time.Millisecond}, {a, 3 * time.Second}, {feedPublishers, 2 * time.Second},
+		{a, 800 * time.Millisecond}, {a, 7 * time.Second}, {feedPublishers, 900 * time.Millisecond}}
 }
 
 func sigstopSpan(sl scale) time.Duration {
@@ -592,7 +597,7 @@ func feedPublisherSigstopScenario(sl scale) *scenario {
 	return feedScenario(&scenario{
 		name: "feed-publisher-sigstop",
 		about: "router on a signed feed of 2 publisher processes, random replay pauses; publishers frozen with SIGSTOP (" + strings.Join(plan, ", ") +
-			"), so that what they polled before arrives late, past the staleness bound and MaxDelay",
+			"), pub-a in the middle of a poll of the primary, so that the observation it was making arrives that late",
 		policy: consume.Delayed,
 		span:   func(s scale) time.Duration { return s.span(s.lead + sigstopSpan(s) + s.tail) },
 		fault:  feedPublisherSigstop,
@@ -607,7 +612,7 @@ func feedPublisherSigstopScenario(sl scale) *scenario {
 			r.note("%d SIGSTOPs; %d observations from stopped publishers arrived more than %s after their poll started (oldest %s)",
 				stops, late.late, lateAge, late.maxAge.Round(time.Millisecond))
 			if late.late == 0 {
-				r.fail("no observation arrived late after %d SIGSTOPs: the delay did not take effect", stops)
+				r.fail("no observation arrived late after %d SIGSTOPs in the middle of a poll: the delay did not take effect", stops)
 			}
 		},
 	})
@@ -630,22 +635,22 @@ func feedPublisherSigstop(ctx context.Context, r *run) error {
 		return s
 	}
 	before := lateOf()
+	// pub-a is frozen in the middle of a poll of the primary, so that what
+	// it read before the stop is published after it; the others simply.
+	// (A replica's observation is stamped with the time its answer was
+	// read, which a poll frozen in flight moves past the freeze: still a
+	// lower bound of the replica's position then. The primary's carries
+	// the time its query was sent.)
 	stop := func(who []string, d time.Duration) error {
+		var procs []*publisherProc
 		for _, name := range who {
-			if err := f.publisher(name).signal(syscall.SIGSTOP); err != nil {
-				return err
-			}
+			procs = append(procs, f.publisher(name))
 		}
-		sleepCtx(ctx, d)
-		for _, name := range who {
-			if err := f.publisher(name).signal(syscall.SIGCONT); err != nil {
-				return err
-			}
-		}
+		err := freezeMidPoll(ctx, r, procs[0], r.cluster.Primary(), d, procs[1:])
 		f.mu.Lock()
 		f.stops++
 		f.mu.Unlock()
-		return nil
+		return err
 	}
 	for _, p := range sigstopPlans(r.sl) {
 		l0 := lateOf()
@@ -662,18 +667,67 @@ func feedPublisherSigstop(ctx context.Context, r *run) error {
 			return err
 		}
 	}
-	// A stop lands between a poll and its publication only if a poll was
-	// in flight: if none did yet, stop pub-a briefly until one does.
-	for extra := 0; lateOf().late == before.late && extra < 30 && ctx.Err() == nil; extra++ {
-		if err := stop([]string{"pub-a"}, 300*time.Millisecond); err != nil {
-			return err
-		}
-		sleepCtx(ctx, 100*time.Millisecond+rand.N(50*time.Millisecond))
-	}
 	l := lateOf()
 	f.mu.Lock()
 	f.late = publisherSeen{late: l.late - before.late, maxAge: l.maxAge}
 	f.mu.Unlock()
+	return nil
+}
+
+// freezeMidPoll SIGSTOPs p while one of its polls of node is in flight,
+// and others with it, for d: the backends serving p's connections to node
+// are SIGSTOPped first, so that p's next poll of node waits for its answer;
+// then p and others are stopped and the backends continued, so that the
+// answer waits in p's socket. When p continues after d it reads that
+// answer and publishes an observation it has held for about d, as a
+// publisher stalled between its poll and its send would.
+func freezeMidPoll(ctx context.Context, r *run, p *publisherProc, node *pgtest.Node, d time.Duration, others []*publisherProc) error {
+	ports, err := p.clientPorts(node.Port())
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, node.DSN(r.env.name))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1::int[])`, ports)
+	if err != nil {
+		return err
+	}
+	backends, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return err
+	}
+	if len(backends) == 0 {
+		return fmt.Errorf("no backend of publisher %s on %s (client ports %v)", p.name, node.Name(), ports)
+	}
+	cont := func() {
+		for _, pid := range backends {
+			_ = syscall.Kill(int(pid), syscall.SIGCONT)
+		}
+	}
+	defer cont()
+	for _, pid := range backends {
+		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("SIGSTOP backend %d on %s: %w", pid, node.Name(), err)
+		}
+	}
+	// A few rounds: the next poll of node is sent, and waits.
+	sleepCtx(ctx, 3*consume.DefaultFeedInterval)
+	all := append([]*publisherProc{p}, others...)
+	for _, q := range all {
+		if err := q.signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+	}
+	cont()
+	sleepCtx(ctx, d)
+	for _, q := range all {
+		if err := q.signal(syscall.SIGCONT); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

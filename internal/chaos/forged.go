@@ -318,12 +318,17 @@ func forgedFeed(ctx context.Context, r *run) error {
 		recorded: recorded, instances: map[string]uint64{}, seqs: map[string]uint64{}}
 
 	// Every kind interleaved, spread over a third of the pause (after a
-	// moment, so that the jobs written since the pause are waiting).
-	var msgs [][]byte
+	// moment, so that the jobs written since the pause are waiting), each
+	// made just before it is sent: its send time is part of it.
+	type next struct {
+		kind forgeKind
+		i    int
+	}
+	var msgs []next
 	st := &forgedState{injected: map[string]int{}}
 	for i := range per {
 		for _, k := range forgeKinds {
-			msgs = append(msgs, k.make(fc, i))
+			msgs = append(msgs, next{k, i})
 			st.injected[k.counter]++
 		}
 	}
@@ -337,7 +342,7 @@ func forgedFeed(ctx context.Context, r *run) error {
 	st.from = time.Now()
 	step := pause / 3 / time.Duration(len(msgs))
 	for i, m := range msgs {
-		if err := attacker.Publish(ctx, channel, m).Err(); err != nil {
+		if err := attacker.Publish(ctx, channel, m.kind.make(fc, m.i)).Err(); err != nil {
 			return fmt.Errorf("publishing forged message %d: %w", i, err)
 		}
 		if d := time.Until(st.from.Add(time.Duration(i+1) * step)); d > 0 {
