@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
@@ -331,6 +332,7 @@ func feedScenario(sc *scenario) *scenario {
 			check(r, res)
 		}
 		checkFeedCommon(r, res)
+		noteLostAsynq(r, res)
 	}
 	return sc
 }
@@ -771,4 +773,46 @@ func feedFailoverScenario(sl scale) *scenario {
 		},
 		check: checkFailover,
 	})
+}
+
+// noteLostAsynq says where the asynq jobs that never completed are in
+// Redis (their state, retries, next run, last error), or that they are
+// in no state at all, for whoever reads a failed run.
+func noteLostAsynq(r *run, res *scenarioResult) {
+	if len(res.Streams) == 0 || res.Streams[0].Stream != "asynq" || res.Streams[0].Lost == 0 {
+		return
+	}
+	lost := map[int64]bool{}
+	r.ast.mu.Lock()
+	for id := range r.ast.produced {
+		if _, ok := r.ast.completed[id]; !ok {
+			lost[id] = true
+		}
+	}
+	r.ast.mu.Unlock()
+	insp := asynq.NewInspector(r.s.redisOpt())
+	defer insp.Close()
+	var found []string
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks, insp.ListArchivedTasks,
+	} {
+		for page := 1; ; page++ {
+			tasks, err := list(r.queue, asynq.Page(page), asynq.PageSize(1000))
+			if err != nil || len(tasks) == 0 {
+				break
+			}
+			for _, t := range tasks {
+				if p, err := decodePayload(t.Payload); err == nil && lost[p.ID] {
+					delete(lost, p.ID)
+					found = append(found, fmt.Sprintf("job %d: %s, retried %d, next %s, orphaned %v, last error %q",
+						p.ID, t.State, t.Retried, t.NextProcessAt.Format("15:04:05.000"), t.IsOrphaned, t.LastErr))
+				}
+			}
+		}
+	}
+	for id := range lost {
+		found = append(found, fmt.Sprintf("job %d: in no state of queue %s", id, r.queue))
+	}
+	sort.Strings(found)
+	r.note("asynq jobs that never completed, as Redis has them: %s", strings.Join(found, "; "))
 }
