@@ -215,25 +215,28 @@ func parseCounts(s string) ([]int, error) {
 
 // fleetEnv is the simulation's services and the parent's own connections.
 type fleetEnv struct {
-	o       fleetOptions
-	out     *progress
-	log     *slog.Logger
-	logDir  string
-	cluster *pgtest.Cluster
-	redis   *pgtest.Redis
-	db      string
-	primary *pgxpool.Pool // writes
-	dbs     map[string]consume.Database
-	pubDBs  map[string]consume.Database // the same, as fleetPublisherRole
-	stats   []*pgx.Conn                 // per replica: pg_stat_statements
-	probes  []*pgx.Conn                 // per replica: the catch-up probe
-	ctrl    []*pgx.Conn                 // per replica: pausing and resuming replay
-	admin   *redis.Client
-	keys    feed.Keyring
-	keyText string
-	feed    string
-	pubs    []*consume.Publisher
-	pubRdb  []*redis.Client
+	o      fleetOptions
+	out    *progress
+	log    *slog.Logger
+	logDir string
+	// keepLogs: a row failed, so logDir stays for its workers' logs.
+	keepLogs bool
+	logFile  *os.File
+	cluster  *pgtest.Cluster
+	redis    *pgtest.Redis
+	db       string
+	primary  *pgxpool.Pool // writes
+	dbs      map[string]consume.Database
+	pubDBs   map[string]consume.Database // the same, as fleetPublisherRole
+	stats    []*pgx.Conn                 // per replica: pg_stat_statements
+	probes   []*pgx.Conn                 // per replica: the catch-up probe
+	ctrl     []*pgx.Conn                 // per replica: pausing and resuming replay
+	admin    *redis.Client
+	keys     feed.Keyring
+	keyText  string
+	feed     string
+	pubs     []*consume.Publisher
+	pubRdb   []*redis.Client
 }
 
 func runFleet(ctx context.Context, o fleetOptions, out *progress) ([]fleetRow, error) {
@@ -280,6 +283,7 @@ func (e *fleetEnv) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	e.logFile = lf
 	e.log = slog.New(slog.NewTextHandler(lf, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	e.out.say("starting PostgreSQL (primary + 2 streaming replicas, pg_stat_statements) and redis-server; logs in %s", dir)
 	if e.cluster, err = pgtest.Start(ctx, pgtest.Options{Replicas: 2, Logf: e.out.say,
@@ -347,6 +351,18 @@ func (e *fleetEnv) start(ctx context.Context) error {
 }
 
 func (e *fleetEnv) close() {
+	defer func() {
+		if e.logFile != nil {
+			_ = e.logFile.Close()
+		}
+		switch {
+		case e.logDir == "":
+		case e.keepLogs:
+			e.out.say("logs kept in %s", e.logDir)
+		default:
+			_ = os.RemoveAll(e.logDir)
+		}
+	}()
 	e.stopPublishers()
 	for _, c := range append(append(e.stats, e.probes...), e.ctrl...) {
 		_ = c.Close(context.Background())
@@ -676,6 +692,7 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	}()
 	fail := func(err error) fleetRow {
 		r.Err = err.Error()
+		e.keepLogs = true
 		e.out.say("%s N=%d: %v", mode, n, err)
 		return r
 	}
