@@ -165,6 +165,29 @@
 //     Timeout values, caughtup.asynq.overrides counted nothing, primary
 //     reads in any window [t, t+1s) stay within 10, and every task
 //     completes once replay resumes.
+//   - feed-publisher-kill, feed-publishers-stopped, feed-redis-restart,
+//     feed-publisher-sigstop, feed-failover (feedscenarios.go): the
+//     router takes positions from a signed position feed of two
+//     publishers, each a `caughtup feed` process (the binary -caughtup
+//     names, else one built with go build), while random replay pauses
+//     come and go; then one publisher is SIGKILLed (the other keeps the
+//     feed going), both are stopped (the router falls back to its own
+//     polls, counted, and returns when they restart), redis-server is
+//     restarted, publishers are frozen with SIGSTOP for 1-7s (their
+//     polls arrive late, some past the staleness bound and MaxDelay), or
+//     a replica is promoted. Checks besides stale and lost: the fault
+//     took effect (no message from the killed publisher, late messages
+//     seen, the fallback and the return counted), jobs waited or were
+//     deferred, and the router is back on the feed at the end.
+//   - forged-feed (forged.go): replay paused on both replicas for 15s
+//     (4s), during which 1,200 (240) messages claiming both replicas
+//     caught up are published on the feed's channel with a plain Redis
+//     client: 12 kinds (wrong secret, another feed's MAC, unknown key
+//     ID, unsigned, malformed, format version 2, authentic ones replayed,
+//     and, signed with the real key, impossible, of an earlier run, sent a
+//     minute ago, of an unknown node, of another system). Each must be
+//     rejected under the counter its kind calls for, and the rejections
+//     must equal the injections.
 //
 // A new scenario goes in a file of its own (diverged.go and timeouts.go
 // are examples): a constructor returning a *scenario, named on its own
@@ -180,6 +203,10 @@
 // with means, and the GitLab-style mean over caughtup's; jobs a policy ran
 // before their catch-up (the primary, or the time window's stale reads)
 // are counted apart and, in a second mean, as 0.
+//
+// The fleet simulation (`make fleet`, FleetMain in fleet.go) is a program
+// of its own: many routers in worker processes, on the feed or polling,
+// and what they cost the replicas and Redis.
 //
 // The run exits 1 if caughtup read stale data, lost a job, let more
 // primary reads through than the cap admits, or completed a job with a
@@ -206,7 +233,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag), compares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
+		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
@@ -215,6 +242,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	capacityOnly := fs.Bool("capacity", false, "run only the capacity simulation")
 	jobs := fs.Int("jobs", 0, "jobs per scenario and in the comparison instead of the run's default (10,000, -short 800): a diagnostic, e.g. of how the catch-up -> start latency grows with the burst a replay pause leaves")
 	only := fs.String("run", "", "run only the scenarios whose name matches this regular expression (\"compare\" is the comparison)")
+	caughtupBin := fs.String("caughtup", "", "the caughtup binary the feed scenarios run their publishers with (caughtup feed); default: built from this module with go build")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -227,7 +255,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *capacityOnly {
 		return 0
 	}
-	o := options{short: *short, scale: fullScale}
+	o := options{short: *short, scale: fullScale, caughtupBin: *caughtupBin}
 	if o.short {
 		o.scale = shortScale
 	}

@@ -39,8 +39,14 @@ var scenarioList = []func(sl scale) *scenario{
 	consumersScenario,
 	replayConflictScenario,
 	lagSpikeCapScenario,
-	divergedStandbyScenario, // diverged.go
-	timeoutTasksScenario,    // timeouts.go
+	divergedStandbyScenario,       // diverged.go
+	timeoutTasksScenario,          // timeouts.go
+	feedPublisherKillScenario,     // feedscenarios.go
+	feedPublishersStoppedScenario, // feedscenarios.go
+	feedRedisRestartScenario,      // feedscenarios.go
+	feedPublisherSigstopScenario,  // feedscenarios.go
+	feedFailoverScenario,          // feedscenarios.go
+	forgedFeedScenario,            // forged.go
 }
 
 func replayPauseScenario(sl scale) *scenario {

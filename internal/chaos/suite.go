@@ -78,6 +78,9 @@ type options struct {
 	short bool
 	scale scale
 	only  *regexp.Regexp
+	// caughtupBin is the caughtup binary the feed scenarios run their
+	// publishers with; "" builds one (see feedTools).
+	caughtupBin string
 }
 
 // scenario is one fault timeline run against both adapters at once. A
@@ -99,6 +102,10 @@ type scenario struct {
 	movablePrimary bool
 	policy         consume.Policy
 	router         func(*consume.Config)
+	// configure, if set, changes the router's config with the run at
+	// hand (the services, run.closers), after router: a position feed's
+	// Redis client, say.
+	configure func(r *run, c *consume.Config) error
 	// asynqOnly: every job goes through asynq; there is no Kafka pipeline.
 	asynqOnly bool
 	// retryTopic adds a third pipeline, a Kafka consumer in RetryTopic
@@ -239,6 +246,8 @@ type scenarioResult struct {
 	Events            []event  `json:"events"`
 	Notes             []string `json:"notes,omitempty"`
 	Failures          []string `json:"failures,omitempty"`
+	// Forged is what forged-feed injected and what was rejected.
+	Forged *forgedResult `json:"forged,omitempty"`
 }
 
 // runScenario sets a scenario up on its cluster, produces its jobs while
@@ -288,6 +297,12 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	rc := consume.Config{DefaultPolicy: sc.policy, MeterProvider: r.metrics.provider}
 	if sc.router != nil {
 		sc.router(&rc)
+	}
+	if sc.configure != nil {
+		if err := sc.configure(r, &rc); err != nil {
+			res.Failures = append(res.Failures, fmt.Sprintf("configure the router: %v", err))
+			return res
+		}
 	}
 	env, err := newDBEnv(ctx, s, r.cluster, sc.name, rc, sc.movablePrimary)
 	if err != nil {
