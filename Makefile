@@ -9,7 +9,7 @@ FUZZTIME  ?= 30s
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 12m
 CHAOSFLAGS ?=
 
-.PHONY: all deps build vet test fuzz bench demo chaos chaos-short
+.PHONY: all deps build vet test fuzz bench demo chaos chaos-short fleet
 
 all: test
 
@@ -52,3 +52,11 @@ chaos: deps
 
 chaos-short: deps
 	$(GO) run ./chaos -short $(CHAOSFLAGS)
+
+# The fleet simulation (internal/chaos, FleetMain): N routers on the
+# position feed or polling by themselves against the real cluster and
+# Redis; prints a table. Not part of make chaos: it loads the machine for
+# minutes. FLEETFLAGS='-feed 10,100 -local ""' runs some rows.
+FLEETFLAGS ?=
+fleet: deps
+	$(GO) run ./fleet $(FLEETFLAGS)

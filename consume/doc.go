@@ -170,9 +170,12 @@
 // embedded in any process, or the `caughtup feed` command; two for
 // redundancy, no leader) and give every Router a Config.Feed: the
 // publishers poll each node every DefaultFeedInterval (10ms) and publish
-// each observation to Redis (package feed: signed, stored as the latest
-// value, and sent on a channel); routers subscribe and merge what arrives
-// exactly as they merge their own polls. Replica load then depends on the
+// its observation to Redis (package feed: signed, stored as the latest
+// value, and sent on a channel) whenever it changed, and at least every
+// DefaultFeedHeartbeat (100ms), so an idle node costs each router ten
+// messages a second per publisher rather than a hundred; routers
+// subscribe and merge what arrives exactly as they merge their own
+// polls. Replica load then depends on the
 // number of publishers, not of routers, and waiting jobs wake on feed
 // messages: waiting makes no router poll.
 //

@@ -118,8 +118,10 @@
 // delivered, and rejects (RejectReplayed) any message of that instance
 // and node at or below it. A message read from the stored values and
 // then received live (or stored again, on the next resubscription) is
-// the expected overlap, not a replay: it is dropped without a rejection
-// and counted as caughtup.feed.duplicates. The memory holds MaxStreams
+// the expected overlap, not a replay, and so is a live message that was
+// published while the subscriber read the store (older than the value it
+// read, arriving before anything newer of its stream): they are dropped
+// without a rejection and counted as caughtup.feed.duplicates. The memory holds MaxStreams
 // entries; beyond that the least recently heard are forgotten.
 //
 // # What the subscriber guarantees, and what it leaves to the merge

@@ -491,3 +491,44 @@ func TestPublisherBacklog(t *testing.T) {
 	require.ErrorIs(t, p.Publish(replica("r1", 3)), feed.ErrClosed)
 	require.GreaterOrEqual(t, m.sum(t, "caughtup.feed.publish.failures"), int64(1))
 }
+
+// TestResubscriptionOverlap: live messages published while a subscriber
+// read the stored values, older than the value it read, are the overlap
+// of the subscription (duplicates), not replays; once a live message of
+// the stream has arrived, an older one is a replay.
+func TestResubscriptionOverlap(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	name, k1 := feedName(t), key(t, "k1")
+	ring := feed.Keyring{Keys: []feed.Key{k1}}
+	spy := client(t, nil).Subscribe(ctx, feed.ChannelName(name))
+	defer spy.Close()
+	_, err := spy.Receive(ctx)
+	require.NoError(t, err)
+	honest, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "honest", Keys: ring})
+	var recorded []string
+	for i := 1; i <= 2; i++ {
+		publish(t, honest, replica("r1", position.LSN(i)))
+		msg, err := spy.ReceiveMessage(ctx)
+		require.NoError(t, err)
+		recorded = append(recorded, msg.Payload)
+	}
+
+	// The subscriber starts from the stored value (sequence 2); sequence
+	// 1, and 2 itself, then arrive live as they would had they been
+	// published while it read the store.
+	s := startSubscriber(t, feed.SubscriberConfig{Feed: name, Keys: ring})
+	d := s.next(t)
+	require.True(t, d.Stored)
+	require.Equal(t, position.LSN(2), d.Replica.Replayed)
+	s.waitState(t, feed.StateSubscribed)
+	plain := client(t, nil)
+	for _, m := range []string{recorded[0], recorded[1], recorded[0]} {
+		require.NoError(t, plain.Publish(ctx, feed.ChannelName(name), m).Err())
+	}
+	publish(t, honest, replica("r1", 3)) // the sentinel
+	require.Equal(t, position.LSN(3), s.next(t).Replica.Replayed)
+	s.none(t)
+	require.Equal(t, int64(2), s.metrics.sum(t, "caughtup.feed.duplicates"), "sequence 1, then 2, live after the stored 2")
+	require.Equal(t, int64(1), s.metrics.sum(t, "caughtup.feed.rejected", reason("replayed")), "sequence 1 again, after 2 arrived live")
+}

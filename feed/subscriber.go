@@ -583,14 +583,20 @@ func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Dura
 	key := streamKey{publisher: m.publisher, instance: m.instance, database: m.obs.Database, node: m.obs.Node, role: m.obs.Role}
 	st := s.streams[key]
 	if st != nil && m.seq <= st.seq {
-		// The same message once from the store and once live is the
-		// overlap of a (re)subscription, not a replay.
-		if m.seq == st.seq && (stored || st.fromStore) {
+		// The overlap of a (re)subscription, not a replay: the same
+		// message once from the store and once live, or a live message
+		// published between SUBSCRIBE and the read of the store, older
+		// than the value read and arriving after it, before any newer
+		// live message of its stream.
+		switch {
+		case m.seq == st.seq && (stored || st.fromStore):
 			st.fromStore = false
-			s.m.duplicates.Add(context.Background(), 1, s.m.all)
+		case !stored && st.fromStore:
+		default:
+			s.reject(RejectReplayed, stored, &m, fmt.Errorf("sequence %d, already at %d", m.seq, st.seq))
 			return false
 		}
-		s.reject(RejectReplayed, stored, &m, fmt.Errorf("sequence %d, already at %d", m.seq, st.seq))
+		s.m.duplicates.Add(context.Background(), 1, s.m.all)
 		return false
 	}
 	if st == nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"slices"
+	"strings"
 
 	"github.com/caughtup/caughtup/internal/chaos"
 )
@@ -17,6 +20,13 @@ func (e errChaosFailed) Error() string {
 }
 
 func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// The feed scenarios run publishers as `caughtup feed` processes: this
+	// binary, so that no Go toolchain is needed to build one.
+	if exe, err := os.Executable(); err == nil && !slices.ContainsFunc(args, func(a string) bool {
+		return strings.HasPrefix(strings.TrimLeft(a, "-"), "caughtup")
+	}) {
+		args = append([]string{"-caughtup", exe}, args...)
+	}
 	code := chaos.Main(ctx, args, stdout, stderr)
 	switch code {
 	case 0:

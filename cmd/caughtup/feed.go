@@ -23,7 +23,7 @@ import (
 const feedSynopsis = `feed --primary URL --replica [NAME=]URL [--replica ...] [--database main]
        [--redis URL] [--redis-mode single|cluster|sentinel] [--redis-ca FILE]
        [--feed default] [--name NAME] [--keys-file FILE | $CAUGHTUP_FEED_KEYS] [--key-id ID]
-       [--insecure] [--interval 10ms]
+       [--insecure] [--interval 10ms] [--heartbeat 100ms]
    or: caughtup feed --generate-key ID
 
 Polls one database's primary and replicas and publishes every observation to
@@ -72,7 +72,8 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	keysFile := fs.String("keys-file", "", "file with the keys, \"id:base64secret,…\"; default $CAUGHTUP_FEED_KEYS")
 	keyID := fs.String("key-id", "", "ID of the key to sign with (default the first key)")
 	insecure := fs.Bool("insecure", false, "publish unsigned messages when no key is configured (routers must be Insecure too)")
-	interval := fs.Duration("interval", consume.DefaultFeedInterval, "how often every node is polled and published")
+	interval := fs.Duration("interval", consume.DefaultFeedInterval, "how often every node is polled (and published when it changed)")
+	heartbeat := fs.Duration("heartbeat", consume.DefaultFeedHeartbeat, "how often a node that did not change is published anyway; keep it well below the routers' silence bound (500ms by default); negative: every poll")
 	generate := fs.String("generate-key", "", "print a new key with this ID as \"id:base64secret\" and exit")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -90,6 +91,9 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if *interval <= 0 {
 		return usageError{"--interval must be positive"}
+	}
+	if *heartbeat == 0 {
+		return usageError{"--heartbeat must not be 0 (negative publishes every poll)"}
 	}
 	keys, err := loadKeys(*keysFile)
 	if err != nil {
@@ -158,6 +162,7 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Databases:    map[string]consume.Database{*database: db},
 		Feed:         feed.PublisherConfig{Client: rdb, Feed: *feedName, Name: *name, Keys: ring, Insecure: *insecure},
 		PollInterval: *interval,
+		Heartbeat:    *heartbeat,
 		Logger:       log,
 	})
 	if err != nil {
@@ -170,8 +175,8 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	for i, r := range db.Replicas {
 		names[i] = r.Name
 	}
-	fmt.Fprintf(stdout, "publishing database %q (primary, replicas %s) to feed %q on %s as %s every %v\n",
-		*database, strings.Join(names, ", "), *feedName, feed.ChannelName(*feedName), pub.ID(), *interval)
+	fmt.Fprintf(stdout, "publishing database %q (primary, replicas %s) to feed %q on %s as %s: polls every %v, unchanged nodes every %v\n",
+		*database, strings.Join(names, ", "), *feedName, feed.ChannelName(*feedName), pub.ID(), *interval, *heartbeat)
 	<-ctx.Done()
 	return pub.Close()
 }

@@ -198,6 +198,7 @@ func TestFeedRejectsBadFlags(t *testing.T) {
 		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--redis", "http://x"},
 		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--redis-mode", "sentinel"},
 		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--interval", "0s"},
+		{"--primary", "postgres://x/y", "--replica", "postgres://x/y", "--insecure", "--heartbeat", "0s"},
 		{"--generate-key", "bad id{"},
 	} {
 		code, _, errOut := runCLI(t, append([]string{"feed"}, args...)...)

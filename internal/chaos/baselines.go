@@ -150,7 +150,7 @@ func baselineRead(ctx context.Context, b baseline, st *stream, p payload, header
 // handler routes with b. GitLab's retry through the queue is a failed
 // attempt after retry, the same delay caughtup's first deferral has.
 func (s *services) startBaselineAsynq(queue string, b baseline, st *stream, retry time.Duration) (*asynq.Server, error) {
-	srv := asynq.NewServer(s.redisOpt(), s.asynqServerConfig(queue, 12, retry))
+	srv := asynq.NewServer(s.redisOpt(), s.asynqServerConfig(queue, asynqConcurrency, retry))
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
 		p, err := decodePayload(t.Payload())

@@ -36,9 +36,13 @@
 // alternately through caughtup's stamping asynq client and its stamping
 // kafka-go writer, so each scenario's jobs are split evenly between an
 // asynq pipeline and a Kafka pipeline running concurrently (a scenario
-// about asynq alone sends every job through asynq). Consumers are the
-// adapters' own: an asynq server with caughtupasynq.ServerConfig and
-// Middleware, and a caughtupkafka.Consumer (in-place deferral) with
+// about asynq alone sends every job through asynq; replay-pause adds a
+// third pipeline, a Kafka consumer in RetryTopic mode on a topic of its
+// own, and splits the jobs three ways). Consumers are the adapters' own:
+// an asynq server (250 workers, see asynqConcurrency) with
+// caughtupasynq.ServerConfig and Middleware, whose Inspector wakes
+// deferred tasks at their catch-up, and a caughtupkafka.Consumer (8
+// partitions, in-place deferral; RetryTopic for the third pipeline) with
 // caughtupkafka.Middleware. The handler reads the row from
 // consume.DB(ctx, "main").
 //
@@ -66,9 +70,34 @@
 //     PrimaryRate x 1s + PrimaryBurst, the most a token bucket admits in
 //     such a window.
 //
+// Catch-up -> handler start, a second table per scenario (catchup.go): a
+// follower records every snapshot the scenario's router publishes. A job
+// could not run at once if its token was not caught up in the snapshot
+// current when it was enqueued; its latency runs from the first recorded
+// snapshot after that in which its token is caught up (the Read of
+// consume.FirstCaughtUp: the tracker had read an observation of a replica
+// past the token) to the start of the handler run that completed it. Rows
+// per pipeline: every such job, those enqueued while replay was paused on
+// every replica (from the moment the last replica reported its replay
+// paused to the resume request), and those routed more than once
+// (deferred, or waiting in place again); p50, p99, max and mean over the
+// jobs started after their catch-up, and counts of jobs started before it
+// (the primary; on a replica only when the follower missed the snapshot
+// of the catch-up, which it reports) and never seen caught up. A line per
+// pipeline says how fast the paused jobs caught up and how fast the
+// pipeline started them: after a long pause that throughput, not the
+// wake, bounds the latency. The table also counts completing runs whose
+// queue retry count (asynq.GetRetryCount, caughtupkafka.Attempt) was
+// above 0, and those of them whose job had no failed attempt (a handler
+// error, or for asynq a refusal by the fallback cap): a retry count grown
+// by deferrals, which fails the run. Notes give the asynq wake's counters
+// and the Kafka consumers' results by topic.
+//
 // Scenarios, each with its fault in the middle of production:
 //
-//   - replay-pause: replay paused on both replicas for 30s.
+//   - replay-pause: replay paused on both replicas for 30s; asynq, Kafka
+//     in place and Kafka retry topic. About 7,500 jobs wait through it and
+//     catch up within about 100ms of the resume.
 //   - replica-crash: each replica SIGKILLed and restarted in turn.
 //   - failover: on a cluster of its own, replica1 is promoted (clean
 //     switchover). The producers' and the router's primary pools use a
@@ -136,6 +165,29 @@
 //     Timeout values, caughtup.asynq.overrides counted nothing, primary
 //     reads in any window [t, t+1s) stay within 10, and every task
 //     completes once replay resumes.
+//   - feed-publisher-kill, feed-publishers-stopped, feed-redis-restart,
+//     feed-publisher-sigstop, feed-failover (feedscenarios.go): the
+//     router takes positions from a signed position feed of two
+//     publishers, each a `caughtup feed` process (the binary -caughtup
+//     names, else one built with go build), while random replay pauses
+//     come and go; then one publisher is SIGKILLed (the other keeps the
+//     feed going), both are stopped (the router falls back to its own
+//     polls, counted, and returns when they restart), redis-server is
+//     restarted, publishers are frozen with SIGSTOP for 1-7s (their
+//     polls arrive late, some past the staleness bound and MaxDelay), or
+//     a replica is promoted. Checks besides stale and lost: the fault
+//     took effect (no message from the killed publisher, late messages
+//     seen, the fallback and the return counted), jobs waited or were
+//     deferred, and the router is back on the feed at the end.
+//   - forged-feed (forged.go): replay paused on both replicas for 15s
+//     (4s), during which 1,200 (240) messages claiming both replicas
+//     caught up are published on the feed's channel with a plain Redis
+//     client: 12 kinds (wrong secret, another feed's MAC, unknown key
+//     ID, unsigned, malformed, format version 2, authentic ones replayed,
+//     and, signed with the real key, impossible, of an earlier run, sent a
+//     minute ago, of an unknown node, of another system). Each must be
+//     rejected under the counter its kind calls for, and the rejections
+//     must equal the injections.
 //
 // A new scenario goes in a file of its own (diverged.go and timeouts.go
 // are examples): a constructor returning a *scenario, named on its own
@@ -144,10 +196,21 @@
 // Then a comparison: one workload consumed by caughtup and by two
 // baselines implemented here, a GitLab-style check (live replay query per
 // replica, 3 sleeps of 0.5s, one retry through the queue, then the primary)
-// and a 2s time window, under random replay pauses.
+// and a 2s time window, under random replay pauses. Besides enqueue ->
+// read, it reports catch-up -> handler start on the jobs enqueued while
+// every replica was paused whose token no replica had replayed then (from
+// the caughtup router's snapshots, the same catch-up for every policy),
+// with means, and the GitLab-style mean over caughtup's; jobs a policy ran
+// before their catch-up (the primary, or the time window's stale reads)
+// are counted apart and, in a second mean, as 0.
 //
-// The run exits 1 if caughtup read stale data, lost a job, or let more
-// primary reads through than the cap admits, or if a fault did not take
+// The fleet simulation (`make fleet`, FleetMain in fleet.go) is a program
+// of its own: many routers in worker processes, on the feed or polling,
+// and what they cost the replicas and Redis.
+//
+// The run exits 1 if caughtup read stale data, lost a job, let more
+// primary reads through than the cap admits, or completed a job with a
+// retry count no failed attempt explains, or if a fault did not take
 // effect. Baselines' stale reads are the point of the comparison and do
 // not fail it.
 package chaos
@@ -170,14 +233,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag), compares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
+		fmt.Fprintln(stdout, "usage: caughtup chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
 	jsonPath := fs.String("json", "chaos-results.json", "write the results as JSON to this file")
 	verbose := fs.Bool("v", false, "log the services' warnings (caughtup, asynq, kafka) to stderr")
 	capacityOnly := fs.Bool("capacity", false, "run only the capacity simulation")
+	jobs := fs.Int("jobs", 0, "jobs per scenario and in the comparison instead of the run's default (10,000, -short 800): a diagnostic, e.g. of how the catch-up -> start latency grows with the burst a replay pause leaves")
 	only := fs.String("run", "", "run only the scenarios whose name matches this regular expression (\"compare\" is the comparison)")
+	caughtupBin := fs.String("caughtup", "", "the caughtup binary the feed scenarios run their publishers with (caughtup feed); default: built from this module with go build")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -190,9 +255,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *capacityOnly {
 		return 0
 	}
-	o := options{short: *short, scale: fullScale}
+	o := options{short: *short, scale: fullScale, caughtupBin: *caughtupBin}
 	if o.short {
 		o.scale = shortScale
+	}
+	if *jobs > 0 {
+		o.scale.jobs = *jobs
 	}
 	if *only != "" {
 		re, err := regexp.Compile(*only)

@@ -2,11 +2,15 @@ package chaos
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/position"
 )
 
 // payload is what every job carries: the row its producer wrote and the
@@ -52,6 +56,9 @@ type read struct {
 	// (Decision.Waited).
 	timeline uint32
 	waited   time.Duration
+	// retried is the queue's own retry count of the run (asynq's
+	// GetRetryCount, caughtupkafka.Attempt): deferrals must not grow it.
+	retried int
 }
 
 // stream is one consumer pipeline: a queue (asynq) or a consumer group
@@ -75,17 +82,50 @@ type stream struct {
 	// middleware's slack) outlasts the attempt's deadline, by the
 	// attempt's time limit.
 	pastDeadline map[time.Duration]int
+	// tokens are the tokens the jobs were enqueued with, and attempts
+	// how many times caughtup's pipelines began routing each job (the
+	// harness's wrappers count them; deferrals and in-place waits
+	// included), for the catch-up → start latency.
+	tokens   map[int64]position.Token
+	attempts map[int64]int
+	// failed are the jobs with an attempt that failed (a handler error;
+	// for asynq also a refusal by the fallback cap, and a retry asynq made
+	// for its own reasons, such as a lease that expired while Redis was
+	// down): the only reasons a queue may grow a job's retry count.
+	failed map[int64]bool
 }
 
 func newStream(name, pipe, policy string) *stream {
 	return &stream{name: name, pipe: pipe, policy: policy, produced: map[int64]payload{}, completed: map[int64]time.Time{},
-		pastDeadline: map[time.Duration]int{}}
+		pastDeadline: map[time.Duration]int{}, tokens: map[int64]position.Token{}, attempts: map[int64]int{},
+		failed: map[int64]bool{}}
 }
 
-func (s *stream) addProduced(p payload) {
+// attempt records that a routing attempt of job id begins.
+func (s *stream) attempt(id int64) {
+	s.mu.Lock()
+	s.attempts[id]++
+	s.mu.Unlock()
+}
+
+// attempted records how an attempt of job id ended: err is what the
+// adapter got back (nil, a deferral, or a failure).
+func (s *stream) attempted(id int64, err error) {
+	var de *consume.DeferError
+	if err == nil || errors.As(err, &de) && !de.Capped() {
+		return
+	}
+	s.mu.Lock()
+	s.failed[id] = true
+	s.mu.Unlock()
+}
+
+// addProduced records a job enqueued with tok.
+func (s *stream) addProduced(p payload, tok position.Token) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.produced[p.ID] = p
+	s.tokens[p.ID] = tok
 }
 
 // record keeps a read and marks the job complete; the handler then
@@ -177,11 +217,31 @@ type streamResult struct {
 	// MaxFallbackPerSec is the most fallback primary reads whose
 	// decisions fall in any window [t, t+1s); MaxPrimaryPerSec the same
 	// for every primary read.
-	MaxFallbackPerSec int            `json:"max_fallback_reads_per_1s"`
-	MaxPrimaryPerSec  int            `json:"max_primary_reads_per_1s"`
-	Outcomes          map[string]int `json:"outcomes"`
-	StaleExamples     []string       `json:"stale_examples,omitempty"`
-	LostExamples      []int64        `json:"lost_examples,omitempty"`
+	// CatchUp is catch-up → handler start of the jobs that could not run
+	// at once: their token not caught up in the router's snapshot when
+	// they were enqueued. Paused is the same for those of them enqueued
+	// while replay was paused on every replica, Deferred for those routed
+	// more than once (deferred, or waited in place again). Set by the
+	// scenario from its recorded snapshots (see catchup.go).
+	CatchUp  latencyStats `json:"catch_up_to_start"`
+	Paused   latencyStats `json:"catch_up_to_start_paused"`
+	Deferred latencyStats `json:"catch_up_to_start_deferred"`
+	// PausedDrain is how the jobs of Paused caught up and were started.
+	PausedDrain drainStats `json:"paused_drain"`
+	// RetriedRuns counts completing runs whose queue retry count
+	// (asynq.GetRetryCount, caughtupkafka.Attempt) was above 0: a
+	// deferral must never grow it, so without handler errors
+	// (HandlerErrs) it must be 0.
+	RetriedRuns int `json:"completed_with_retry_count"`
+	// RetriedWithoutFailure counts those of them whose job had no failed
+	// attempt (see stream.failed) in caughtup's pipelines: a retry count
+	// grown by deferrals alone. Must be 0.
+	RetriedWithoutFailure int            `json:"completed_with_retry_count_without_failure"`
+	MaxFallbackPerSec     int            `json:"max_fallback_reads_per_1s"`
+	MaxPrimaryPerSec      int            `json:"max_primary_reads_per_1s"`
+	Outcomes              map[string]int `json:"outcomes"`
+	StaleExamples         []string       `json:"stale_examples,omitempty"`
+	LostExamples          []int64        `json:"lost_examples,omitempty"`
 }
 
 func (s *stream) result() streamResult {
@@ -209,6 +269,12 @@ func (s *stream) result() streamResult {
 		}
 		if !first[rd.job.ID] && s.completed[rd.job.ID].Equal(rd.at) {
 			first[rd.job.ID] = true
+			if rd.retried > 0 {
+				r.RetriedRuns++
+				if !s.failed[rd.job.ID] {
+					r.RetriedWithoutFailure++
+				}
+			}
 			sinceCommit = append(sinceCommit, rd.at.Sub(time.Unix(0, rd.job.Committed)))
 			latency = append(latency, rd.at.Sub(time.Unix(0, rd.job.Enqueued)))
 		}
@@ -275,6 +341,53 @@ func maxInWindow(ts []time.Time, w time.Duration) int {
 		best = max(best, hi-lo+1)
 	}
 	return best
+}
+
+// catchUps finds, for every job of s that completed, whether its token
+// was caught up when it was enqueued (in the last snapshot f had seen
+// then) and, if not, its first catch-up after that in f's snapshots.
+func (s *stream) catchUps(f *snapFollower, cfg *consume.Config) []jobCatchUp {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	completing := s.completingReads()
+	js := make([]jobCatchUp, 0, len(completing))
+	one := make([]*consume.Snapshot, 1)
+	var ws []waiting
+	var idx []int
+	for id, rd := range completing {
+		p := s.produced[id]
+		j := jobCatchUp{enqueued: time.Unix(0, p.Enqueued), start: rd.at, replica: rd.replica, attempts: s.attempts[id]}
+		tok := s.tokens[id]
+		i := f.at(j.enqueued)
+		var after uint64
+		if i >= 0 {
+			one[0] = f.snaps[i]
+			_, j.atOnce = consume.FirstCaughtUp(tok, one, cfg)
+			after = f.snaps[i].Seq
+		}
+		if !j.atOnce {
+			ws = append(ws, waiting{tok: tok, after: after})
+			idx = append(idx, len(js))
+		}
+		js = append(js, j)
+	}
+	firstCatchUps(ws, f.snaps, cfg)
+	for k, w := range ws {
+		js[idx[k]].found, js[idx[k]].read = w.found, w.read
+	}
+	return js
+}
+
+// completingReads maps each completed job to the run that completed it.
+// The caller holds s.mu.
+func (s *stream) completingReads() map[int64]read {
+	out := make(map[int64]read, len(s.completed))
+	for _, rd := range s.reads {
+		if _, ok := out[rd.job.ID]; !ok && s.completed[rd.job.ID].Equal(rd.at) {
+			out[rd.job.ID] = rd
+		}
+	}
+	return out
 }
 
 // readsBetween returns the reads decided in (from, to).

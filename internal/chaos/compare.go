@@ -15,16 +15,29 @@ import (
 
 // comparisonResult is caughtup and the two baselines on one workload.
 type comparisonResult struct {
-	About          string         `json:"about"`
-	Jobs           int            `json:"jobs"`
-	Split          string         `json:"split"`
-	Streams        []streamResult `json:"streams"`
-	Totals         []streamResult `json:"totals"`
-	Pauses         int            `json:"replay_pauses"`
-	PausedSeconds  float64        `json:"paused_replica_seconds"`
-	ProduceSeconds float64        `json:"production_s"`
-	Seconds        float64        `json:"elapsed_s"`
-	Failures       []string       `json:"failures,omitempty"`
+	About         string         `json:"about"`
+	Jobs          int            `json:"jobs"`
+	Split         string         `json:"split"`
+	Streams       []streamResult `json:"streams"`
+	Totals        []streamResult `json:"totals"`
+	Pauses        int            `json:"replay_pauses"`
+	PausedSeconds float64        `json:"paused_replica_seconds"`
+	// AllPaused counts the pauses of every replica at once and
+	// AllPausedSeconds their length: the jobs enqueued during them
+	// (streamResult.Paused) are the ones the catch-up → start comparison
+	// is made on.
+	AllPaused        int     `json:"pauses_of_every_replica"`
+	AllPausedSeconds float64 `json:"every_replica_paused_s"`
+	// MeanRatio is the GitLab-style baseline's mean catch-up → start on
+	// those jobs over caughtup's (both pipelines), MeanRatioEarlyZero the
+	// same with the jobs a policy ran before their catch-up counted as 0.
+	MeanRatio          float64  `json:"gitlab_over_caughtup_mean_catch_up_to_start"`
+	MeanRatioEarlyZero float64  `json:"gitlab_over_caughtup_mean_catch_up_to_start_early_as_0"`
+	SnapshotsRecorded  int      `json:"snapshots_recorded"`
+	SnapshotsSkipped   uint64   `json:"snapshots_skipped"`
+	ProduceSeconds     float64  `json:"production_s"`
+	Seconds            float64  `json:"elapsed_s"`
+	Failures           []string `json:"failures,omitempty"`
 }
 
 // compareDelay is when jobs are enqueued after their write: most at once,
@@ -73,6 +86,9 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	base := s.name("compare")
 	client := asynq.NewClient(s.redisOpt())
 	defer client.Close()
+	// Closed after the servers (stop, deferred later).
+	inspector := asynq.NewInspector(s.redisOpt())
+	defer inspector.Close()
 	stamping := caughtupasynq.NewClient(client)
 	if err := s.createTopics(ctx, 8, base); err != nil {
 		res.Failures = append(res.Failures, err.Error())
@@ -115,9 +131,9 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			err error
 		)
 		if i == 0 {
-			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a, nil)
+			srv, err = s.startCaughtupAsynq(queue, env.router, consume.Delayed, a, nil, inspector)
 			if err == nil {
-				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{100 * time.Millisecond, time.Second},
+				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{retryInitial: 100 * time.Millisecond, retryMax: time.Second},
 					env.router, caughtupKafkaHandler(env.router, consume.Delayed, k), nil)
 			}
 		} else {
@@ -126,7 +142,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			// delay of caughtup's first deferral, on the same queue.
 			srv, err = s.startBaselineAsynq(queue, b, a, time.Second)
 			if err == nil {
-				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{time.Second, time.Second}, env.router, baselineKafkaHandler(b, k), nil)
+				m, err = s.startKafkaMember("kafka-"+pol, base, group, k, kafkaTuning{retryInitial: time.Second, retryMax: time.Second}, env.router, baselineKafkaHandler(b, k), nil)
 			}
 		}
 		if srv != nil {
@@ -150,7 +166,10 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	cctx, cancel := context.WithTimeout(ctx, sl.compareFor+sl.drain+2*time.Minute)
 	defer cancel()
 	pctx, stopPauses := context.WithCancel(cctx)
-	var pw sync.WaitGroup
+	var (
+		pw        sync.WaitGroup
+		allPaused []pauseSpan
+	)
 	nodes := env.replicaNodes
 	pw.Go(func() {
 		defer resumeAll(nodes)
@@ -164,14 +183,22 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			if err := pauseAll(pctx, paused); err != nil {
 				break
 			}
+			from := time.Now()
 			d := sl.maxPause/4 + time.Duration(rng.Int64N(int64(sl.maxPause*3/4)))
 			sleepCtx(pctx, d)
+			if len(paused) == len(nodes) {
+				allPaused = append(allPaused, pauseSpan{from: from, to: time.Now()})
+				res.AllPaused++
+				res.AllPausedSeconds += time.Since(from).Seconds()
+			}
 			_ = resumeAll(paused)
 			res.Pauses++
 			res.PausedSeconds += d.Seconds() * float64(len(paused))
 			sleepCtx(pctx, time.Duration(rng.Int64N(int64(time.Second))))
 		}
 	})
+	follower := followSnapshots(env.router)
+	defer follower.stop()
 	start := time.Now()
 	w.run(cctx)
 	res.ProduceSeconds = time.Since(start).Seconds()
@@ -195,13 +222,20 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 		}
 		sleepCtx(cctx, 100*time.Millisecond)
 	}
+	follower.stop()
 	stop()
 	res.Jobs = int(w.produced.Load())
 	res.Split = fmt.Sprintf("%d asynq + %d kafka, concurrently; each consumed by 3 policies", w.lanes[0].jobs.Load(), w.lanes[1].jobs.Load())
+	rcfg := env.router.Config()
+	measure := func(st *stream) streamResult {
+		sr := st.result()
+		measureCatchUp(&sr, st, follower, &rcfg, allPaused)
+		return sr
+	}
 	for i, pol := range policies {
-		ar, kr := ast[i].result(), kst[i].result()
+		ar, kr := measure(ast[i]), measure(kst[i])
 		res.Streams = append(res.Streams, ar, kr)
-		tot := mergeStreams(pol, pol, ast[i], kst[i]).result()
+		tot := measure(mergeStreams(pol, pol, ast[i], kst[i]))
 		res.Totals = append(res.Totals, tot)
 		for _, sr := range []streamResult{ar, kr} {
 			if sr.Lost > 0 {
@@ -212,6 +246,14 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 			if pol == "caughtup" && sr.Stale > 0 {
 				res.Failures = append(res.Failures, fmt.Sprintf("%s: %d stale reads, e.g. %v", sr.Stream, sr.Stale, sr.StaleExamples))
 			}
+		}
+	}
+	res.SnapshotsRecorded, res.SnapshotsSkipped = len(follower.snaps), follower.skipped
+	follower.snaps = nil
+	if c, g := res.Totals[0].Paused, res.Totals[1].Paused; c.N > 0 && c.Mean > 0 {
+		res.MeanRatio = g.Mean / c.Mean
+		if c.MeanEarlyZero > 0 {
+			res.MeanRatioEarlyZero = g.MeanEarlyZero / c.MeanEarlyZero
 		}
 	}
 	if res.Jobs < sl.jobs {

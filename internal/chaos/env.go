@@ -43,6 +43,8 @@ type services struct {
 	tag string
 	log *slog.Logger
 	out *progress
+	// feed runs the feed scenarios' publisher processes.
+	feed feedTools
 }
 
 // groupTimings are a consumer group's session and rebalance timeouts.
@@ -89,6 +91,7 @@ func clusterOptions(o options, out *progress) pgtest.Options {
 
 func startServices(ctx context.Context, o options, out *progress, logw io.Writer) (*services, error) {
 	s := &services{opts: o, out: out, tag: runTag()}
+	s.feed.given = o.caughtupBin
 	s.log = slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// go-redis logs each connection a Redis restart breaks; expected here.
 	redis.SetLogger(redisLog{s.log})
@@ -164,6 +167,7 @@ func (s *services) kafkaName() string {
 }
 
 func (s *services) close() {
+	_ = s.feed.close()
 	if s.kafka != nil {
 		_ = s.kafka.Close()
 	}

@@ -27,6 +27,15 @@ func newRunMetrics() *runMetrics {
 // sum returns an Int64 counter's value per value of the attribute attr
 // (all data points when attr is ""; they then sum under "").
 func (m *runMetrics) sum(name, attr string) map[string]int64 {
+	if attr == "" {
+		return m.sumBy(name)
+	}
+	return m.sumBy(name, attr)
+}
+
+// sumBy returns an Int64 counter's value per combination of the values of
+// attrs, joined by "/" (all data points under "" without attrs).
+func (m *runMetrics) sumBy(name string, attrs ...string) map[string]int64 {
 	out := map[string]int64{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -45,9 +54,12 @@ func (m *runMetrics) sum(name, attr string) map[string]int64 {
 			}
 			for _, dp := range s.DataPoints {
 				key := ""
-				if attr != "" {
+				for i, attr := range attrs {
 					v, _ := dp.Attributes.Value(attribute.Key(attr))
-					key = v.Emit()
+					if i > 0 {
+						key += "/"
+					}
+					key += v.Emit()
 				}
 				out[key] += dp.Value
 			}
@@ -71,4 +83,21 @@ func (r *run) asynqOverrides() (map[string]int64, int64) {
 		total += n
 	}
 	return by, total
+}
+
+// noteWakes notes what woke deferred jobs: the asynq middleware's wake
+// (caughtup.asynq.wake.*) and the Kafka consumers' results by topic
+// (caughtup.kafka.messages: woken is a retry-topic message run at its
+// catch-up rather than its due time).
+func (r *run) noteWakes() {
+	woken := r.metrics.sumBy("caughtup.asynq.wake.tasks")[""]
+	errs := r.metrics.sumBy("caughtup.asynq.wake.errors", "error.type")
+	dropped := r.metrics.sumBy("caughtup.asynq.wake.dropped", "caughtup.asynq.wake.reason")
+	if woken > 0 || len(errs) > 0 || len(dropped) > 0 {
+		r.note("asynq wake: %d deferred tasks moved to pending at their catch-up; attempts that moved none, by error.type: %v; forgotten first: %v",
+			woken, errs, dropped)
+	}
+	if res := r.metrics.sumBy("caughtup.kafka.messages", "messaging.destination.name", "caughtup.kafka.result"); len(res) > 0 {
+		r.note("kafka results by topic/result: %v", res)
+	}
 }

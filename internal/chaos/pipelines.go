@@ -45,14 +45,15 @@ func readRow(ctx context.Context, st *stream, pool *pgxpool.Pool, rd read) error
 }
 
 // caughtupRead is the handler behind caughtup's middleware: the pool and
-// the decision come from the context the adapter built.
-func caughtupRead(ctx context.Context, st *stream, p payload, header string) error {
+// the decision come from the context the adapter built. retried is the
+// queue's retry count of this run.
+func caughtupRead(ctx context.Context, st *stream, p payload, header string, retried int) error {
 	dec, ok := consume.DecisionFrom(ctx)
 	pool, err := consume.Pool(ctx, "main")
 	if !ok || err != nil {
 		return errors.New("chaos: the handler's context carries no routing decision")
 	}
-	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback, waited: dec.Waited}
+	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback, waited: dec.Waited, retried: retried}
 	if dd, ok := dec.Database("main"); ok {
 		rd.replica = dd.Replica
 	}
@@ -124,6 +125,19 @@ func (a *asynqPipe) send(ctx context.Context, p payload) error {
 	return err
 }
 
+// asynqConcurrency is the workers of every asynq server of the suite. A
+// task waiting for a replica holds its worker for up to the router's
+// WaitBudget (500ms), and under a long lag a deferred task whose delay
+// ends first comes back and waits again: through the 30s replay pause the
+// asynq pipeline (a third of 250 jobs/s) makes about 400 attempts/s, each
+// holding a worker up to 500ms, so about 200 workers are busy waiting
+// (Little's law). With fewer, tasks queue up in asynq's pending list
+// behind the waiting ones instead of being deferred (and woken at the
+// catch-up), and unrelated tasks queue with them. The baselines get as
+// many, so that GitLab's in-worker sleeps (up to 1.5s) do not starve them
+// of workers either.
+const asynqConcurrency = 250
+
 // asynqServerConfig is shared by every asynq server of the suite. A fast
 // DelayedTaskCheckInterval keeps deferrals (and baseline retries) close to
 // the delay they ask for; TaskCheckInterval keeps an idle queue from adding
@@ -149,26 +163,49 @@ func (s *services) redisOpt() asynq.RedisClientOpt {
 
 // startCaughtupAsynq runs an asynq server with caughtup's hooks and
 // middleware; the harness's own middleware outside it counts deferrals.
-// The middleware records into mp (nil: the global MeterProvider).
-func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream, mp metric.MeterProvider) (*asynq.Server, error) {
-	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(s.asynqServerConfig(queue, 12, 250*time.Millisecond)))
+// The middleware records into mp (nil: the global MeterProvider) and wakes
+// deferred tasks through insp, which the caller closes once every server
+// using it has shut down and the jobs have completed (the wake then has
+// nothing left to do).
+func (s *services) startCaughtupAsynq(queue string, router *consume.Router, policy consume.Policy, st *stream, mp metric.MeterProvider, insp *asynq.Inspector) (*asynq.Server, error) {
+	cfg := s.asynqServerConfig(queue, asynqConcurrency, 250*time.Millisecond)
+	delay := cfg.RetryDelayFunc
+	cfg.RetryDelayFunc = func(n int, err error, t *asynq.Task) time.Duration {
+		// ServerConfig answers for deferrals itself: what reaches this is a
+		// retry asynq counts against the task, after a handler error or
+		// for a lease that expired (its recoverer, after a Redis outage),
+		// which the handler's wrapper never sees.
+		if p, perr := decodePayload(t.Payload()); perr == nil {
+			st.attempted(p.ID, err)
+		}
+		return delay(n, err, t)
+	}
+	srv := asynq.NewServer(s.redisOpt(), caughtupasynq.ServerConfig(cfg))
 	mux := asynq.NewServeMux()
 	mux.Use(func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 			began := time.Now()
+			p, perr := decodePayload(t.Payload())
+			if perr == nil {
+				st.attempt(p.ID)
+			}
 			err := next.ProcessTask(ctx, t)
 			classify(st, err)
+			if perr == nil {
+				st.attempted(p.ID, err)
+			}
 			deferredPastDeadline(ctx, st, began, err)
 			return err
 		})
 	})
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp}))
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp, Inspector: insp}))
 	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
 		p, err := decodePayload(t.Payload())
 		if err != nil {
 			return fmt.Errorf("%w: %v", asynq.SkipRetry, err)
 		}
-		return caughtupRead(ctx, st, p, t.Headers()[position.HeaderName])
+		retried, _ := asynq.GetRetryCount(ctx)
+		return caughtupRead(ctx, st, p, t.Headers()[position.HeaderName], retried)
 	})
 	if err := srv.Start(mux); err != nil {
 		return nil, err
@@ -259,6 +296,9 @@ func (m *kafkaMember) partitionsBetween(from, to time.Time) map[int]bool {
 
 type kafkaTuning struct {
 	retryInitial, retryMax time.Duration
+	// mode is the Consumer's deferral mode (InPlace by default); a
+	// RetryTopic consumer reads topic + ".retry" too, which must exist.
+	mode caughtupkafka.Mode
 }
 
 // startKafkaMember starts a consumer whose handler h routes by itself:
@@ -275,7 +315,7 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 		Topic:               topic,
 		Router:              router,
 		Policy:              consume.Always,
-		Mode:                caughtupkafka.InPlace,
+		Mode:                tune.mode,
 		MaxAttempts:         50,
 		RetryBackoffInitial: tune.retryInitial,
 		RetryBackoffMax:     tune.retryMax,
@@ -296,8 +336,15 @@ func (s *services) startKafkaMember(name, topic, group string, st *stream, tune 
 			return nil
 		},
 	}, func(ctx context.Context, msg kafkago.Message) error {
+		p, perr := decodePayload(msg.Value)
+		if perr == nil {
+			st.attempt(p.ID)
+		}
 		err := h(ctx, msg)
 		classify(st, err)
+		if perr == nil {
+			st.attempted(p.ID, err)
+		}
 		if err == nil {
 			m.mu.Lock()
 			m.handled = append(m.handled, handledAt{time.Now(), msg.Partition})
@@ -321,7 +368,7 @@ func caughtupKafkaHandler(router *consume.Router, policy consume.Policy, st *str
 		if err != nil {
 			return nil // not ours; nothing to check
 		}
-		return caughtupRead(ctx, st, p, tokenText(msg))
+		return caughtupRead(ctx, st, p, tokenText(msg), caughtupkafka.Attempt(ctx))
 	})
 }
 

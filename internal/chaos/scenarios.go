@@ -39,18 +39,26 @@ var scenarioList = []func(sl scale) *scenario{
 	consumersScenario,
 	replayConflictScenario,
 	lagSpikeCapScenario,
-	divergedStandbyScenario, // diverged.go
-	timeoutTasksScenario,    // timeouts.go
+	divergedStandbyScenario,       // diverged.go
+	timeoutTasksScenario,          // timeouts.go
+	feedPublisherKillScenario,     // feedscenarios.go
+	feedPublishersStoppedScenario, // feedscenarios.go
+	feedRedisRestartScenario,      // feedscenarios.go
+	feedPublisherSigstopScenario,  // feedscenarios.go
+	feedFailoverScenario,          // feedscenarios.go
+	forgedFeedScenario,            // forged.go
 }
 
 func replayPauseScenario(sl scale) *scenario {
 	return &scenario{
-		name:   "replay-pause",
-		about:  fmt.Sprintf("WAL replay paused on both replicas for %s mid-run (delayed policy: wait, defer, run once replay resumes)", sl.pause),
-		policy: consume.Delayed,
-		span:   func(s scale) time.Duration { return s.span(s.lead + s.pause + s.tail) },
-		fault:  replayPause,
-		check:  expectDeferrals,
+		name: "replay-pause",
+		about: fmt.Sprintf("WAL replay paused on both replicas for %s mid-run (delayed policy: wait, defer, run once replay resumes); "+
+			"Kafka in both modes (in place, retry topic)", sl.pause),
+		policy:     consume.Delayed,
+		retryTopic: true,
+		span:       func(s scale) time.Duration { return s.span(s.lead + s.pause + s.tail) },
+		fault:      replayPause,
+		check:      expectDeferrals,
 	}
 }
 
@@ -188,9 +196,14 @@ func pauseAllFor(ctx context.Context, r *run, d time.Duration, why string) error
 		return err
 	}
 	r.event("paused replay on %s%s", names(nodes), why)
+	span := pauseSpan{from: time.Now()}
 	if err := r.at(ctx, r.sl.lead+d); err != nil {
 		return err
 	}
+	span.to = time.Now()
+	r.mu.Lock()
+	r.pausedAll = append(r.pausedAll, span)
+	r.mu.Unlock()
 	if err := resumeAll(nodes); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/pgtest"
+	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
 // scale is how big and how long a run is.
@@ -77,6 +78,9 @@ type options struct {
 	short bool
 	scale scale
 	only  *regexp.Regexp
+	// caughtupBin is the caughtup binary the feed scenarios run their
+	// publishers with; "" builds one (see feedTools).
+	caughtupBin string
 }
 
 // scenario is one fault timeline run against both adapters at once. A
@@ -98,8 +102,16 @@ type scenario struct {
 	movablePrimary bool
 	policy         consume.Policy
 	router         func(*consume.Config)
+	// configure, if set, changes the router's config with the run at
+	// hand (the services, run.closers), after router: a position feed's
+	// Redis client, say.
+	configure func(r *run, c *consume.Config) error
 	// asynqOnly: every job goes through asynq; there is no Kafka pipeline.
 	asynqOnly bool
+	// retryTopic adds a third pipeline, a Kafka consumer in RetryTopic
+	// mode on a topic of its own, beside the in-place one: jobs then
+	// alternate between asynq, Kafka in place and Kafka retry topic.
+	retryTopic bool
 	// taskOptions, if set, are extra options of each job's asynq task.
 	taskOptions func(p payload) []asynq.Option
 	// span is how long production runs; fault runs alongside it.
@@ -131,8 +143,22 @@ type run struct {
 	asynqPipe           *asynqPipe
 	kafkaPipe           *kafkaPipe
 	asynqClient         *asynq.Client
-	ast, kst            *stream
-	work                *workload
+	// inspector wakes the asynq servers' deferred tasks (Middleware's
+	// Inspector); closed after the last server.
+	inspector *asynq.Inspector
+	ast, kst  *stream
+	// The RetryTopic pipeline (scenario.retryTopic): its topic (and
+	// consumer group), producer, stream and consumer.
+	retryTopic  string
+	retryPipe   *kafkaPipe
+	rst         *stream
+	retryMember *kafkaMember
+	// follower records the router's snapshots during production and the
+	// drain, for the catch-up → start latency; pausedAll are the spans
+	// during which the fault had replay paused on every replica.
+	follower  *snapFollower
+	pausedAll []pauseSpan
+	work      *workload
 	// extra are producers besides the scenario's main workload, writing
 	// through the same lanes (the diverged standby's split-brain writer).
 	extra []*workload
@@ -213,9 +239,15 @@ type scenarioResult struct {
 	WriteMeanMS    float64        `json:"producer_write_mean_ms"`
 	SendMeanMS     float64        `json:"producer_enqueue_mean_ms"`
 	Seconds        float64        `json:"elapsed_s"`
-	Events         []event        `json:"events"`
-	Notes          []string       `json:"notes,omitempty"`
-	Failures       []string       `json:"failures,omitempty"`
+	// SnapshotsRecorded are the router snapshots the catch-up latency was
+	// measured from, SnapshotsSkipped those the follower missed.
+	SnapshotsRecorded int      `json:"snapshots_recorded"`
+	SnapshotsSkipped  uint64   `json:"snapshots_skipped"`
+	Events            []event  `json:"events"`
+	Notes             []string `json:"notes,omitempty"`
+	Failures          []string `json:"failures,omitempty"`
+	// Forged is what forged-feed injected and what was rejected.
+	Forged *forgedResult `json:"forged,omitempty"`
 }
 
 // runScenario sets a scenario up on its cluster, produces its jobs while
@@ -233,6 +265,10 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	r.ast = newStream("asynq", "asynq", "caughtup")
 	if !sc.asynqOnly {
 		r.kst = newStream("kafka", "kafka", "caughtup")
+		if sc.retryTopic {
+			r.retryTopic = s.name(sc.name + "-rt")
+			r.rst = newStream("kafka-retry", "kafka", "caughtup")
+		}
 	}
 
 	if sc.fresh {
@@ -262,6 +298,12 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	if sc.router != nil {
 		sc.router(&rc)
 	}
+	if sc.configure != nil {
+		if err := sc.configure(r, &rc); err != nil {
+			res.Failures = append(res.Failures, fmt.Sprintf("configure the router: %v", err))
+			return res
+		}
+	}
 	env, err := newDBEnv(ctx, s, r.cluster, sc.name, rc, sc.movablePrimary)
 	if err != nil {
 		res.Failures = append(res.Failures, fmt.Sprintf("set up database and router: %v", err))
@@ -283,6 +325,9 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	if r.kst != nil {
 		lanes = append(lanes, &lane{name: "kafka", sinks: []sink{{send: r.kafkaPipe.send, streams: []*stream{r.kst}}}})
 	}
+	if r.rst != nil {
+		lanes = append(lanes, &lane{name: "kafka-retry", sinks: []sink{{send: r.retryPipe.send, streams: []*stream{r.rst}}}})
+	}
 	r.work = &workload{
 		pool: env.producer, jobs: sl.jobs, over: span, workers: 8, keys: int64(max(sl.jobs/4, 50)), delay: sc.delay,
 		lanes: lanes,
@@ -296,9 +341,12 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 		}
 	}
 	s.out.say("%s: %s", sc.name, sc.about)
-	if r.kst != nil {
+	switch {
+	case r.rst != nil:
+		s.out.say("%s: producing %d jobs over %s (a third each through asynq, kafka in place and kafka retry topic, concurrently)", sc.name, sl.jobs, span.Round(100*time.Millisecond))
+	case r.kst != nil:
 		s.out.say("%s: producing %d jobs over %s (%d asynq + %d kafka, concurrently)", sc.name, sl.jobs, span.Round(100*time.Millisecond), sl.jobs/2, sl.jobs-sl.jobs/2)
-	} else {
+	default:
 		s.out.say("%s: producing %d asynq jobs over %s", sc.name, sl.jobs, span.Round(100*time.Millisecond))
 	}
 
@@ -306,6 +354,8 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	// hang the suite.
 	sctx, cancel := context.WithTimeout(ctx, span+sl.drain+2*time.Minute)
 	defer cancel()
+	r.follower = followSnapshots(env.router)
+	defer r.follower.stop()
 	r.start = time.Now()
 	var wg sync.WaitGroup
 	var faultErr error
@@ -321,6 +371,7 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	}
 	r.event("production done: %d jobs in %.1fs", r.produced(), res.ProduceSeconds)
 	r.drain(sctx, r.streams())
+	r.follower.stop()
 	r.stopPipelines()
 	if sc.judge != nil {
 		if err := sc.judge(sctx, r); err != nil {
@@ -336,9 +387,14 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	if len(streams) > 1 {
 		streams = append(streams, mergeStreams("all", "caughtup", streams...))
 	}
+	rcfg := env.router.Config()
 	for _, st := range streams {
-		res.Streams = append(res.Streams, st.result())
+		sr := st.result()
+		measureCatchUp(&sr, st, r.follower, &rcfg, r.pausedAll)
+		res.Streams = append(res.Streams, sr)
 	}
+	res.SnapshotsRecorded, res.SnapshotsSkipped = len(r.follower.snaps), r.follower.skipped
+	r.follower.snaps = nil
 	r.checkCaughtup(&res, res.CapWindowLimit)
 	if sc.check != nil {
 		sc.check(r, &res)
@@ -351,12 +407,16 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	return res
 }
 
-// streams are the scenario's pipelines: asynq, and Kafka unless asynqOnly.
+// streams are the scenario's pipelines: asynq, Kafka in place unless
+// asynqOnly, and Kafka retry topic with retryTopic.
 func (r *run) streams() []*stream {
-	if r.kst == nil {
-		return []*stream{r.ast}
+	out := []*stream{r.ast}
+	for _, st := range []*stream{r.kst, r.rst} {
+		if st != nil {
+			out = append(out, st)
+		}
 	}
-	return []*stream{r.ast, r.kst}
+	return out
 }
 
 // produced counts the jobs of every producer.
@@ -370,8 +430,11 @@ func (r *run) produced() int64 {
 
 // split says how the jobs went through the pipelines.
 func (r *run) split() string {
-	if r.kst == nil {
+	switch {
+	case r.kst == nil:
 		return fmt.Sprintf("%d asynq", r.ast.jobs())
+	case r.rst != nil:
+		return fmt.Sprintf("%d asynq + %d kafka in place + %d kafka retry topic, concurrently", r.ast.jobs(), r.kst.jobs(), r.rst.jobs())
 	}
 	return fmt.Sprintf("%d asynq + %d kafka, concurrently", r.ast.jobs(), r.kst.jobs())
 }
@@ -394,10 +457,14 @@ func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
 		if sr.Lost > 0 {
 			r.fail("%s: %d of %d jobs never completed (dead-lettered %d), e.g. ids %v", sr.Stream, sr.Lost, sr.Jobs, sr.DeadLetters, sr.LostExamples)
 		}
+		if sr.RetriedWithoutFailure > 0 {
+			r.fail("%s: %d jobs completed with a retry count above 0 without a failed attempt: deferrals grew it", sr.Stream, sr.RetriedWithoutFailure)
+		}
 		if sr.MaxFallbackPerSec > capLimit {
 			r.fail("%s: %d fallback reads on the primary within one second; the cap admits %d", sr.Stream, sr.MaxFallbackPerSec, capLimit)
 		}
 	}
+	r.noteWakes()
 	if by, n := r.asynqOverrides(); n > 0 {
 		r.note("the asynq middleware overrode %d routing decisions (caughtup.asynq.overrides): %v", n, by)
 	}
@@ -435,6 +502,7 @@ func (r *run) drain(ctx context.Context, streams []*stream) {
 func (r *run) startPipelines(ctx context.Context) error {
 	s := r.s
 	r.asynqClient = asynq.NewClient(s.redisOpt())
+	r.inspector = asynq.NewInspector(s.redisOpt())
 	// MaxRetry is high because a refusal by the fallback cap counts as a
 	// failed attempt (see caughtupasynq.ServerConfig): a task refused on
 	// every try of a long lag spike must not reach its last attempt, where
@@ -454,11 +522,29 @@ func (r *run) startPipelines(ctx context.Context) error {
 	if _, err := r.startKafkaMember("kafka-1"); err != nil {
 		return err
 	}
+	if r.rst == nil {
+		return nil
+	}
+	// The retry topic's consumer reads its own topic and topic + ".retry";
+	// dead letters go to the hook.
+	if err := s.createTopics(ctx, 8, r.retryTopic, r.retryTopic+".retry"); err != nil {
+		return err
+	}
+	r.retryPipe = s.newKafkaPipe(r.retryTopic)
+	m, err := s.startKafkaMember("kafka-retry-1", r.retryTopic, r.retryTopic, r.rst,
+		kafkaTuning{retryInitial: 100 * time.Millisecond, retryMax: time.Second, mode: caughtupkafka.RetryTopic},
+		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.rst), r.metrics.provider)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.retryMember = m
+	r.mu.Unlock()
 	return nil
 }
 
 func (r *run) startAsynqServer() (*asynq.Server, error) {
-	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast, r.metrics.provider)
+	srv, err := r.s.startCaughtupAsynq(r.queue, r.env.router, r.sc.policy, r.ast, r.metrics.provider, r.inspector)
 	if err != nil {
 		return nil, err
 	}
@@ -469,7 +555,7 @@ func (r *run) startAsynqServer() (*asynq.Server, error) {
 }
 
 func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
-	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, kafkaTuning{100 * time.Millisecond, time.Second},
+	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, kafkaTuning{retryInitial: 100 * time.Millisecond, retryMax: time.Second},
 		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst), r.metrics.provider)
 	if err != nil {
 		return nil, err
@@ -483,7 +569,10 @@ func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
 func (r *run) stopPipelines() {
 	r.mu.Lock()
 	srvs, members := r.srvs, r.members
-	r.srvs, r.members = nil, nil
+	if r.retryMember != nil {
+		members = append(members, r.retryMember)
+	}
+	r.srvs, r.members, r.retryMember = nil, nil, nil
 	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, srv := range srvs {
@@ -497,11 +586,17 @@ func (r *run) stopPipelines() {
 		})
 	}
 	wg.Wait()
-	if r.kafkaPipe != nil {
-		r.kafkaPipe.close()
+	for _, p := range []*kafkaPipe{r.kafkaPipe, r.retryPipe} {
+		if p != nil {
+			p.close()
+		}
 	}
 	if r.asynqClient != nil {
 		_ = r.asynqClient.Close()
+	}
+	if r.inspector != nil {
+		_ = r.inspector.Close()
+		r.inspector = nil
 	}
 }
 
@@ -514,6 +609,9 @@ func mergeStreams(name, policy string, sts ...*stream) *stream {
 		st.mu.Lock()
 		maps.Copy(out.produced, st.produced)
 		maps.Copy(out.completed, st.completed)
+		maps.Copy(out.tokens, st.tokens)
+		maps.Copy(out.attempts, st.attempts)
+		maps.Copy(out.failed, st.failed)
 		out.reads = append(out.reads, st.reads...)
 		out.stale = append(out.stale, st.stale...)
 		out.deferrals += st.deferrals

@@ -128,6 +128,7 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 		sleepCtx(ctx, 50*time.Millisecond)
 	}
 	w.writeNanos.Add(int64(time.Since(began)))
+	tok, _ := enqueue.TokenFrom(tctx)
 	send := func() {
 		sent := time.Now()
 		defer func() { w.sendNanos.Add(int64(time.Since(sent))) }()
@@ -145,7 +146,7 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 				sleepCtx(ctx, 100*time.Millisecond)
 			}
 			for _, st := range s.streams {
-				st.addProduced(p)
+				st.addProduced(p, tok)
 			}
 		}
 		l.jobs.Add(1)
