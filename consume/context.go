@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"time"
 
 	"github.com/caughtup/caughtup/enqueue"
@@ -51,11 +50,9 @@ func (c *routed) Value(key any) any {
 
 // String reads as context.WithValue's would.
 func (c *routed) String() string {
-	parent := "context"
+	parent := fmt.Sprintf("%T", c.Context)
 	if s, ok := c.Context.(fmt.Stringer); ok {
 		parent = s.String()
-	} else if c.Context != nil {
-		parent = reflect.TypeOf(c.Context).String()
 	}
 	return parent + ".WithValue(consume.routingKey, *consume.routing)"
 }
