@@ -2,62 +2,117 @@ package consume
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
 )
 
-// routing is what Route puts in the handler's context (context.WithValue
-// under routingKey): the router, the decision and, for the child token,
-// the job's token and the decision time. The same allocation holds the
-// decision's Databases for the one or two databases most tokens name
-// (newRouting).
+// routing is what Route puts in the handler's context under routingKey:
+// the router, the decision and what the child token needs besides.
+//
+// The job's token is not kept: its entries are the decision's
+// (DatabaseDecision.Entry, in the token's order), and jobToken puts them
+// back together with captured when a handler enqueues. So Route keeps
+// nothing of the token it was given, whose entries may be a buffer the
+// caller reuses (position.HeaderDecoder).
 type routing struct {
-	r   *Router
-	d   Decision
-	tok position.Token
-	now time.Time
+	r *Router
+	d Decision
+	// captured is the job token's CapturedAt; now is the decision time.
+	captured time.Time
+	now      time.Time
 }
 
 type routingKey struct{}
+
+// routed is the handler's context: its parent with the routing under
+// routingKey, as context.WithValue(parent, routingKey{}, &routing) would
+// give, in the routing's own allocation. At a Kafka consumer's message
+// rate the valueCtx that WithValue adds is a noticeable share of what a
+// message costs, most of it in the garbage collector (see
+// BenchmarkTallyRoute). Everything but Value and String is the parent's,
+// so cancellation, deadlines, context.Cause and AfterFunc behave as
+// through a valueCtx (TestRoutedContext).
+type routed struct {
+	context.Context
+	routing
+}
+
+// Value answers routingKey and leaves every other key to the parent.
+func (c *routed) Value(key any) any {
+	if _, ok := key.(routingKey); ok {
+		return &c.routing
+	}
+	return c.Context.Value(key)
+}
+
+// String reads as context.WithValue's would.
+func (c *routed) String() string {
+	parent := fmt.Sprintf("%T", c.Context)
+	if s, ok := c.Context.(fmt.Stringer); ok {
+		parent = s.String()
+	}
+	return parent + ".WithValue(consume.routingKey, *consume.routing)"
+}
 
 // noDatabases is Decision.Databases of a job without a token: empty, not
 // nil, and without room for appends, which go elsewhere.
 var noDatabases = []DatabaseDecision{}
 
-// newRouting allocates a routing and, in the same allocation for one or
-// two databases, the buffer for its decision's Databases.
-func newRouting(databases int) (*routing, []DatabaseDecision) {
+// newRouted allocates a routed and, in the same allocation for one or
+// two databases, the buffer for its decision's Databases: 256 bytes for
+// one database, a size class of its own.
+func newRouted(databases int) (*routed, []DatabaseDecision) {
 	switch databases {
 	case 0:
-		return &routing{}, noDatabases
+		return &routed{}, noDatabases
 	case 1:
-		rv := &struct {
-			routing
+		rc := &struct {
+			routed
 			small [1]DatabaseDecision
 		}{}
-		return &rv.routing, rv.small[:0]
+		return &rc.routed, rc.small[:0]
 	case 2:
-		rv := &struct {
-			routing
+		rc := &struct {
+			routed
 			small [2]DatabaseDecision
 		}{}
-		return &rv.routing, rv.small[:0]
+		return &rc.routed, rc.small[:0]
 	}
-	return &routing{}, make([]DatabaseDecision, 0, databases)
+	return &routed{}, make([]DatabaseDecision, 0, databases)
 }
 
-// handlerContext is ctx with rv and, for a job with a token, the child
-// token as an enqueue.TokenSource: most handlers enqueue nothing, so the
-// child token is merged only when asked for (enqueue.TokenFrom), and not
-// kept, since merging again costs less than an enqueue.
-func handlerContext(ctx context.Context, rv *routing) context.Context {
-	ctx = context.WithValue(ctx, routingKey{}, rv)
-	if rv.tok.IsZero() {
-		return ctx
+// jobToken is the token the job was routed with: the decision's entries
+// and captured. Only a decision for a token (no decode error) has
+// Databases, one per entry.
+func (rv *routing) jobToken() position.Token {
+	if len(rv.d.Databases) == 0 {
+		return position.Token{}
 	}
-	return enqueue.WithTokenSource(ctx, (*childSource)(rv))
+	entries := make([]position.Entry, len(rv.d.Databases))
+	for i := range rv.d.Databases {
+		entries[i] = rv.d.Databases[i].Entry
+	}
+	return position.Token{Entries: entries, CapturedAt: rv.captured}
+}
+
+// handlerContext is parent with rc's routing and the child token: for a
+// job with a token, that token as an enqueue.TokenSource, since most
+// handlers enqueue nothing, so it is merged only when asked for
+// (enqueue.TokenFrom), and not kept, as merging again costs less than an
+// enqueue. A verified job's child token (readPositions) is not lazy:
+// such jobs are few.
+func handlerContext(parent context.Context, rc *routed, verified bool) context.Context {
+	rc.Context = parent
+	switch {
+	case verified:
+		return enqueue.WithToken(rc, readPositions(&rc.d, rc.now))
+	case len(rc.d.Databases) == 0:
+		return rc
+	}
+	return enqueue.WithTokenSource(rc, (*childSource)(&rc.routing))
 }
 
 // routingFrom returns what Route put in ctx, or nil.
@@ -72,7 +127,10 @@ type childSource routing
 var _ enqueue.TokenSource = (*childSource)(nil)
 
 // Token merges the child token when enqueue first asks for it.
-func (s *childSource) Token() position.Token { return childToken(s.tok, &s.d, s.now) }
+func (s *childSource) Token() position.Token {
+	rv := (*routing)(s)
+	return childToken(rv.jobToken(), &rv.d, rv.now)
+}
 
 // DecisionFrom returns the decision of a context that came from Route.
 func DecisionFrom(ctx context.Context) (Decision, bool) {

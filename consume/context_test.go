@@ -2,7 +2,9 @@ package consume
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,11 +14,11 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-func TestNewRoutingBuffer(t *testing.T) {
+func TestNewRoutedBuffer(t *testing.T) {
 	t.Parallel()
 	for n := range 5 {
-		rv, buf := newRouting(n)
-		require.NotNil(t, rv)
+		rc, buf := newRouted(n)
+		require.NotNil(t, rc)
 		require.NotNil(t, buf)
 		require.Empty(t, buf)
 		require.GreaterOrEqual(t, cap(buf), n)
@@ -34,7 +36,7 @@ func TestRoutedContext(t *testing.T) {
 	})
 
 	type key struct{}
-	parent, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
 	jobTok := position.Of(t0.Add(-time.Second), ent("main", 1, "0/100"))
 	hctx, d, err := r.RouteToken(parent, jobTok, Delayed)
 	require.NoError(t, err)
@@ -50,15 +52,29 @@ func TestRoutedContext(t *testing.T) {
 	require.Equal(t, "context.Background.WithValue(consume.key, v).WithCancel.WithValue(consume.routingKey, *consume.routing).WithValue(enqueue.tokenKey, *consume.childSource)",
 		fmt.Sprint(hctx))
 
-	// Derived contexts see the values and the cancellation.
+	// Derived contexts see the values and the cancellation, its cause,
+	// and AfterFunc fires; WithoutCancel keeps the values only.
 	derived, stop := context.WithTimeout(hctx, time.Minute)
 	defer stop()
-	cancel()
+	after := make(chan struct{})
+	context.AfterFunc(hctx, func() { close(after) })
+	detached := context.WithoutCancel(hctx)
+	cause := errors.New("the partition was revoked")
+	cancel(cause)
 	<-derived.Done()
+	<-after
 	require.ErrorIs(t, derived.Err(), context.Canceled)
 	require.ErrorIs(t, hctx.Err(), context.Canceled)
+	require.Equal(t, cause, context.Cause(hctx))
+	require.Equal(t, cause, context.Cause(derived))
 	_, ok = DecisionFrom(derived)
 	require.True(t, ok)
+	require.NoError(t, detached.Err())
+	_, ok = DecisionFrom(detached)
+	require.True(t, ok)
+	_, ok = enqueue.TokenFrom(detached)
+	require.True(t, ok)
+	require.Equal(t, "v", detached.Value(key{}))
 
 	// No token: no child token, and the decision still travels.
 	hctx, d, err = r.Route(context.Background(), "", Delayed)
@@ -68,4 +84,61 @@ func TestRoutedContext(t *testing.T) {
 	require.False(t, ok)
 	_, ok = DecisionFrom(hctx)
 	require.True(t, ok)
+}
+
+// TestRouteKeepsNothingOfTheToken: the handler's context rebuilds the job's
+// token from the decision, so the caller may reuse the entries it routed
+// (position.HeaderDecoder does): overwriting them afterwards changes
+// neither the decision nor the child token, for every way a token with
+// several databases is routed.
+func TestRouteKeepsNothingOfTheToken(t *testing.T) {
+	t.Parallel()
+	s := snap(
+		dbState("billing", 1, nil),
+		dbState("ci", 1, nil, rep("c1", 1, "0/500")),
+		dbState("main", 1, nil, rep("r1", 1, "0/9000"), rep("r2", 1, "0/100")),
+	)
+	r := unitRouter(t, s, func(c *Config) {
+		c.WaitBudget = -1
+		c.Now = func() time.Time { return t0 }
+	})
+	for _, tc := range []struct {
+		name    string
+		tok     position.Token
+		policy  Policy
+		outcome Outcome
+	}{
+		{"every database on a replica", tok(time.Second, ent("ci", 1, "0/400"), ent("main", 1, "0/200")), Delayed, OutcomeReplica},
+		{"one on the primary", tok(time.Second, ent("billing", 1, "0/10"), ent("main", 1, "0/200")), Sticky, OutcomePrimary},
+		{"policy always", tok(time.Second, ent("ci", 1, "0/400"), ent("main", 1, "0/200")), Always, OutcomePrimary},
+		{"three databases", tok(time.Second, ent("billing", 1, "0/10"), ent("ci", 1, "0/400"), ent("main", 1, "0/8000")), Sticky, OutcomePrimary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			entries := slices.Clone(tc.tok.Entries)
+			routed := position.Token{Entries: entries, CapturedAt: tc.tok.CapturedAt}
+			hctx, d, err := r.RouteToken(context.Background(), routed, tc.policy)
+			require.NoError(t, err)
+			require.Equal(t, tc.outcome, d.Outcome)
+			want := childToken(tc.tok, &d, t0)
+			d = cloneDecision(d)
+			for i := range entries {
+				entries[i] = position.Entry{Database: "zz", Epoch: ep(9), LSN: 1}
+			}
+			got, ok := DecisionFrom(hctx)
+			require.True(t, ok)
+			require.Equal(t, d, got)
+			child, ok := enqueue.TokenFrom(hctx)
+			require.True(t, ok)
+			require.Equal(t, want, child)
+			for i, dd := range got.Databases {
+				require.Equal(t, tc.tok.Entries[i], dd.Entry)
+			}
+		})
+	}
+}
+
+// cloneDecision is d with Databases of its own.
+func cloneDecision(d Decision) Decision {
+	d.Databases = slices.Clone(d.Databases)
+	return d
 }

@@ -20,13 +20,13 @@ type Decision struct {
 	// degraded of the per-database outcomes.
 	Outcome Outcome
 	Reason  Reason
-	// Delay is how long to defer the job (ActionDefer) or, for
-	// ActionRefuse, a suggested retry delay.
-	Delay time.Duration
 	// Fallback: the job runs at least one database on the primary
 	// because of lag or unknown replica state. The Router charges such
 	// decisions to the fallback cap.
 	Fallback bool
+	// Delay is how long to defer the job (ActionDefer) or, for
+	// ActionRefuse, a suggested retry delay.
+	Delay time.Duration
 	// TokenAge is the token's age at the decision; zero when unknown.
 	TokenAge time.Duration
 	// ClockSkew is how far the token's capture time was ahead of the
@@ -66,6 +66,12 @@ type DatabaseDecision struct {
 	// Incomparable says why the token's epoch did not compare, for
 	// ReasonEpoch.
 	Incomparable position.Incomparable
+
+	// replica indexes Config.Databases[Database].Replicas; -1 is the
+	// primary. (Beside the small fields, where it costs no padding: a
+	// routed job's context holds a Decision and its Databases.)
+	replica int32
+
 	// Entry is the token's entry for this database.
 	Entry position.Entry
 	// ReadAt is what the chosen replica had replayed when it was chosen;
@@ -75,10 +81,6 @@ type DatabaseDecision struct {
 	// replay and Entry, when every replica is behind (0 if not known, as
 	// for a replica that has not followed a new timeline yet).
 	BytesBehind uint64
-
-	// replica indexes Config.Databases[Database].Replicas; -1 is the
-	// primary.
-	replica int32
 }
 
 // DecideInput is everything Decide looks at.
@@ -139,6 +141,15 @@ var defaultConfig = Config{}.WithDefaults()
 // reads the primary. A job waits or is deferred as a whole, since its
 // handler reads all its databases in one run.
 func Decide(in DecideInput) Decision {
+	var d Decision
+	decide(&in, &d)
+	return d
+}
+
+// decide is Decide writing into *d, which the Router allocates with the
+// handler's context: both structs are large enough for their copies to
+// show at a consumer's message rate.
+func decide(in *DecideInput, d *Decision) {
 	cfg := in.Config
 	if cfg == nil {
 		cfg = &defaultConfig
@@ -147,17 +158,17 @@ func Decide(in DecideInput) Decision {
 	if pol == PolicyDefault || !pol.valid() {
 		pol = cfg.DefaultPolicy
 	}
-	d := Decision{Policy: pol, Action: ActionRun, Outcome: OutcomeReplica, Reason: ReasonNone, Databases: in.Buf[:0]}
+	*d = Decision{Policy: pol, Action: ActionRun, Outcome: OutcomeReplica, Reason: ReasonNone, Databases: in.Buf[:0]}
 	age, ageKnown, skew := tokenAge(in.Token, in.Now, cfg.ClockSkewTolerance)
 	d.TokenAge, d.ClockSkew = age, skew
 
 	switch {
 	case in.TokenErr != nil:
 		d.Outcome, d.Reason = OutcomePrimaryNoToken, ReasonMalformedToken
-		return d
+		return
 	case in.Token.IsZero():
 		d.Outcome, d.Reason = OutcomePrimaryNoToken, ReasonNoToken
-		return d
+		return
 	case pol == Always:
 		for _, e := range in.Token.Entries {
 			d.Databases = append(d.Databases, DatabaseDecision{
@@ -165,7 +176,7 @@ func Decide(in DecideInput) Decision {
 			})
 		}
 		d.Outcome, d.Reason = OutcomePrimary, ReasonPolicyAlways
-		return d
+		return
 	}
 
 	var behind, epoch, other int
@@ -203,12 +214,14 @@ func Decide(in DecideInput) Decision {
 			case ageKnown && age >= cfg.MaxAge:
 				promote = ReasonDeadline
 			case !in.NoWait:
-				return d.setAll(outcomeWait, outcomeWait, ReasonReplicaBehind, ActionWait)
+				d.setAll(outcomeWait, outcomeWait, ReasonReplicaBehind, ActionWait)
+				return
 			case !ageKnown:
 				promote = ReasonUnknownAge
 			default:
 				d.Delay = deferDelay(age, cfg)
-				return d.setAll(outcomeWait, OutcomeDeferred, ReasonReplicaBehind, ActionDefer)
+				d.setAll(outcomeWait, OutcomeDeferred, ReasonReplicaBehind, ActionDefer)
+				return
 			}
 		}
 		for i := range d.Databases {
@@ -230,10 +243,12 @@ func Decide(in DecideInput) Decision {
 	case fallback != ReasonNone && in.Capped:
 		if pol == Delayed && ageKnown && age < cfg.MaxAge {
 			d.Delay = deferDelay(age, cfg)
-			return d.setAll(OutcomePrimary, OutcomeDeferred, ReasonCapped, ActionDefer)
+			d.setAll(OutcomePrimary, OutcomeDeferred, ReasonCapped, ActionDefer)
+			return
 		}
 		d.Delay = deferStep(age, cfg)
-		return d.setAll(OutcomePrimary, OutcomeCapped, ReasonCapped, ActionRefuse)
+		d.setAll(OutcomePrimary, OutcomeCapped, ReasonCapped, ActionRefuse)
+		return
 	case fallback != ReasonNone:
 		d.Fallback = true
 		d.Outcome, d.Reason = OutcomePrimary, fallback
@@ -249,20 +264,18 @@ func Decide(in DecideInput) Decision {
 	case in.Waited:
 		d.Outcome = OutcomeReplicaWaited
 	}
-	return d
 }
 
 // setAll gives the job an outcome and relabels the databases that caused
 // it (outcome from; for the primary, only fallbacks) the same way, keeping
 // their own reasons.
-func (d Decision) setAll(from, to Outcome, reason Reason, a Action) Decision {
+func (d *Decision) setAll(from, to Outcome, reason Reason, a Action) {
 	for i := range d.Databases {
 		if dd := &d.Databases[i]; dd.Outcome == from && (from != OutcomePrimary || dd.Reason.fallback()) {
 			dd.Outcome = to
 		}
 	}
 	d.Action, d.Outcome, d.Reason = a, to, reason
-	return d
 }
 
 // tokenAge is the token's age at now and whether it is known, from the

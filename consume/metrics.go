@@ -374,10 +374,6 @@ func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
 // at once: only jobs that waited have it.
 func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tally) {
 	job := m.decision(d)
-	if t != nil {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-	}
 	m.add(ctx, t, counterDecisions, job)
 	if waited {
 		m.wait.Record(ctx, d.Waited.Seconds(), job.rec...)
@@ -412,11 +408,10 @@ func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tal
 	}
 }
 
-// add counts one on counter c with set: at once, or in t (locked by the
-// caller) until t.Flush.
+// add counts one on counter c with set: at once, or in t until t.Flush.
 func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement) {
 	if t != nil {
-		t.n[c][set]++
+		t.add(c, set)
 		return
 	}
 	m.counter(c).Add(ctx, 1, set.add...)

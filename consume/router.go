@@ -195,7 +195,9 @@ func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Poli
 // position.DecodeHeaders from a message's header values, together with the
 // error of that decoding. A non-nil decodeErr routes the job to the
 // primary as malformed (ReasonMalformedToken) whatever tok holds, and the
-// warning names the error.
+// warning names the error. The Router keeps nothing of tok once it
+// returns (the decision holds copies of its entries), so tok's entries may
+// be a buffer the caller reuses, as a position.HeaderDecoder's are.
 func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr error, policy Policy) (context.Context, Decision, error) {
 	if decodeErr != nil {
 		tok = position.Token{}
@@ -206,7 +208,7 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 // route decides, waits, verifies (with a Verifier: RouteVerified), applies
 // the cap and records the job (in t, when routed through a Tally).
 func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
-	rv, buf := newRouting(len(tok.Entries))
+	rc, buf := newRouted(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
 		Token:    tok,
@@ -218,45 +220,44 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		Spread:   r.spread.Add(1),
 		Buf:      buf,
 	}
-	d := Decide(in)
+	// The decision is made in the handler's context's allocation.
+	d := &rc.d
+	decide(&in, d)
 	waited := false
 	var verifyErr error
 	if verify != nil {
 		var err error
-		if d, waited, verifyErr, err = r.verified(ctx, &in, d, verify); err != nil {
-			return ctx, d, err
+		if *d, waited, verifyErr, err = r.verified(ctx, &in, *d, verify); err != nil {
+			return ctx, *d, err
 		}
 	}
 	if d.Action == ActionWait {
 		waited = true
 		var err error
-		if d, err = r.wait(ctx, &in, d); err != nil {
+		if *d, err = r.wait(ctx, &in, *d); err != nil {
 			r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
 				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
-			return ctx, d, err
+			return ctx, *d, err
 		}
 	}
-	if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, &d) {
+	if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, d) {
 		in.Capped = true
 		w := d.Waited
-		d = Decide(in)
+		decide(&in, d)
 		d.Waited = w
 	}
 	if tokErr == nil && d.Reason == ReasonUnverified {
 		tokErr = verifyErr // for the warning
 	}
-	r.met.recordTo(ctx, &d, waited, t)
-	r.logDecision(ctx, &d, tokErr)
+	r.met.recordTo(ctx, d, waited, t)
+	r.logDecision(ctx, d, tokErr)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
-		return ctx, d, &DeferError{Delay: d.Delay, Decision: d}
+		return ctx, *d, &DeferError{Delay: d.Delay, Decision: *d}
 	}
-	rv.r, rv.d, rv.tok, rv.now = r, d, tok, in.Now
-	if verify != nil {
-		// The token's positions are not commit-safe by themselves (the
-		// Verifier vouched for them): children inherit only what the
-		// replicas read had replayed.
-		rv.tok = readPositions(&d, in.Now)
-	}
-	return handlerContext(ctx, rv), d, nil
+	// With a Verifier, the token's positions are not commit-safe by
+	// themselves (the Verifier vouched for them): children inherit only
+	// what the replicas read had replayed.
+	rc.r, rc.captured, rc.now = r, tok.CapturedAt, in.Now
+	return handlerContext(ctx, rc, verify != nil), *d, nil
 }

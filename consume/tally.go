@@ -3,6 +3,7 @@ package consume
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/metric"
 
@@ -43,29 +44,68 @@ const numCounters = int(counterFuture) + 1
 // makes a counter Add per job a noticeable share of a job's cost: an
 // OpenTelemetry SDK Add costs a few hundred nanoseconds, and a Route
 // records two or more, while a Kafka consumer with a trivial handler
-// spends about a microsecond per message of its own. The wait histogram
-// is recorded at once, and logs are the Router's.
+// spends well under a microsecond per message of its own. The wait
+// histogram is recorded at once, and logs are the Router's.
 //
 // The adapter must Flush regularly (the Kafka consumer does at every
 // offset commit) and when it stops, or the counts are late or lost. A
 // Tally is safe for concurrent use, but meant for one worker goroutine
-// and the one that flushes it; its lock is then uncontended.
+// and the one that flushes it.
 type Tally struct {
-	r  *Router
-	mu sync.Mutex
-	n  [numCounters]map[*measurement]int64
+	r *Router
+	// recent holds, per counter, the slots counted last: a worker's jobs
+	// mostly repeat a few decisions (one replica or another), which then
+	// cost a few atomic loads and an add.
+	recent [numCounters][tallyRecent]atomic.Pointer[tallySlot]
+	mu     sync.Mutex // guards slots and next
+	// slots holds, per counter, a slot for every attribute set counted
+	// so far; slots are never removed, so Flush sees every count.
+	slots [numCounters]map[*measurement]*tallySlot
+	next  [numCounters]uint8 // the recent entry to replace next
+}
+
+// tallyRecent is how many slots per counter a Tally finds without its
+// lock: enough for the routes of one database to several replicas.
+const tallyRecent = 4
+
+// tallySlot is the count of one attribute set on one counter since the
+// last Flush.
+type tallySlot struct {
+	set *measurement
+	n   atomic.Int64
 }
 
 // NewTally returns a Tally of r.
 func (r *Router) NewTally() *Tally {
 	t := &Tally{r: r}
-	for c := range t.n {
-		t.n[c] = make(map[*measurement]int64)
+	for c := range t.slots {
+		t.slots[c] = make(map[*measurement]*tallySlot)
 	}
 	return t
 }
 
-// RouteDecoded is Router.RouteDecoded, counted in t.
+// add counts one on counter c with set.
+func (t *Tally) add(c counter, set *measurement) {
+	for i := range t.recent[c] {
+		if s := t.recent[c][i].Load(); s != nil && s.set == set {
+			s.n.Add(1)
+			return
+		}
+	}
+	t.mu.Lock()
+	s := t.slots[c][set]
+	if s == nil {
+		s = &tallySlot{set: set}
+		t.slots[c][set] = s
+	}
+	t.recent[c][t.next[c]%tallyRecent].Store(s)
+	t.next[c]++
+	t.mu.Unlock()
+	s.n.Add(1)
+}
+
+// RouteDecoded is Router.RouteDecoded, counted in t. Like it, it keeps
+// nothing of tok once it returns.
 func (t *Tally) RouteDecoded(ctx context.Context, tok position.Token, decodeErr error, policy Policy) (context.Context, Decision, error) {
 	if decodeErr != nil {
 		tok = position.Token{}
@@ -90,11 +130,10 @@ func (t *Tally) Flush(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for c, counts := range t.n {
-		for set, n := range counts {
-			if n != 0 {
+	for c, slots := range t.slots {
+		for set, s := range slots {
+			if n := s.n.Swap(0); n != 0 {
 				t.r.met.counter(counter(c)).Add(ctx, n, set.add...)
-				counts[set] = 0
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,4 +56,114 @@ func TestTally(t *testing.T) {
 	}
 	tally.Flush(ctx)
 	require.Equal(t, flushed, sums(t, reader), "a second Flush adds nothing")
+}
+
+// TestTallyConcurrent: workers routing through one Tally while another
+// goroutine flushes it lose and double no count, however their decisions
+// alternate (more attribute sets than the Tally keeps at hand).
+func TestTallyConcurrent(t *testing.T) {
+	t.Parallel()
+	s := func() *Snapshot {
+		return snap(dbState("ci", 1, nil), dbState("main", 1, nil, rep("r1", 1, "0/3000000")))
+	}
+	newRouter := func() (*Router, *sdkmetric.ManualReader) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+		return unitRouter(t, s(), func(c *Config) {
+			c.Now = func() time.Time { return t0 }
+			c.WaitBudget = -1
+			c.MeterProvider = mp
+		}), reader
+	}
+	type job struct {
+		tok    position.Token
+		policy Policy
+	}
+	jobs := []job{
+		{tok(time.Second, ent("main", 1, "0/1000000")), Delayed},
+		{position.Token{}, Delayed},
+		{position.Of(t0, position.Entry{Database: "main", Epoch: position.Epoch{SystemID: 1, Timeline: 1}, LSN: 1}), Delayed},
+		{tok(time.Second, ent("ci", 1, "0/1")), Sticky},
+		{tok(time.Second, ent("main", 1, "0/1000000")), Always},
+		{tok(time.Second, ent("ci", 1, "0/1"), ent("main", 1, "0/1000000")), Sticky},
+	}
+	const workers, perWorker = 4, 3000
+	ctx := context.Background()
+
+	direct, directReader := newRouter()
+	for w := range workers {
+		for i := range perWorker {
+			j := jobs[(w+i)%len(jobs)]
+			_, _, err := direct.RouteDecoded(ctx, j.tok, nil, j.policy)
+			require.NoError(t, err)
+		}
+	}
+
+	tallied, talliedReader := newRouter()
+	tally := tallied.NewTally()
+	stop := make(chan struct{})
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				tally.Flush(ctx)
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				j := jobs[(w+i)%len(jobs)]
+				if _, _, err := tally.RouteDecoded(ctx, j.tok, nil, j.policy); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-flushed
+	tally.Flush(ctx)
+	require.Equal(t, sums(t, directReader), sums(t, talliedReader))
+}
+
+// BenchmarkTallyRoute is what a Kafka consumer's worker spends routing one
+// message, without I/O: each job carries a token of its own (4096 of them,
+// caught up on both replicas), routed through a Tally with the real clock,
+// and the handler asks for its pool. The snapshot is fixed (unitRouter),
+// so that the figure, and cachegrind's instruction count under
+// GOMAXPROCS=1, is the routing's alone.
+func BenchmarkTallyRoute(b *testing.B) {
+	now := time.Now()
+	fresh := func(r *ReplicaState) { r.ObservedAt = now }
+	r := unitRouter(b, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", fresh), rep("r2", 1, "0/3000000", fresh))),
+		func(c *Config) { c.StalenessBound = 24 * time.Hour })
+	toks := make([]position.Token, 4096)
+	for i := range toks {
+		toks[i] = position.Of(now, ent("main", 1, "0/2000000"))
+		toks[i].Entries[0].LSN -= position.LSN(i)
+	}
+	tally := r.NewTally()
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		hctx, d, err := tally.RouteDecoded(ctx, toks[i%len(toks)], nil, Delayed)
+		if err != nil || d.Outcome != OutcomeReplica {
+			b.Fatal(d.Outcome, err)
+		}
+		if _, err := Pool(hctx, "main"); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.StopTimer()
+	tally.Flush(ctx)
 }

@@ -224,14 +224,14 @@ func (sd *side) run(t testing.TB, group string, members int) result {
 	t.Helper()
 	waitStable(t, group, members)
 	sd.opened = time.Now()
-	cpu0 := cpuTime()
+	cpu0 := caughtupkafka.ProcessCPUTime()
 	close(sd.gate)
 	select {
 	case <-sd.all:
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("only %d of %d messages within 5 minutes", sd.distinct.Load(), len(sd.seen))
 	}
-	cpu := cpuTime() - cpu0
+	cpu := caughtupkafka.ProcessCPUTime() - cpu0
 	require.NoError(t, sd.stop())
 	n := len(sd.seen)
 	return result{

@@ -234,7 +234,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 			continue
 		}
 		fails = 0
-		if !c.process(ctx, msg, w, ps) {
+		if !c.process(ctx, &msg, w, ps) {
 			ps.add(ctx, ResultDropped)
 			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
 				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))

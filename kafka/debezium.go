@@ -114,7 +114,7 @@ type msgToken struct {
 
 // readToken reads msg's token from where TokenSource says, for the
 // partition whose state is ps. ctx is for the checker's counters.
-func (c *Consumer) readToken(ctx context.Context, msg kafkago.Message, ps *partState) msgToken {
+func (c *Consumer) readToken(ctx context.Context, msg *kafkago.Message, ps *partState) msgToken {
 	if c.cfg.TokenSource != TokenDebezium {
 		tok, err := ps.tokenOf(msg)
 		return msgToken{tok: tok, err: err}

@@ -23,19 +23,21 @@ const maxErrorHeader = 1024
 
 // process runs one message to its end: handled, republished to the retry
 // topic, or dead-lettered. It returns false if ctx ended first; the
-// message must then stay uncommitted, to be delivered again.
-func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWriter, ps *partState) bool {
+// message must then stay uncommitted, to be delivered again. msg is a
+// pointer because a kafka-go Message is 150 bytes and the path to the
+// handler is several calls long; the handler gets its own copy.
+func (c *Consumer) process(ctx context.Context, msg *kafkago.Message, w MessageWriter, ps *partState) bool {
 	// The token is read once per message; every attempt routes it again.
 	mt := c.readToken(ctx, msg, ps)
 	if mt.err != nil {
-		ctx = withSource(ctx, msg)
+		ctx = withSource(ctx, *msg)
 	}
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
 		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
-			if !c.untilDue(ctx, msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
+			if !c.untilDue(ctx, *msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
 				return false
 			}
 		}
@@ -57,7 +59,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				if !c.republish(ctx, w, msg, time.Now().Add(delay), attempts, true) {
+				if !c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, true) {
 					return false
 				}
 				ps.add(ctx, ResultDeferred)
@@ -83,7 +85,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 		}
 		attempts++
 		if attempts >= c.cfg.MaxAttempts {
-			return c.deadLetter(ctx, w, msg, attempts, err, ps)
+			return c.deadLetter(ctx, w, *msg, attempts, err, ps)
 		}
 		delay := c.cfg.retryDelay(attempts)
 		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
@@ -91,7 +93,7 @@ func (c *Consumer) process(ctx context.Context, msg kafkago.Message, w MessageWr
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
 		ps.add(ctx, ResultRetried)
 		if c.cfg.Mode == RetryTopic {
-			return c.republish(ctx, w, msg, time.Now().Add(delay), attempts, false)
+			return c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, false)
 		}
 		if !sleep(ctx, delay) {
 			return false
@@ -113,7 +115,7 @@ func Attempt(ctx context.Context) int {
 // attempt routes msg, whose token readToken read as mt, through the
 // partition's Tally, and runs the handler with the routed context. It returns Route's *consume.DeferError
 // when no replica can serve the message yet.
-func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, mt *msgToken, ps *partState) error {
+func (c *Consumer) attempt(ctx context.Context, msg *kafkago.Message, mt *msgToken, ps *partState) error {
 	var rctx context.Context
 	var err error
 	if mt.verify != nil {
@@ -129,7 +131,7 @@ func (c *Consumer) attempt(ctx context.Context, msg kafkago.Message, mt *msgToke
 
 // call runs the handler, turning a panic into an error so that one bad
 // message is retried and dead-lettered instead of killing the process.
-func (c *Consumer) call(ctx context.Context, msg kafkago.Message) (err error) {
+func (c *Consumer) call(ctx context.Context, msg *kafkago.Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			c.log.ErrorContext(ctx, "caughtup/kafka: handler panicked", slog.Any("panic", r),
@@ -137,7 +139,7 @@ func (c *Consumer) call(ctx context.Context, msg kafkago.Message) (err error) {
 			err = fmt.Errorf("caughtup/kafka: handler panicked: %v", r)
 		}
 	}()
-	return c.handler(ctx, msg)
+	return c.handler(ctx, *msg)
 }
 
 // untilDue holds a retry-topic message until its due time, or, for a

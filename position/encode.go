@@ -138,7 +138,7 @@ func (t *Token) UnmarshalText(b []byte) error {
 // bounded excerpt of s, so that a log line can show what the producer at
 // fault sent.
 func Decode(s string) (Token, error) {
-	t, err := decode(s)
+	t, err := decode(s, nil, nil, nil)
 	if err != nil {
 		err.Input = excerpt(s, err.Offset)
 		return Token{}, err
@@ -151,12 +151,12 @@ const maxExcerpt = 64
 
 // excerpt returns at most maxExcerpt bytes of s around offset, with "…"
 // where it was cut.
-func excerpt(s string, offset int) string {
+func excerpt[S text](s S, offset int) string {
 	if len(s) <= maxExcerpt {
-		return s
+		return string(s)
 	}
 	from := min(max(offset-maxExcerpt/2, 0), len(s)-maxExcerpt)
-	out := s[from : from+maxExcerpt]
+	out := string(s[from : from+maxExcerpt])
 	if from > 0 {
 		out = "…" + out
 	}
@@ -166,14 +166,24 @@ func excerpt(s string, offset int) string {
 	return out
 }
 
-func decode(s string) (Token, *DecodeError) {
+// text is what decode reads: a header value as a string (Decode) or as
+// the bytes a message carries (HeaderDecoder).
+type text interface{ ~string | ~[]byte }
+
+// decode parses s, appending the token's entries to entries (nil: a new
+// slice). With names, database names are taken from it when their bytes
+// match one seen before, and added to it otherwise; without, they are
+// string(s[i:j]), which for a string s shares its bytes. With memo, the
+// heads of entries that repeat the value decoded before are taken from it
+// (reuseHead), and this value's are recorded in memo.next.
+func decode[S text](s S, entries []Entry, names *nameCache, memo *headMemo) (Token, *DecodeError) {
 	if len(s) > MaxEncodedLen {
 		return Token{}, &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
 	}
 	if len(s) == 0 {
 		return Token{}, &DecodeError{Err: ErrMalformed, Detail: "empty"}
 	}
-	d := decoder{s: s}
+	d := decoder[S]{s: s, names: names, memo: memo}
 	if d.next() != 'v' {
 		return Token{}, d.fail(ErrMalformed, `want "v<version>;"`)
 	}
@@ -195,12 +205,15 @@ func decode(s string) (Token, *DecodeError) {
 	if d.done() {
 		return Token{}, d.fail(ErrMalformed, "no database entries")
 	}
-	t.Entries = make([]Entry, 0, 1)
+	if entries == nil {
+		entries = make([]Entry, 0, 1)
+	}
+	t.Entries = entries[:0]
 	for !d.done() {
 		if len(t.Entries) == MaxDatabases {
 			return Token{}, d.fail(ErrTooLarge, "more than "+strconv.Itoa(MaxDatabases)+" databases")
 		}
-		e, err := d.entry()
+		e, err := d.entry(len(t.Entries))
 		if err != nil {
 			return Token{}, err
 		}
@@ -213,6 +226,10 @@ func decode(s string) (Token, *DecodeError) {
 			}
 			pos--
 		}
+		if pos == len(t.Entries) {
+			t.Entries = append(t.Entries, e)
+			continue
+		}
 		t.Entries = append(t.Entries, Entry{})
 		copy(t.Entries[pos+1:], t.Entries[pos:])
 		t.Entries[pos] = e
@@ -223,14 +240,16 @@ func decode(s string) (Token, *DecodeError) {
 // maxUnixMilli keeps time.UnixMilli far from overflow (year ~ 292 million).
 const maxUnixMilli = 1 << 53
 
-type decoder struct {
-	s   string
-	pos int
+type decoder[S text] struct {
+	s     S
+	pos   int
+	names *nameCache
+	memo  *headMemo
 }
 
-func (d *decoder) done() bool { return d.pos >= len(d.s) }
+func (d *decoder[S]) done() bool { return d.pos >= len(d.s) }
 
-func (d *decoder) next() byte {
+func (d *decoder[S]) next() byte {
 	if d.pos >= len(d.s) {
 		return 0
 	}
@@ -239,54 +258,105 @@ func (d *decoder) next() byte {
 	return c
 }
 
-func (d *decoder) fail(err error, detail string) *DecodeError {
+func (d *decoder[S]) fail(err error, detail string) *DecodeError {
 	return &DecodeError{Offset: d.pos, Err: err, Detail: detail}
 }
 
 // uint reads 1..maxDigits digits in base up to the terminator (consumed) or
 // the end of input.
-func (d *decoder) uint(base uint64, maxDigits int, term byte) (uint64, bool) {
-	start := d.pos
+// On failure d.pos is at the byte at fault. Locals rather than d's fields
+// in the loop: tokens are decoded once per consumed message.
+func (d *decoder[S]) uint(base uint64, maxDigits int, term byte) (uint64, bool) {
+	s, start := d.s, d.pos
+	i := start
 	var v uint64
-	for d.pos < len(d.s) && d.s[d.pos] != term {
-		dv, ok := digit(d.s[d.pos])
-		if !ok || dv >= base || d.pos-start >= maxDigits {
+	for ; i < len(s) && s[i] != term; i++ {
+		dv := uint64(digits[s[i]])
+		if dv >= base || i-start >= maxDigits {
+			d.pos = i
 			return 0, false
 		}
 		v = v*base + dv
-		d.pos++
 	}
-	if d.pos == start {
+	d.pos = i
+	if i == start {
 		return 0, false
 	}
-	if d.pos < len(d.s) {
+	if i < len(s) {
 		d.pos++ // terminator
 	}
 	return v, true
 }
 
-func digit(c byte) (uint64, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return uint64(c - '0'), true
-	case 'a' <= c && c <= 'z':
-		return uint64(c-'a') + 10, true
-	case 'A' <= c && c <= 'Z':
-		return uint64(c-'A') + 10, true
+// digits holds each byte's value as a base-36 digit (case-insensitive),
+// and noDigit for bytes that are none.
+var digits = func() (t [256]uint8) {
+	for c := range t {
+		switch {
+		case '0' <= c && c <= '9':
+			t[c] = uint8(c - '0')
+		case 'a' <= c && c <= 'z':
+			t[c] = uint8(c-'a') + 10
+		case 'A' <= c && c <= 'Z':
+			t[c] = uint8(c-'A') + 10
+		default:
+			t[c] = noDigit
+		}
 	}
-	return 0, false
+	return t
+}()
+
+// noDigit is above every base uint reads.
+const noDigit = 0xFF
+
+// lsn reads the entry's LSN: the text up to the next ';' or the end is
+// "X/Y", each half 1 to 8 hexadecimal digits (as parseLSN reads it, in
+// one pass). On failure d.pos stays at the LSN's start.
+func (d *decoder[S]) lsn() (LSN, bool) {
+	s, i := d.s, d.pos
+	hi, i, ok := hexRun(s, i)
+	if !ok || i >= len(s) || s[i] != '/' {
+		return 0, false
+	}
+	lo, i, ok := hexRun(s, i+1)
+	if !ok || i < len(s) && s[i] != ';' {
+		return 0, false
+	}
+	d.pos = i
+	return LSN(hi<<32 | lo), true
 }
 
-func (d *decoder) entry() (Entry, *DecodeError) {
-	var e Entry
-	start := d.pos
-	for d.pos < len(d.s) && isNameByte(d.s[d.pos]) {
-		d.pos++
+// hexRun reads the hexadecimal digits of s from i on, and reports where
+// they end and whether there were 1 to maxHalfDigits of them.
+func hexRun[S text](s S, i int) (v uint64, end int, ok bool) {
+	start := i
+	for ; i < len(s); i++ {
+		dv := digits[s[i]]
+		if dv >= 16 {
+			break
+		}
+		v = v<<4 | uint64(dv)
 	}
+	return v, i, i > start && i-start <= maxHalfDigits
+}
+
+// head reads an entry's head: "<database>=<source>.<system id>.<timeline>."
+// into e.
+func (d *decoder[S]) head(e *Entry) *DecodeError {
+	s, start := d.s, d.pos
+	i := start
+	for i < len(s) && isNameByte(s[i]) {
+		i++
+	}
+	d.pos = i
 	if d.pos == start || d.pos-start > MaxDatabaseNameLen || d.next() != '=' {
-		return e, d.fail(ErrMalformed, "want <database>= with 1-63 of [A-Za-z0-9_-]")
+		return d.fail(ErrMalformed, "want <database>= with 1-63 of [A-Za-z0-9_-]")
 	}
-	e.Database = d.s[start : d.pos-1]
+	if d.names != nil {
+		e.Database = intern(d.names, d.s[start:d.pos-1])
+	} else {
+		e.Database = string(d.s[start : d.pos-1])
+	}
 	switch d.next() {
 	case 'p':
 		e.Source = SourcePrimary
@@ -297,27 +367,59 @@ func (d *decoder) entry() (Entry, *DecodeError) {
 	case 'u':
 		e.Source = SourceUnknown
 	default:
-		return e, d.fail(ErrMalformed, "want source p, r, c or u")
+		return d.fail(ErrMalformed, "want source p, r, c or u")
 	}
 	if d.next() != '.' {
-		return e, d.fail(ErrMalformed, `want "." after source`)
+		return d.fail(ErrMalformed, `want "." after source`)
 	}
 	sys, ok := d.uint(16, 16, '.')
 	if !ok || d.s[d.pos-1] != '.' {
-		return e, d.fail(ErrMalformed, "want system identifier as 1-16 hex digits")
+		return d.fail(ErrMalformed, "want system identifier as 1-16 hex digits")
 	}
 	tli, ok := d.uint(16, 8, '.')
 	if !ok || d.s[d.pos-1] != '.' {
-		return e, d.fail(ErrMalformed, "want timeline as 1-8 hex digits")
+		return d.fail(ErrMalformed, "want timeline as 1-8 hex digits")
 	}
 	e.Epoch = Epoch{SystemID: sys, Timeline: uint32(tli)}
-	lsnStart := d.pos
-	for d.pos < len(d.s) && d.s[d.pos] != ';' {
-		d.pos++
+	return nil
+}
+
+// reuseHead takes the j-th entry's head from the memo when the text at
+// d.pos repeats, byte for byte, the head the j-th entry of the value
+// decoded before had. head reads nothing past the head's final '.', so
+// the same bytes read the same (offsets aside). It reports whether it
+// did, having advanced d.pos past the head.
+func (d *decoder[S]) reuseHead(j int, e *Entry) bool {
+	m := d.memo
+	if m == nil || j >= len(m.heads) {
+		return false
 	}
-	lsn, ok := parseLSN(d.s[lsnStart:d.pos])
+	h := &m.heads[j]
+	seg := m.prev[h.start:h.end]
+	s, at := d.s, d.pos
+	if len(s)-at < len(seg) || string(s[at:at+len(seg)]) != string(seg) {
+		return false
+	}
+	*e = h.e
+	d.pos = at + len(seg)
+	m.next = append(m.next, entryHead{start: at, end: d.pos, e: h.e})
+	return true
+}
+
+// entry reads the j-th entry of the text.
+func (d *decoder[S]) entry(j int) (Entry, *DecodeError) {
+	var e Entry
+	start := d.pos
+	if !d.reuseHead(j, &e) {
+		if err := d.head(&e); err != nil {
+			return e, err
+		}
+		if d.memo != nil {
+			d.memo.next = append(d.memo.next, entryHead{start: start, end: d.pos, e: e})
+		}
+	}
+	lsn, ok := d.lsn()
 	if !ok {
-		d.pos = lsnStart
 		return e, d.fail(ErrMalformed, `want LSN "X/Y"`)
 	}
 	e.LSN = lsn

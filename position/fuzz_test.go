@@ -7,8 +7,9 @@ import (
 )
 
 // FuzzDecode checks that Decode never panics, that every rejection is a
-// typed *DecodeError, and that whatever it accepts re-encodes to a token
-// that decodes to the same value.
+// typed *DecodeError, that whatever it accepts re-encodes to a token
+// that decodes to the same value, and that a HeaderDecoder (one that has
+// decoded every input before, and a fresh one) answers as Decode does.
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		"v1;mi3v0q2k;main=p.6f1e2d3c4b5a6978.1.0/16B3740",
@@ -21,7 +22,10 @@ func FuzzDecode(f *testing.F) {
 	} {
 		f.Add(s)
 	}
+	var h HeaderDecoder
 	f.Fuzz(func(t *testing.T, s string) {
+		sameDecoding(t, &h, s)
+		sameDecoding(t, &HeaderDecoder{}, s)
 		tok, err := Decode(s)
 		if err != nil {
 			var de *DecodeError

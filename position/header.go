@@ -60,3 +60,98 @@ func DecodeHeaders(values ...string) (Token, error) {
 	}
 	return tok, nil
 }
+
+// A HeaderDecoder reads the token header of one message after another, as
+// a consumer's loop does: DecodeHeaders of a single value given as the
+// bytes a message carries, without allocating once it has seen the
+// message's database names. Consecutive messages mostly carry tokens that
+// differ only in their capture times and positions; the decoder remembers
+// the last value and what it decoded to, so that a repeated value (the
+// events of one transaction, an outbox relay's batch stamped with one
+// position) is not decoded again and a repeated entry head (database,
+// source, system identifier and timeline) is not parsed again, and it
+// remembers the database names it has made, so that the same names cost
+// no new strings. Only bytes identical to ones decoded before are taken
+// from memory, so the answer is always DecodeHeaders's.
+//
+// The Token it returns shares its Entries with the decoder: it is valid
+// until the next call of Decode. A caller that keeps it longer copies the
+// entries (consume's Router keeps nothing of the tokens it routes, so a
+// token decoded here may be routed directly). The zero HeaderDecoder is
+// ready to use; it is not safe for concurrent use.
+type HeaderDecoder struct {
+	last    []byte // the value last decoded, a copy
+	decoded bool   // last, tok and err hold a decoded value
+	tok     Token
+	err     error
+	entries []Entry // tok's Entries
+	names   nameCache
+	memo    headMemo
+}
+
+// Decode returns the token of one HeaderName header value, as
+// DecodeHeaders(string(value)) does: the zero Token and nil for an empty
+// value, the zero Token and a *DecodeError for one that does not decode.
+func (h *HeaderDecoder) Decode(value []byte) (Token, error) {
+	if len(value) == 0 {
+		return Token{}, nil
+	}
+	if h.decoded && string(value) == string(h.last) {
+		return h.tok, h.err
+	}
+	h.memo.prev, h.memo.next = h.last, h.memo.next[:0]
+	if !h.decoded {
+		h.memo.heads = h.memo.heads[:0]
+	}
+	tok, derr := decode(value, h.entries[:0], &h.names, &h.memo)
+	h.last = append(h.last[:0], value...)
+	h.decoded = true
+	h.memo.prev = nil
+	if derr != nil {
+		h.memo.heads = h.memo.heads[:0] // they were the value before
+		derr.Input = excerpt(value, derr.Offset)
+		h.tok, h.err = Token{}, derr
+		return h.tok, h.err
+	}
+	// The heads just recorded describe the value now in last.
+	h.memo.heads, h.memo.next = h.memo.next, h.memo.heads
+	h.entries = tok.Entries[:0]
+	h.tok, h.err = tok, nil
+	return tok, nil
+}
+
+// headMemo is what a HeaderDecoder remembers of the entry heads of the
+// value it decoded last: where each lay in that value (prev, during a
+// decode) and what it decoded to, LSN aside.
+type headMemo struct {
+	prev  []byte
+	heads []entryHead // the last value's, in text order
+	next  []entryHead // the value being decoded's
+}
+
+type entryHead struct {
+	start, end int   // the head's bytes
+	e          Entry // its database, source and epoch
+}
+
+// nameCache holds database names decoded before, so that decoding the
+// same bytes again takes the string already made. It keeps the last
+// MaxDatabases distinct names.
+type nameCache struct {
+	names [MaxDatabases]string
+	next  int
+}
+
+// intern returns name as a string: one the cache holds if its bytes are
+// the same, else a new one, which the cache keeps in place of its oldest.
+func intern[S text](c *nameCache, name S) string {
+	for _, n := range c.names {
+		if len(n) == len(name) && string(name) == n {
+			return n
+		}
+	}
+	n := string(name)
+	c.names[c.next%MaxDatabases] = n
+	c.next++
+	return n
+}

@@ -39,7 +39,7 @@ func MustParseLSN(s string) LSN {
 	return l
 }
 
-func parseLSN(s string) (LSN, bool) {
+func parseLSN[S text](s S) (LSN, bool) {
 	slash := -1
 	for i := 0; i < len(s); i++ {
 		if s[i] == '/' {
@@ -63,22 +63,14 @@ func parseLSN(s string) (LSN, bool) {
 
 // parseHex accepts 1..maxDigits hexadecimal digits and nothing else (no
 // sign, no prefix, no spaces), so every accepted text has one meaning.
-func parseHex(s string, maxDigits int) (uint64, bool) {
+func parseHex[S text](s S, maxDigits int) (uint64, bool) {
 	if len(s) == 0 || len(s) > maxDigits {
 		return 0, false
 	}
 	var v uint64
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		var d byte
-		switch {
-		case '0' <= c && c <= '9':
-			d = c - '0'
-		case 'a' <= c && c <= 'f':
-			d = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			d = c - 'A' + 10
-		default:
+		d := digits[s[i]]
+		if d >= 16 {
 			return 0, false
 		}
 		v = v<<4 | uint64(d)
