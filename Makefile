@@ -25,7 +25,8 @@ vet:
 	$(GO) vet ./...
 
 # All tests, including the integration tests on a real primary with
-# streaming replicas and a real redis-server, then a bounded fuzz run.
+# streaming replicas, a real redis-server, Apache Kafka broker and Kafka
+# Connect with Debezium, then a bounded fuzz run.
 test: deps build vet
 	$(GO) test $(TESTFLAGS) ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
