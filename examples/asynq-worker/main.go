@@ -22,21 +22,16 @@
 package main
 
 import (
-	"github.com/caughtup/caughtup/internal/examplesvc"
-
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -46,17 +41,10 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/examplesvc"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "asynq-worker:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplesvc.Main("asynq-worker", run) }
 
 const (
 	table    = "caughtup_example_items"
@@ -144,16 +132,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer aq.Close()
 	client := caughtupasynq.NewClient(aq)
 
-	pauseCtx, stopPausing := context.WithCancel(ctx)
-	var pauser sync.WaitGroup
-	if svc.Cluster != nil && o.maxPause > 0 {
-		pauser.Go(func() {
-			svc.Cluster.PauseRandomly(pauseCtx, o.maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
-		})
-	}
+	stopPauses := svc.PauseReplay(ctx, o.maxPause, stderr)
 	err = produce(ctx, o, svc.Primary, client)
-	stopPausing()
-	pauser.Wait()
+	stopPauses()
 	if err != nil {
 		return err
 	}
