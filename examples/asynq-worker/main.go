@@ -24,7 +24,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,19 +54,14 @@ type options struct {
 	tasks       int
 	producers   int
 	concurrency int
-	maxPause    time.Duration
-	timeout     time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := flag.NewFlagSet("asynq-worker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := examplesvc.NewFlags("asynq-worker", stderr, 2*time.Second)
 	fs.IntVar(&o.tasks, "tasks", 100, "tasks to produce")
 	fs.IntVar(&o.producers, "producers", 4, "producer goroutines")
 	fs.IntVar(&o.concurrency, "concurrency", 20, "asynq worker concurrency")
-	fs.DurationVar(&o.maxPause, "max-pause", 2*time.Second, "longest random replay pause (own cluster only; 0: none)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every task to complete")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -132,14 +126,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer aq.Close()
 	client := caughtupasynq.NewClient(aq)
 
-	stopPauses := svc.PauseReplay(ctx, o.maxPause, stderr)
+	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
 	err = produce(ctx, o, svc.Primary, client)
 	stopPauses()
 	if err != nil {
 		return err
 	}
 
-	st.wait(ctx, o.timeout)
+	if err := examplesvc.Await(ctx, st.done, fs.Timeout); err != nil {
+		return err
+	}
 	srv.Shutdown()
 	fmt.Fprintln(stdout, st.summary())
 	fmt.Fprintln(stderr, st.details())
@@ -239,16 +235,6 @@ func (s *stats) handle(ctx context.Context, task *asynq.Task) error {
 		}
 	}
 	return nil
-}
-
-func (s *stats) wait(ctx context.Context, timeout time.Duration) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-s.done:
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // summary is the deterministic line: the same for every correct run.

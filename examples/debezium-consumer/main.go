@@ -38,7 +38,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -63,19 +62,14 @@ type options struct {
 	transactions int
 	keys         int
 	partitions   int
-	maxPause     time.Duration
-	timeout      time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := flag.NewFlagSet("debezium-consumer", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := examplesvc.NewFlags("debezium-consumer", stderr, time.Second)
 	fs.IntVar(&o.transactions, "transactions", 200, "transactions to run, each bumping one or two counters")
 	fs.IntVar(&o.keys, "keys", 8, "distinct counters (rows, and so message keys)")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the change topic")
-	fs.DurationVar(&o.maxPause, "max-pause", time.Second, "longest random replay pause (own cluster only; 0: none)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every change to run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -144,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer stopConsumer()
 
 	// Lag: random replay pauses on our own cluster until every change ran.
-	stopPauses := svc.PauseReplay(ctx, o.maxPause, stderr)
+	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
 	defer stopPauses()
 
 	// The producer side: plain transactions; Debezium does the rest.
@@ -153,11 +147,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	st.expect(final)
-	select {
-	case <-st.all:
-	case <-time.After(o.timeout):
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := examplesvc.Await(ctx, st.all, fs.Timeout); err != nil {
+		return err
 	}
 	stopPauses()
 	if err := stopConsumer(); err != nil {
@@ -166,7 +157,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	changes, stale, lost, violations := st.summary()
 	fmt.Fprintf(stdout, "changes=%d stale=%d lost=%d order_violations=%d\n", changes, stale, lost, violations)
-	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
+	fmt.Fprintf(stderr, "outcomes: %s\n", st.tally.Outcomes())
 	checks, err := examplesvc.CounterSums(ctx, metrics, "caughtup.cdc.checks", "caughtup.reason")
 	if err != nil {
 		return err
@@ -225,18 +216,15 @@ func produce(ctx context.Context, svc *examplesvc.Services, o options) (map[stri
 // stats checks what the handlers saw: per key, the changes 0 (the insert)
 // to the final value.
 type stats struct {
-	mu         sync.Mutex
-	next       map[string]int // per key: the next change expected
-	final      map[string]int // per key: the last change; nil until known
-	stale      int
-	violations int
-	where      map[string]int
-	all        chan struct{}
-	closed     bool
+	tally  examplesvc.Tally // stale reads, where they went, per-key order
+	mu     sync.Mutex
+	final  map[string]int // per key: the last change; nil until known
+	all    chan struct{}  // closed once every key's last change ran
+	closed bool
 }
 
 func newStats() *stats {
-	return &stats{next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
+	return &stats{all: make(chan struct{})}
 }
 
 // handle is the message handler: it reads the changed row from the pool
@@ -258,21 +246,10 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	if err != nil && !stale {
 		return err // a real error: the consumer retries
 	}
-	where := examplesvc.Where(ctx, "main")
+	s.tally.Ran(ctx, "main", ev.After.Key, ev.After.Seq, stale)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if stale {
-		s.stale++
-	}
-	s.where[where]++
-	k := ev.After.Key
-	switch n := s.next[k]; {
-	case ev.After.Seq == n:
-		s.next[k] = n + 1
-	case ev.After.Seq > n:
-		s.violations++
-	}
 	s.check()
 	return nil
 }
@@ -291,7 +268,7 @@ func (s *stats) check() {
 		return
 	}
 	for k, last := range s.final {
-		if s.next[k] <= last {
+		if s.tally.Next(k) <= last {
 			return
 		}
 	}
@@ -304,15 +281,9 @@ func (s *stats) summary() (changes, stale, lost, violations int) {
 	defer s.mu.Unlock()
 	for k, last := range s.final {
 		changes += last + 1
-		if n := s.next[k]; n <= last {
+		if n := s.tally.Next(k); n <= last {
 			lost += last + 1 - n
 		}
 	}
-	return changes, s.stale, lost, s.violations
-}
-
-func (s *stats) outcomes() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return examplesvc.Counts(s.where)
+	return changes, s.tally.Stale(), lost, s.tally.Violations()
 }

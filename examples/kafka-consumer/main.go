@@ -30,7 +30,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -58,19 +57,14 @@ type options struct {
 	messages   int
 	keys       int
 	partitions int
-	maxPause   time.Duration
-	timeout    time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := flag.NewFlagSet("kafka-consumer", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := examplesvc.NewFlags("kafka-consumer", stderr, time.Second)
 	fs.IntVar(&o.messages, "messages", 100, "messages to produce")
 	fs.IntVar(&o.keys, "keys", 8, "distinct message keys")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the topic")
-	fs.DurationVar(&o.maxPause, "max-pause", time.Second, "longest random replay pause (own cluster only; 0: none)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every message to run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -135,7 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer stopConsumer()
 
 	// Lag: random replay pauses on our own cluster while producing.
-	stopPauses := svc.PauseReplay(ctx, o.maxPause, stderr)
+	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
 
 	// The producer side: commit, then write the message with the context
 	// the commit returned; the writer stamps the position on it.
@@ -145,11 +139,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	select {
-	case <-st.all:
-	case <-time.After(o.timeout):
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := examplesvc.Await(ctx, st.all, fs.Timeout); err != nil {
+		return err
 	}
 	if err := stopConsumer(); err != nil {
 		return err
@@ -157,7 +148,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	stale, lost, violations := st.summary()
 	fmt.Fprintf(stdout, "messages=%d stale=%d lost=%d order_violations=%d\n", o.messages, stale, lost, violations)
-	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
+	fmt.Fprintf(stderr, "outcomes: %s\n", st.tally.Outcomes())
 	// What the consumer did with the messages ("handled", "waited" per
 	// wait in place, ...): its counter outlives its Run.
 	results, err := examplesvc.CounterSums(ctx, metrics, "caughtup.kafka.messages", "caughtup.kafka.result")
@@ -225,19 +216,15 @@ func collect(errs <-chan error) []error {
 
 // stats checks what the handlers saw.
 type stats struct {
-	mu         sync.Mutex
-	want       int
-	runs       map[int64]int
-	next       map[string]int // per key: how many leading messages ran
-	stale      int
-	violations int
-	where      map[string]int
-	all        chan struct{}
-	finished   int
+	tally examplesvc.Tally // stale reads, where they went, per-key order
+	mu    sync.Mutex
+	want  int
+	ran   map[int64]bool
+	all   chan struct{} // closed once every message ran
 }
 
 func newStats(want int) *stats {
-	return &stats{want: want, runs: map[int64]int{}, next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
+	return &stats{want: want, ran: map[int64]bool{}, all: make(chan struct{})}
 }
 
 // handle is the message handler: it reads the message's row from the pool
@@ -258,25 +245,13 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	if err != nil && !stale {
 		return err // a real error: the consumer retries
 	}
-	where := examplesvc.Where(ctx, "main")
+	s.tally.Ran(ctx, "main", string(msg.Key), seq, stale)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if stale {
-		s.stale++
-	}
-	k := string(msg.Key)
-	switch n := s.next[k]; {
-	case seq == n:
-		s.next[k] = n + 1
-	case seq > n:
-		s.violations++
-	}
-	s.where[where]++
-	s.runs[id]++
-	if s.runs[id] == 1 {
-		s.finished++
-		if s.finished == s.want {
+	if !s.ran[id] {
+		s.ran[id] = true
+		if len(s.ran) == s.want {
 			close(s.all)
 		}
 	}
@@ -286,11 +261,5 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 func (s *stats) summary() (stale, lost, violations int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stale, s.want - s.finished, s.violations
-}
-
-func (s *stats) outcomes() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return examplesvc.Counts(s.where)
+	return s.tally.Stale(), s.want - len(s.ran), s.tally.Violations()
 }

@@ -2,12 +2,14 @@ package examplesvc
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // RunFunc is an example's program: flags in args, its summary on stdout,
@@ -39,4 +41,28 @@ func Go(ctx context.Context, run func(context.Context) error) (stop func() error
 		cancel()
 		return <-done
 	})
+}
+
+// Flags is an example's flag set with the flags every example has.
+type Flags struct {
+	*flag.FlagSet
+	// MaxPause is -max-pause: the longest random replay pause on a
+	// throwaway cluster (see Services.PauseReplay); 0: none.
+	MaxPause time.Duration
+	// Timeout is -timeout: how long to wait for every message to run once
+	// the producer is done; those that have not are counted as lost.
+	// Default 2 minutes: a consumer that has to wait out a long pause, on a
+	// busy machine, still finishes well within it.
+	Timeout time.Duration
+}
+
+// NewFlags returns the flag set of the example name, which reports errors
+// on stderr and returns them from Parse, with -max-pause (default
+// maxPause) and -timeout defined; the example adds its own.
+func NewFlags(name string, stderr io.Writer, maxPause time.Duration) *Flags {
+	f := &Flags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f.SetOutput(stderr)
+	f.DurationVar(&f.MaxPause, "max-pause", maxPause, "longest random replay pause (own cluster only; 0: none)")
+	f.DurationVar(&f.Timeout, "timeout", 2*time.Minute, "how long to wait for every message to run once produced")
+	return f
 }
