@@ -22,21 +22,15 @@
 package main
 
 import (
-	"github.com/caughtup/caughtup/internal/examplesvc"
-
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -46,17 +40,10 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/examplesvc"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "asynq-worker:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplesvc.Main("asynq-worker", run) }
 
 const (
 	table    = "caughtup_example_items"
@@ -67,19 +54,14 @@ type options struct {
 	tasks       int
 	producers   int
 	concurrency int
-	maxPause    time.Duration
-	timeout     time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := flag.NewFlagSet("asynq-worker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := examplesvc.NewFlags("asynq-worker", stderr, 2*time.Second)
 	fs.IntVar(&o.tasks, "tasks", 100, "tasks to produce")
 	fs.IntVar(&o.producers, "producers", 4, "producer goroutines")
 	fs.IntVar(&o.concurrency, "concurrency", 20, "asynq worker concurrency")
-	fs.DurationVar(&o.maxPause, "max-pause", 2*time.Second, "longest random replay pause (own cluster only; 0: none)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every task to complete")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -144,21 +126,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer aq.Close()
 	client := caughtupasynq.NewClient(aq)
 
-	pauseCtx, stopPausing := context.WithCancel(ctx)
-	var pauser sync.WaitGroup
-	if svc.Cluster != nil && o.maxPause > 0 {
-		pauser.Go(func() {
-			svc.Cluster.PauseRandomly(pauseCtx, o.maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
-		})
-	}
+	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
 	err = produce(ctx, o, svc.Primary, client)
-	stopPausing()
-	pauser.Wait()
+	stopPauses()
 	if err != nil {
 		return err
 	}
 
-	st.wait(ctx, o.timeout)
+	if err := examplesvc.Await(ctx, st.done, fs.Timeout); err != nil {
+		return err
+	}
 	srv.Shutdown()
 	fmt.Fprintln(stdout, st.summary())
 	fmt.Fprintln(stderr, st.details())
@@ -258,16 +235,6 @@ func (s *stats) handle(ctx context.Context, task *asynq.Task) error {
 		}
 	}
 	return nil
-}
-
-func (s *stats) wait(ctx context.Context, timeout time.Duration) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-s.done:
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // summary is the deterministic line: the same for every correct run.

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/internal/examplesvc/exampletest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -19,19 +17,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestRun(t *testing.T) {
 	t.Setenv("CAUGHTUP_PRIMARY_URL", "")
 	t.Setenv("REDIS_ADDR", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	err := run(ctx, []string{"-tasks", "200", "-max-pause", "1500ms"}, &stdout, &stderr)
-	t.Log(strings.TrimSpace(stderr.String()))
-	require.NoError(t, err)
-	require.Equal(t, "tasks=200 stale=0 lost=0\n", stdout.String())
-	require.Contains(t, stderr.String(), " retried=0")
+	stdout, stderr := exampletest.Run(t, run, "-tasks", "200", "-max-pause", "1500ms")
+	require.Equal(t, "tasks=200 stale=0 lost=0\n", stdout)
+	require.Contains(t, stderr, " retried=0")
 }
 
 func TestBadFlags(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	require.Error(t, run(context.Background(), []string{"-tasks", "0"}, &stdout, &stderr))
-	require.Error(t, run(context.Background(), []string{"-nonsense"}, &stdout, &stderr))
-	require.Empty(t, stdout.String())
+	exampletest.BadFlags(t, run, []string{"-tasks", "0"}, []string{"-nonsense"})
 }

@@ -38,39 +38,23 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"os/signal"
-	"slices"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	kafkago "github.com/segmentio/kafka-go"
-	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/examplesvc"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "debezium-consumer:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplesvc.Main("debezium-consumer", run) }
 
 const table = "caughtup_cdc_example_counters"
 
@@ -78,19 +62,14 @@ type options struct {
 	transactions int
 	keys         int
 	partitions   int
-	maxPause     time.Duration
-	timeout      time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := flag.NewFlagSet("debezium-consumer", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := examplesvc.NewFlags("debezium-consumer", stderr, time.Second)
 	fs.IntVar(&o.transactions, "transactions", 200, "transactions to run, each bumping one or two counters")
 	fs.IntVar(&o.keys, "keys", 8, "distinct counters (rows, and so message keys)")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the change topic")
-	fs.DurationVar(&o.maxPause, "max-pause", time.Second, "longest random replay pause (own cluster only; 0: none)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every change to run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -115,7 +94,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// (Connect would create it with the broker's default).
 	prefix := fmt.Sprintf("caughtup_cdc_example_%d", time.Now().UnixNano())
 	topic := prefix + ".public." + table
-	if err := createTopic(ctx, brokers, topic, o.partitions); err != nil {
+	if err := svc.CreateTopic(ctx, topic, o.partitions); err != nil {
 		return err
 	}
 	if err := svc.Debezium(ctx, stderr, brokers, prefix, "public."+table); err != nil {
@@ -155,24 +134,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cctx, cancelConsumer := context.WithCancel(ctx)
-	consumed := make(chan error, 1)
-	go func() { consumed <- consumer.Run(cctx) }()
-	stopConsumer := sync.OnceValue(func() error {
-		cancelConsumer()
-		return <-consumed
-	})
+	stopConsumer := examplesvc.Go(ctx, consumer.Run)
 	defer stopConsumer()
 
 	// Lag: random replay pauses on our own cluster until every change ran.
-	pctx, stopPauses := context.WithCancel(ctx)
-	var pauses sync.WaitGroup
-	defer func() { stopPauses(); pauses.Wait() }()
-	if svc.Cluster != nil && o.maxPause > 0 {
-		pauses.Go(func() {
-			svc.Cluster.PauseRandomly(pctx, o.maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
-		})
-	}
+	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
+	defer stopPauses()
 
 	// The producer side: plain transactions; Debezium does the rest.
 	final, err := produce(ctx, svc, o)
@@ -180,22 +147,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	st.expect(final)
-	select {
-	case <-st.all:
-	case <-time.After(o.timeout):
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := examplesvc.Await(ctx, st.all, fs.Timeout); err != nil {
+		return err
 	}
 	stopPauses()
-	pauses.Wait()
 	if err := stopConsumer(); err != nil {
 		return err
 	}
 
 	changes, stale, lost, violations := st.summary()
 	fmt.Fprintf(stdout, "changes=%d stale=%d lost=%d order_violations=%d\n", changes, stale, lost, violations)
-	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
-	checks, err := sums(ctx, metrics, "caughtup.cdc.checks", "caughtup.reason")
+	fmt.Fprintf(stderr, "outcomes: %s\n", st.tally.Outcomes())
+	checks, err := examplesvc.CounterSums(ctx, metrics, "caughtup.cdc.checks", "caughtup.reason")
 	if err != nil {
 		return err
 	}
@@ -253,18 +216,15 @@ func produce(ctx context.Context, svc *examplesvc.Services, o options) (map[stri
 // stats checks what the handlers saw: per key, the changes 0 (the insert)
 // to the final value.
 type stats struct {
-	mu         sync.Mutex
-	next       map[string]int // per key: the next change expected
-	final      map[string]int // per key: the last change; nil until known
-	stale      int
-	violations int
-	where      map[string]int
-	all        chan struct{}
-	closed     bool
+	tally  examplesvc.Tally // stale reads, where they went, per-key order
+	mu     sync.Mutex
+	final  map[string]int // per key: the last change; nil until known
+	all    chan struct{}  // closed once every key's last change ran
+	closed bool
 }
 
 func newStats() *stats {
-	return &stats{next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
+	return &stats{all: make(chan struct{})}
 }
 
 // handle is the message handler: it reads the changed row from the pool
@@ -286,25 +246,10 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	if err != nil && !stale {
 		return err // a real error: the consumer retries
 	}
-	dec, _ := consume.DecisionFrom(ctx)
-	where := dec.Outcome.String()
-	if dd, ok := dec.Database("main"); ok && dd.Replica != "" {
-		where += "@" + dd.Replica
-	}
+	s.tally.Ran(ctx, "main", ev.After.Key, ev.After.Seq, stale)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if stale {
-		s.stale++
-	}
-	s.where[where]++
-	k := ev.After.Key
-	switch n := s.next[k]; {
-	case ev.After.Seq == n:
-		s.next[k] = n + 1
-	case ev.After.Seq > n:
-		s.violations++
-	}
 	s.check()
 	return nil
 }
@@ -323,7 +268,7 @@ func (s *stats) check() {
 		return
 	}
 	for k, last := range s.final {
-		if s.next[k] <= last {
+		if s.tally.Next(k) <= last {
 			return
 		}
 	}
@@ -336,83 +281,9 @@ func (s *stats) summary() (changes, stale, lost, violations int) {
 	defer s.mu.Unlock()
 	for k, last := range s.final {
 		changes += last + 1
-		if n := s.next[k]; n <= last {
+		if n := s.tally.Next(k); n <= last {
 			lost += last + 1 - n
 		}
 	}
-	return changes, s.stale, lost, s.violations
-}
-
-func (s *stats) outcomes() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var parts []string
-	for w, n := range s.where {
-		parts = append(parts, fmt.Sprintf("%s=%d", w, n))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, " ")
-}
-
-// sums adds up a counter's data points by one attribute.
-func sums(ctx context.Context, r *sdkmetric.ManualReader, name, attr string) (string, error) {
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(ctx, &rm); err != nil {
-		return "", err
-	}
-	by := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != name || !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				v, _ := dp.Attributes.Value(attribute.Key(attr))
-				by[v.AsString()] += dp.Value
-			}
-		}
-	}
-	var parts []string
-	for k, n := range by {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, n))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, " "), nil
-}
-
-// createTopic creates topic and waits until every partition has a leader.
-func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	tr := &kafkago.Transport{}
-	defer tr.CloseIdleConnections()
-	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr, Timeout: 10 * time.Second}
-	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{
-		{Topic: topic, NumPartitions: partitions, ReplicationFactor: -1},
-	}})
-	if err != nil {
-		return fmt.Errorf("creating topic %s: %w", topic, err)
-	}
-	if err := resp.Errors[topic]; err != nil {
-		return fmt.Errorf("creating topic %s: %w", topic, err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
-		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {
-			ready := true
-			for _, p := range md.Topics[0].Partitions {
-				ready = ready && p.Error == nil && p.Leader.Host != ""
-			}
-			if ready {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("topic %s did not show all its partitions within 30s (last error: %v)", topic, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return changes, s.tally.Stale(), lost, s.tally.Violations()
 }

@@ -1,13 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/internal/examplesvc/exampletest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -15,16 +15,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestRun runs the example on its own cluster, broker and Connect worker
 // (or on the services the environment names) and checks its summary.
 func TestRun(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"-transactions", "200"}, &stdout, &stderr)
-	require.NoError(t, err, "stderr:\n%s", stderr.String())
-	require.Regexp(t, regexp.MustCompile(`^changes=\d+ stale=0 lost=0 order_violations=0\n$`), stdout.String(), "stderr:\n%s", stderr.String())
-	require.Contains(t, stderr.String(), "commit-safe checks on replicas", "stderr:\n%s", stderr.String())
-	t.Logf("stdout: %sstderr:\n%s", stdout.String(), stderr.String())
+	stdout, stderr := exampletest.Run(t, run, "-transactions", "200")
+	require.Regexp(t, regexp.MustCompile(`^changes=\d+ stale=0 lost=0 order_violations=0\n$`), stdout, "stderr:\n%s", stderr)
+	require.Contains(t, stderr, "commit-safe checks on replicas", "stderr:\n%s", stderr)
 }
 
 func TestBadFlags(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	require.Error(t, run(context.Background(), []string{"-transactions", "0"}, &stdout, &stderr))
-	require.Empty(t, stdout.String())
+	exampletest.BadFlags(t, run, []string{"-transactions", "0"}, []string{"-nonsense"})
 }

@@ -28,43 +28,28 @@
 package main
 
 import (
-	"github.com/caughtup/caughtup/internal/examplesvc"
-
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/examplesvc"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kafka-consumer:", err)
-		os.Exit(1)
-	}
-}
+func main() { examplesvc.Main("kafka-consumer", run) }
 
 const table = "caughtup_kafka_example_items"
 
@@ -72,19 +57,14 @@ type options struct {
 	messages   int
 	keys       int
 	partitions int
-	maxPause   time.Duration
-	timeout    time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var o options
-	fs := flag.NewFlagSet("kafka-consumer", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := examplesvc.NewFlags("kafka-consumer", stderr, time.Second)
 	fs.IntVar(&o.messages, "messages", 100, "messages to produce")
 	fs.IntVar(&o.keys, "keys", 8, "distinct message keys")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the topic")
-	fs.DurationVar(&o.maxPause, "max-pause", time.Second, "longest random replay pause (own cluster only; 0: none)")
-	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every message to run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,8 +85,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	topic := fmt.Sprintf("caughtup-kafka-example-%d", time.Now().UnixNano())
-	if err := createTopics(ctx, brokers, o.partitions, topic, topic+".dlt"); err != nil {
-		return err
+	for _, t := range []string{topic, topic + ".dlt"} {
+		if err := svc.CreateTopic(ctx, t, o.partitions); err != nil {
+			return err
+		}
 	}
 
 	// Metrics: an application hands its MeterProvider (with an exporter)
@@ -143,38 +125,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cctx, cancelConsumer := context.WithCancel(ctx)
-	consumed := make(chan error, 1)
-	go func() { consumed <- consumer.Run(cctx) }()
-	stopConsumer := sync.OnceValue(func() error {
-		cancelConsumer()
-		return <-consumed
-	})
+	stopConsumer := examplesvc.Go(ctx, consumer.Run)
 	defer stopConsumer()
 
 	// Lag: random replay pauses on our own cluster while producing.
-	pctx, stopPauses := context.WithCancel(ctx)
-	var pauses sync.WaitGroup
-	if svc.Cluster != nil && o.maxPause > 0 {
-		pauses.Go(func() {
-			svc.Cluster.PauseRandomly(pctx, o.maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
-		})
-	}
+	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
 
 	// The producer side: commit, then write the message with the context
 	// the commit returned; the writer stamps the position on it.
 	err = produce(ctx, svc.Primary, brokers, topic, o)
 	stopPauses()
-	pauses.Wait()
 	if err != nil {
 		return err
 	}
 
-	select {
-	case <-st.all:
-	case <-time.After(o.timeout):
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := examplesvc.Await(ctx, st.all, fs.Timeout); err != nil {
+		return err
 	}
 	if err := stopConsumer(); err != nil {
 		return err
@@ -182,8 +148,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	stale, lost, violations := st.summary()
 	fmt.Fprintf(stdout, "messages=%d stale=%d lost=%d order_violations=%d\n", o.messages, stale, lost, violations)
-	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
-	results, err := consumerResults(ctx, metrics)
+	fmt.Fprintf(stderr, "outcomes: %s\n", st.tally.Outcomes())
+	// What the consumer did with the messages ("handled", "waited" per
+	// wait in place, ...): its counter outlives its Run.
+	results, err := examplesvc.CounterSums(ctx, metrics, "caughtup.kafka.messages", "caughtup.kafka.result")
 	if err != nil {
 		return err
 	}
@@ -248,19 +216,15 @@ func collect(errs <-chan error) []error {
 
 // stats checks what the handlers saw.
 type stats struct {
-	mu         sync.Mutex
-	want       int
-	runs       map[int64]int
-	next       map[string]int // per key: how many leading messages ran
-	stale      int
-	violations int
-	where      map[string]int
-	all        chan struct{}
-	finished   int
+	tally examplesvc.Tally // stale reads, where they went, per-key order
+	mu    sync.Mutex
+	want  int
+	ran   map[int64]bool
+	all   chan struct{} // closed once every message ran
 }
 
 func newStats(want int) *stats {
-	return &stats{want: want, runs: map[int64]int{}, next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
+	return &stats{want: want, ran: map[int64]bool{}, all: make(chan struct{})}
 }
 
 // handle is the message handler: it reads the message's row from the pool
@@ -281,29 +245,13 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	if err != nil && !stale {
 		return err // a real error: the consumer retries
 	}
-	dec, _ := consume.DecisionFrom(ctx)
-	where := dec.Outcome.String()
-	if dd, ok := dec.Database("main"); ok && dd.Replica != "" {
-		where += "@" + dd.Replica
-	}
+	s.tally.Ran(ctx, "main", string(msg.Key), seq, stale)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if stale {
-		s.stale++
-	}
-	k := string(msg.Key)
-	switch n := s.next[k]; {
-	case seq == n:
-		s.next[k] = n + 1
-	case seq > n:
-		s.violations++
-	}
-	s.where[where]++
-	s.runs[id]++
-	if s.runs[id] == 1 {
-		s.finished++
-		if s.finished == s.want {
+	if !s.ran[id] {
+		s.ran[id] = true
+		if len(s.ran) == s.want {
 			close(s.all)
 		}
 	}
@@ -313,98 +261,5 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 func (s *stats) summary() (stale, lost, violations int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stale, s.want - s.finished, s.violations
-}
-
-func (s *stats) outcomes() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var parts []string
-	for w, n := range s.where {
-		parts = append(parts, fmt.Sprintf("%s=%d", w, n))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, " ")
-}
-
-// consumerResults sums caughtup.kafka.messages by result: what the
-// consumer did with the messages ("handled", "waited" per wait in place,
-// ...). The counts outlive the consumer's Run.
-func consumerResults(ctx context.Context, r *sdkmetric.ManualReader) (string, error) {
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(ctx, &rm); err != nil {
-		return "", err
-	}
-	sums := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != "caughtup.kafka.messages" || !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				v, _ := dp.Attributes.Value("caughtup.kafka.result")
-				sums[v.AsString()] += dp.Value
-			}
-		}
-	}
-	var parts []string
-	for result, n := range sums {
-		parts = append(parts, fmt.Sprintf("%s=%d", result, n))
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, " "), nil
-}
-
-// createTopics creates the topics with partitions partitions each.
-func createTopics(ctx context.Context, brokers []string, partitions int, names ...string) error {
-	tr := &kafkago.Transport{}
-	defer tr.CloseIdleConnections()
-	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr, Timeout: 10 * time.Second}
-	req := &kafkago.CreateTopicsRequest{}
-	for _, n := range names {
-		req.Topics = append(req.Topics, kafkago.TopicConfig{Topic: n, NumPartitions: partitions, ReplicationFactor: 1})
-	}
-	resp, err := cl.CreateTopics(ctx, req)
-	if err != nil {
-		return fmt.Errorf("creating topics: %w", err)
-	}
-	for name, err := range resp.Errors {
-		if err != nil {
-			return fmt.Errorf("creating topic %s: %w", name, err)
-		}
-	}
-	// A real cluster shows new topics in every broker's metadata a little
-	// later; a group that joins before that gets no partitions.
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: names})
-		if err == nil && ready(md, len(names), partitions) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("topics %v did not show all their partitions within 30s (last error: %v)", names, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-func ready(md *kafkago.MetadataResponse, topics, partitions int) bool {
-	if len(md.Topics) != topics {
-		return false
-	}
-	for _, t := range md.Topics {
-		if t.Error != nil || len(t.Partitions) != partitions {
-			return false
-		}
-		for _, p := range t.Partitions {
-			if p.Error != nil || p.Leader.Host == "" {
-				return false
-			}
-		}
-	}
-	return true
+	return s.tally.Stale(), s.want - len(s.ran), s.tally.Violations()
 }

@@ -1,14 +1,14 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"regexp"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/internal/examplesvc/exampletest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -16,22 +16,17 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestRun runs the example on its own cluster and broker (or on the
 // services the environment names) and checks its summary.
 func TestRun(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"-messages", "100"}, &stdout, &stderr)
-	require.NoError(t, err, "stderr:\n%s", stderr.String())
-	require.Equal(t, "messages=100 stale=0 lost=0 order_violations=0\n", stdout.String(), "stderr:\n%s", stderr.String())
+	stdout, stderr := exampletest.Run(t, run, "-messages", "100")
+	require.Equal(t, "messages=100 stale=0 lost=0 order_violations=0\n", stdout, "stderr:\n%s", stderr)
 	// The consumer's counter, read after its Run returned, has every
 	// message (more only if one ran twice).
-	m := regexp.MustCompile(`consumer results: .*handled=(\d+)`).FindStringSubmatch(stderr.String())
-	require.NotNil(t, m, "no consumer results on stderr:\n%s", stderr.String())
+	m := regexp.MustCompile(`consumer results: .*handled=(\d+)`).FindStringSubmatch(stderr)
+	require.NotNil(t, m, "no consumer results on stderr:\n%s", stderr)
 	handled, err := strconv.Atoi(m[1])
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, handled, 100)
-	t.Logf("stderr:\n%s", stderr.String())
 }
 
 func TestBadFlags(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	require.Error(t, run(context.Background(), []string{"-messages", "0"}, &stdout, &stderr))
-	require.Empty(t, stdout.String())
+	exampletest.BadFlags(t, run, []string{"-messages", "0"}, []string{"-nonsense"})
 }

@@ -3,15 +3,25 @@
 // to Kafka stamped with a caughtup token, and a consumer routes each event
 // with the token before reading the order — first while the replica's
 // replay is paused (the event must read the primary), then while it
-// streams (the event reads the replica). It prints one summary line.
+// streams (the event reads the replica). It prints one summary line,
 //
-// Without configuration it starts its own PostgreSQL primary and replica
-// (internal/pgtest, from the machine's PostgreSQL 15 binaries) and an
-// in-process Kafka broker (kfake). To use real services set
+//	outbox-relay: relay=polling events=20 delivered=20 | replica paused, sticky: replica=0 primary=10 | replica streaming, delayed: replica=10 primary=0 | stale reads=0
 //
-//	OUTBOX_PRIMARY_DSN  primary, superuser (creates a table, a publication, a slot)
+// the same on every correct run.
+//
+// Without configuration it starts its own PostgreSQL primary with one
+// streaming replica (PostgreSQL 15 server binaries must be installed) and a
+// single-node Apache Kafka 4.4 broker (Java 17; the jars come from Maven
+// Central, see scripts/install-deps), and creates a topic of one partition
+// on it. To use existing services instead set
+//
+//	OUTBOX_PRIMARY_DSN  primary, superuser (creates the tables orders and the
+//	                    outbox's; the logical relay a publication and a slot)
 //	OUTBOX_REPLICA_DSN  a streaming replica of it (superuser: pauses replay)
-//	KAFKA_BROKERS       comma-separated brokers; the topic must exist
+//	KAFKA_BROKERS       comma-separated brokers
+//	OUTBOX_TOPIC        the topic, read from its first offset at partition 0:
+//	                    created (one partition) if it does not exist; default
+//	                    caughtup-outbox-example-<time>, a new one every run
 //
 // and OUTBOX_RELAY=logical for the logical-replication relay instead of
 // the polling one.
@@ -22,54 +32,44 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/internal/examplesvc"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
 )
 
-// config says which services to use; zero values start throwaway ones.
+// config says which services to use; zero values start throwaway ones
+// (the brokers come from $KAFKA_BROKERS, see examplesvc.Services.Kafka).
 type config struct {
 	PrimaryDSN, ReplicaDSN string
-	Brokers                []string
 	Topic                  string
 	Relay                  string // "polling" (default) or "logical"
 	Events                 int    // per phase; default 10
 }
 
 func configFromEnv() config {
-	cfg := config{
+	return config{
 		PrimaryDSN: os.Getenv("OUTBOX_PRIMARY_DSN"),
 		ReplicaDSN: os.Getenv("OUTBOX_REPLICA_DSN"),
 		Relay:      os.Getenv("OUTBOX_RELAY"),
 		Topic:      os.Getenv("OUTBOX_TOPIC"),
 	}
-	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
-		cfg.Brokers = strings.Split(b, ",")
-	}
-	return cfg
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Stdout, configFromEnv()); err != nil {
-		log.Fatal(err)
-	}
+	examplesvc.Main("outbox-relay", func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+		return run(ctx, stdout, stderr, configFromEnv())
+	})
 }
 
 // summary is what the consumer saw.
@@ -78,8 +78,8 @@ type summary struct {
 	phases                       [2]struct{ replica, primary int }
 }
 
-func run(ctx context.Context, out io.Writer, cfg config) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute) // services start slowly on a busy machine
 	defer cancel()
 	if cfg.Relay == "" {
 		cfg.Relay = "polling"
@@ -91,42 +91,31 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 		cfg.Events = 10
 	}
 	if cfg.Topic == "" {
-		cfg.Topic = "orders"
+		cfg.Topic = fmt.Sprintf("caughtup-outbox-example-%d", time.Now().UnixNano())
+	}
+	if cfg.PrimaryDSN != "" && cfg.ReplicaDSN == "" {
+		return errors.New("OUTBOX_REPLICA_DSN is required with OUTBOX_PRIMARY_DSN")
 	}
 
 	// Services: throwaway ones unless configured.
-	if cfg.PrimaryDSN == "" {
-		cluster, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1})
-		if err != nil {
-			return err
-		}
-		defer func() { _ = cluster.Close() }()
-		if err := cluster.CreateDatabase(ctx, "shop"); err != nil {
-			return err
-		}
-		cfg.PrimaryDSN, cfg.ReplicaDSN = cluster.Primary().DSN("shop"), cluster.Replicas()[0].DSN("shop")
+	pg := examplesvc.PostgresConfig{PrimaryURL: cfg.PrimaryDSN, Replicas: 1, PrimaryEnv: "OUTBOX_PRIMARY_DSN"}
+	if cfg.ReplicaDSN != "" {
+		pg.ReplicaURLs = []string{cfg.ReplicaDSN}
 	}
-	if cfg.ReplicaDSN == "" {
-		return errors.New("OUTBOX_REPLICA_DSN is required with OUTBOX_PRIMARY_DSN")
-	}
-	if len(cfg.Brokers) == 0 {
-		kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, cfg.Topic))
-		if err != nil {
-			return err
-		}
-		defer kc.Close()
-		cfg.Brokers = kc.ListenAddrs()
-	}
-	primary, err := pgxpool.New(ctx, cfg.PrimaryDSN)
+	svc, err := examplesvc.StartPostgres(ctx, stderr, pg)
 	if err != nil {
 		return err
 	}
-	defer primary.Close()
-	replica, err := pgxpool.New(ctx, cfg.ReplicaDSN)
+	defer svc.Close()
+	primary, replica := svc.Primary, svc.Replicas[0]
+	brokers, err := svc.Kafka(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	defer replica.Close()
+	// One partition: the reader below reads partition 0.
+	if err := svc.CreateTopic(ctx, cfg.Topic, 1); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return err
+	}
 
 	// Schema: the outbox next to the business table.
 	if err := outbox.Migrate(ctx, primary); err != nil {
@@ -139,7 +128,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 	// The relay: outbox → Kafka, every message stamped.
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
-	writer := &kafka.Writer{Addr: kafka.TCP(cfg.Brokers...), Topic: cfg.Topic, Balancer: &kafka.Hash{},
+	writer := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: cfg.Topic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, Transport: transport}
 	defer func() { _ = writer.Close() }()
 	pub, err := caughtupkafka.NewOutboxPublisher(writer)
@@ -153,7 +142,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 		relay, err = outbox.NewPollingRelay(outbox.PollingConfig{Primary: primary, Publisher: pub, PollInterval: 10 * time.Millisecond, Logger: quiet})
 	case "logical":
 		var lr *outbox.LogicalRelay
-		lr, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: cfg.PrimaryDSN, Publisher: pub, Logger: quiet})
+		lr, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: primary.Config().ConnString(), Publisher: pub, Logger: quiet})
 		if err == nil {
 			err = lr.Setup(ctx)
 			defer func() { _ = lr.Teardown(context.WithoutCancel(ctx)) }()
@@ -163,10 +152,8 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
-	defer func() { stopRelay(); <-relayDone }()
+	stopRelay := examplesvc.Go(ctx, relay.Run)
+	defer stopRelay()
 
 	// The consumer: one router for the process.
 	router, err := consume.NewRouter(ctx, consume.Config{
@@ -178,7 +165,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 		return err
 	}
 	defer func() { _ = router.Close() }()
-	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, Topic: cfg.Topic, MaxWait: 20 * time.Millisecond})
+	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: cfg.Topic, MaxWait: 20 * time.Millisecond})
 	defer func() { _ = reader.Close() }()
 
 	var s summary
@@ -231,7 +218,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 			_, _ = replica.Exec(context.WithoutCancel(ctx), "SELECT pg_wal_replay_resume()")
 		}
 	}()
-	if err := writeOrders(ctx, primary, 1, cfg.Events); err != nil {
+	if err := writeOrders(ctx, primary, cfg.Topic, 1, cfg.Events); err != nil {
 		return err
 	}
 	if err := consumeN(0, consume.Sticky, cfg.Events); err != nil {
@@ -244,7 +231,7 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 		return err
 	}
 	resumed = true
-	if err := writeOrders(ctx, primary, 1000, cfg.Events); err != nil {
+	if err := writeOrders(ctx, primary, cfg.Topic, 1000, cfg.Events); err != nil {
 		return err
 	}
 	if err := consumeN(1, consume.Delayed, cfg.Events); err != nil {
@@ -258,14 +245,14 @@ func run(ctx context.Context, out io.Writer, cfg config) error {
 
 // writeOrders writes each order and its event in one transaction: the
 // event exists if and only if the order does.
-func writeOrders(ctx context.Context, primary *pgxpool.Pool, from, n int) error {
+func writeOrders(ctx context.Context, primary *pgxpool.Pool, topic string, from, n int) error {
 	for i := from; i < from+n; i++ {
 		err := pgx.BeginFunc(ctx, primary, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO orders (id, item) VALUES ($1, 'book')", i); err != nil {
 				return err
 			}
 			id := strconv.Itoa(i)
-			_, err := outbox.Insert(ctx, tx, outbox.Event{Topic: "orders", Key: []byte(id), Payload: []byte(`{"order":` + id + `}`)})
+			_, err := outbox.Insert(ctx, tx, outbox.Event{Topic: topic, Key: []byte(id), Payload: []byte(`{"order":` + id + `}`)})
 			return err
 		})
 		if err != nil {

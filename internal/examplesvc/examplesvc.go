@@ -7,10 +7,12 @@ package examplesvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,6 +29,7 @@ type Services struct {
 	// Cluster is the throwaway cluster, nil when the environment named
 	// the databases; examples inject lag only into their own.
 	Cluster *pgtest.Cluster
+	broker  *kafkatest.Broker
 	closers []func()
 }
 
@@ -38,24 +41,55 @@ func (s *Services) Close() {
 	s.closers = nil
 }
 
+// PostgresConfig says which PostgreSQL an example uses.
+type PostgresConfig struct {
+	// PrimaryURL names an existing primary, and ReplicaURLs its streaming
+	// replicas. Empty: a throwaway primary is started, with Replicas
+	// replicas, and a fresh database "example" on it is used.
+	PrimaryURL  string
+	ReplicaURLs []string
+	// Replicas is how many streaming replicas a throwaway cluster gets.
+	// Default 2: enough to show a router choosing among them.
+	Replicas int
+	// PrimaryEnv names the variable that sets PrimaryURL, for the line that
+	// says how to use your own. Default "CAUGHTUP_PRIMARY_URL".
+	PrimaryEnv string
+}
+
 // Postgres connects to $CAUGHTUP_PRIMARY_URL and the comma-separated
 // $CAUGHTUP_REPLICA_URLS, or starts a primary with two streaming replicas
 // and uses a fresh database "example" on it.
-func Postgres(ctx context.Context, stderr io.Writer) (s *Services, err error) {
+func Postgres(ctx context.Context, stderr io.Writer) (*Services, error) {
+	cfg := PostgresConfig{PrimaryURL: os.Getenv("CAUGHTUP_PRIMARY_URL")}
+	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
+		cfg.ReplicaURLs = strings.Split(v, ",")
+	}
+	return StartPostgres(ctx, stderr, cfg)
+}
+
+// StartPostgres connects to the servers cfg names, or starts a throwaway
+// cluster (internal/pgtest) that Close stops.
+func StartPostgres(ctx context.Context, stderr io.Writer, cfg PostgresConfig) (s *Services, err error) {
 	s = &Services{}
 	defer func() {
 		if err != nil {
 			s.Close()
 		}
 	}()
-	primaryURL := os.Getenv("CAUGHTUP_PRIMARY_URL")
-	var replicaURLs []string
-	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
-		replicaURLs = strings.Split(v, ",")
-	}
+	primaryURL, replicaURLs := cfg.PrimaryURL, cfg.ReplicaURLs
 	if primaryURL == "" {
-		fmt.Fprintln(stderr, "starting a primary with two streaming replicas (set CAUGHTUP_PRIMARY_URL to use your own)")
-		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2})
+		if cfg.Replicas <= 0 {
+			cfg.Replicas = 2
+		}
+		if cfg.PrimaryEnv == "" {
+			cfg.PrimaryEnv = "CAUGHTUP_PRIMARY_URL"
+		}
+		replicas := fmt.Sprintf("%d streaming replicas", cfg.Replicas)
+		if cfg.Replicas == 1 {
+			replicas = "one streaming replica"
+		}
+		fmt.Fprintf(stderr, "starting a primary with %s (set %s to use your own)\n", replicas, cfg.PrimaryEnv)
+		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: cfg.Replicas})
 		if err != nil {
 			return nil, err
 		}
@@ -102,16 +136,46 @@ func (s *Services) Redis(ctx context.Context, stderr io.Writer) (string, error) 
 // Kafka returns the comma-separated $KAFKA_BROKERS, or starts a
 // single-node Apache Kafka 4 broker (internal/kafkatest) that Close stops.
 func (s *Services) Kafka(ctx context.Context, stderr io.Writer) ([]string, error) {
-	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
-		return strings.Split(b, ","), nil
+	if os.Getenv("KAFKA_BROKERS") == "" {
+		fmt.Fprintln(stderr, "starting a Kafka broker (set KAFKA_BROKERS to use your own)")
 	}
-	fmt.Fprintln(stderr, "starting a Kafka broker (set KAFKA_BROKERS to use your own)")
-	b, err := kafkatest.Start(ctx, kafkatest.Options{})
+	b, err := kafkatest.Start(ctx, kafkatest.Options{}) // $KAFKA_BROKERS: starts nothing
 	if err != nil {
 		return nil, err
 	}
 	s.closers = append(s.closers, func() { _ = b.Close() })
+	s.broker = b
 	return b.Brokers(), nil
+}
+
+// CreateTopic creates a topic on the brokers Kafka returned, with the
+// cluster's default replication factor, and waits until every partition
+// has a leader: a consumer group that joins before that gets no partitions.
+func (s *Services) CreateTopic(ctx context.Context, name string, partitions int) error {
+	if s.broker == nil {
+		return errors.New("examplesvc: CreateTopic before Kafka")
+	}
+	return s.broker.CreateTopic(ctx, name, partitions)
+}
+
+// PauseReplay injects lag into a throwaway cluster: until stop is called
+// it pauses replay on its replicas at random for up to maxPause at a time
+// (pgtest's Cluster.PauseRandomly), reporting each pause on stderr. On
+// servers the environment named, or with maxPause 0, it does nothing.
+// stop resumes replay and waits; calling it again does nothing.
+func (s *Services) PauseReplay(ctx context.Context, maxPause time.Duration, stderr io.Writer) (stop func()) {
+	if s.Cluster == nil || maxPause <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		s.Cluster.PauseRandomly(ctx, maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
 }
 
 // Debezium starts a Kafka Connect worker (internal/kafkatest) against
