@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -177,20 +177,12 @@ func BenchmarkFeedInterval(b *testing.B) {
 		rows = append(rows, measure(fmt.Sprintf("no feed: 1 router polling every %v (waiting: %v)", DefaultPollInterval, DefaultWaitPollInterval), r))
 		require.NoError(b, r.Close())
 	}
-	pct := func(s []time.Duration, p float64) time.Duration {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
 	var tb strings.Builder
 	fmt.Fprintf(&tb, "\n| setup | replica status queries/s (server side) | Redis commands/s | catch-up → wait returns p50 | p90 | p99 | samples |\n|---|---|---|---|---|---|---|\n")
 	for _, rw := range rows {
 		fmt.Fprintf(&tb, "| %s | %.0f | %.0f | %v | %v | %v | %d |\n", rw.label, rw.qps, rw.redisCmds,
-			pct(rw.lat, 0.5).Round(100*time.Microsecond), pct(rw.lat, 0.9).Round(100*time.Microsecond),
-			pct(rw.lat, 0.99).Round(100*time.Microsecond), len(rw.lat))
+			latency.Percentile(rw.lat, 0.5).Round(100*time.Microsecond), latency.Percentile(rw.lat, 0.9).Round(100*time.Microsecond),
+			latency.Percentile(rw.lat, 0.99).Round(100*time.Microsecond), len(rw.lat))
 	}
 	b.Log(tb.String())
 }

@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -149,19 +149,11 @@ func BenchmarkWaitLoad(b *testing.B) {
 			require.NoError(b, r.Close())
 		}
 	}
-	pct := func(s []time.Duration, p float64) time.Duration {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
 	var tb strings.Builder
 	fmt.Fprintf(&tb, "\n| WaitPollInterval | waiting jobs | replica queries/s (server side, 10 s pause) | catch-up → wait returns p50 | p99 | samples |\n|---|---|---|---|---|---|\n")
 	for _, rw := range rows {
 		fmt.Fprintf(&tb, "| %v | %d | %.0f | %v | %v | %d |\n", rw.interval, rw.jobs, rw.qps,
-			pct(rw.lat, 0.5).Round(10*time.Microsecond), pct(rw.lat, 0.99).Round(10*time.Microsecond), len(rw.lat))
+			latency.Percentile(rw.lat, 0.5).Round(10*time.Microsecond), latency.Percentile(rw.lat, 0.99).Round(10*time.Microsecond), len(rw.lat))
 		b.ReportMetric(rw.qps, fmt.Sprintf("queries/s-%v-%djobs", rw.interval, rw.jobs))
 	}
 	b.Log(tb.String())
