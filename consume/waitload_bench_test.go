@@ -8,11 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/latency"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -33,29 +31,8 @@ import (
 // Run it alone: go test -run '^$' -bench WaitLoad -benchtime 1x ./consume/
 func BenchmarkWaitLoad(b *testing.B) {
 	ctx := context.Background()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Settings: map[string]string{
-		"shared_preload_libraries": "'pg_stat_statements'",
-	}})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = c.Close() })
-	e := setup(b, c)
-	_, err = e.primary.Exec(ctx, "CREATE EXTENSION pg_stat_statements")
-	require.NoError(b, err)
-	require.NoError(b, c.WaitReplicasCaughtUp(ctx))
-	node := c.Replicas()[0]
-	stats, err := pgx.Connect(ctx, node.DSN(e.db))
-	require.NoError(b, err)
-	defer stats.Close(ctx)
-	trackerCalls := func() int64 {
-		var n int64
-		require.NoError(b, stats.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
-			WHERE query LIKE 'SELECT r,%' AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
-		return n
-	}
-	probe, err := pgx.Connect(ctx, node.DSN(e.db))
-	require.NoError(b, err)
-	defer probe.Close(ctx)
-	b.Cleanup(func() { _ = node.ResumeReplay(context.Background()) })
+	pr := newProbedReplica(b)
+	e, node := pr.e, pr.node
 
 	type row struct {
 		interval time.Duration
@@ -104,28 +81,13 @@ func BenchmarkWaitLoad(b *testing.B) {
 					}
 					var qps float64
 					if measure {
-						c0, t0 := trackerCalls(), time.Now()
+						c0, t0 := pr.statusQueries(b), time.Now()
 						time.Sleep(hold)
-						qps = float64(trackerCalls()-c0) / time.Since(t0).Seconds()
+						qps = float64(pr.statusQueries(b)-c0) / time.Since(t0).Seconds()
 					} else {
 						time.Sleep(hold)
 					}
-					passed := make([]time.Time, jobs)
-					_, err := probe.Exec(ctx, "SELECT pg_wal_replay_resume()")
-					require.NoError(b, err)
-					for left := jobs; left > 0; {
-						var s string
-						sent := time.Now()
-						require.NoError(b, probe.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&s))
-						at := sent.Add(time.Since(sent) / 2)
-						replayed := position.MustParseLSN(s)
-						for i, t := range toks {
-							if passed[i].IsZero() && replayed >= t {
-								passed[i] = at
-								left--
-							}
-						}
-					}
+					passed := pr.resumeAndWatch(b, toks...)
 					wg.Wait()
 					var lat []time.Duration
 					for i := range jobs {
