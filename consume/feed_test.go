@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -125,13 +126,13 @@ func waitOffFeed(t *testing.T, r *Router) {
 
 func (f *fleetEnv) switches(t *testing.T, direction, state string) int64 {
 	t.Helper()
-	return metricSum(t, f.reader, "caughtup.consume.feed.switches",
+	return metrictest.Sum(t, f.reader, "caughtup.consume.feed.switches",
 		attribute.String(attrFeedDirection, direction), attribute.String(attrFeedState, state))
 }
 
 func (f *fleetEnv) metric(t *testing.T, name string, kv ...attribute.KeyValue) int64 {
 	t.Helper()
-	return metricSum(t, f.reader, name, kv...)
+	return metrictest.Sum(t, f.reader, name, kv...)
 }
 
 // jobRead routes a job for tok, retrying deferrals at once (a queue would
@@ -404,7 +405,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	})
 
 	rejected := func(reason string) int64 {
-		return metricSum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", reason))
+		return metrictest.Sum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", reason))
 	}
 	want := map[string]int64{"bad_signature": 2 * n, "unknown_key": 2 * n, "unsigned": 2 * n, "replayed": int64(len(captured)), "malformed": n}
 	superseded := func() int64 {
@@ -542,7 +543,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return superseded()-s0 >= n }, feedDeadline, time.Millisecond)
 	t.Logf("%d recorded messages replayed: %d rejected by the feed package as replays (it read publisher A's stored values when it subscribed), %d superseded, %d delayed",
-		len(recorded), metricSum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", "replayed")),
+		len(recorded), metrictest.Sum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", "replayed")),
 		superseded()-s0-n, delayed()-d0)
 
 	// A publisher that swaps the replicas' names: its "r1" is r2 (which
@@ -631,9 +632,9 @@ func TestFleetBudgetShared(t *testing.T) {
 		}
 	}
 	require.Positive(t, capped, "the fleet budget refused some")
-	require.EqualValues(t, len(all), metricSum(t, f.reader, "caughtup.consume.fallback.budget",
+	require.EqualValues(t, len(all), metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget",
 		attribute.String(attrBudget, "fleet"), attribute.String(attrResult, "allowed")))
-	require.EqualValues(t, capped, metricSum(t, f.reader, "caughtup.consume.fallback.budget",
+	require.EqualValues(t, capped, metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget",
 		attribute.String(attrBudget, "fleet"), attribute.String(attrResult, "spent")))
 	t.Logf("%d fallbacks admitted, %d capped, over %v", len(all), capped, all[len(all)-1].after.Sub(all[0].before))
 
@@ -668,7 +669,7 @@ func TestFleetBudgetRedisDown(t *testing.T) {
 	require.Len(t, admitted, 3, "the per-process burst")
 	require.Equal(t, 7, capped)
 	count := func(budget, result string) int64 {
-		return metricSum(t, f.reader, "caughtup.consume.fallback.budget", attribute.String(attrBudget, budget), attribute.String(attrResult, result))
+		return metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget", attribute.String(attrBudget, budget), attribute.String(attrResult, result))
 	}
 	require.EqualValues(t, 3, count("fleet", "unavailable"))
 	require.EqualValues(t, 3, count("local", "allowed"))
@@ -765,13 +766,13 @@ func TestFeedKeyRotation(t *testing.T) {
 	r := f.feedRouter(t, func(c *Config) { c.Feed.Keys = both })
 	waitOnFeed(t, r)
 	f.publisher(t, "pub-new", func(pc *PublisherConfig) { pc.Feed.Keys = feed.Keyring{Keys: both.Keys, Current: "k2"} })
-	received := func() int64 { return metricSum(t, f.reader, "caughtup.feed.received") }
+	received := func() int64 { return metrictest.Sum(t, f.reader, "caughtup.feed.received") }
 	n0 := received()
 	require.NoError(t, old.Close())
 	require.Eventually(t, func() bool { return received() > n0+100 }, feedDeadline, time.Millisecond)
 	s := r.Feed()
 	require.True(t, s.Active)
-	require.Zero(t, metricSum(t, f.reader, "caughtup.feed.rejected"), "nothing rejected during the rotation")
+	require.Zero(t, metrictest.Sum(t, f.reader, "caughtup.feed.rejected"), "nothing rejected during the rotation")
 	id, tok := f.write(t)
 	seen(t, r, tok)
 	d, ok := jobRead(t, r, Sticky, tok, id)
