@@ -135,6 +135,23 @@ func (f *fleetEnv) metric(t *testing.T, name string, kv ...attribute.KeyValue) i
 	return metrictest.Sum(t, f.reader, name, kv...)
 }
 
+// record subscribes to the feed's channel with a plain Redis client and
+// returns the next n messages as sent, to replay or inspect.
+func (f *fleetEnv) record(t *testing.T, n int) [][]byte {
+	t.Helper()
+	ctx := ctxT(t)
+	spy := f.rdb.Subscribe(ctx, feed.ChannelName(f.name))
+	defer spy.Close()
+	var got [][]byte
+	for len(got) < n {
+		m, err := spy.ReceiveMessage(ctx)
+		require.NoError(t, err)
+		got = append(got, []byte(m.Payload))
+	}
+	require.NoError(t, spy.Close())
+	return got
+}
+
 // jobRead routes a job for tok, retrying deferrals at once (a queue would
 // later), and reports whether the pool it was given has the row: false is
 // a stale read.
@@ -310,15 +327,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 
 	// Capture authentic messages with a plain subscriber, to replay.
 	ctx := ctxT(t)
-	spy := f.rdb.Subscribe(ctx, feed.ChannelName(f.name))
-	defer spy.Close()
-	var captured [][]byte
-	for len(captured) < 5 {
-		m, err := spy.ReceiveMessage(ctx)
-		require.NoError(t, err)
-		captured = append(captured, []byte(m.Payload))
-	}
-	require.NoError(t, spy.Close())
+	captured := f.record(t, 5)
 
 	pauseAll(t, c)
 	id, tok := f.write(t)
@@ -460,15 +469,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 
 	// Messages of publisher A about the replicas' first runs, recorded.
 	pubA := f.publisher(t, "pub-a")
-	spy := f.rdb.Subscribe(ctx, feed.ChannelName(f.name))
-	defer spy.Close()
-	var recorded [][]byte
-	for len(recorded) < 30 {
-		m, err := spy.ReceiveMessage(ctx)
-		require.NoError(t, err)
-		recorded = append(recorded, []byte(m.Payload))
-	}
-	require.NoError(t, spy.Close())
+	recorded := f.record(t, 30)
 	before := pubA.Snapshot().Database("main").Replicas[0]
 	require.NoError(t, pubA.Close())
 
