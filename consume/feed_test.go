@@ -152,6 +152,51 @@ func (f *fleetEnv) record(t *testing.T, n int) [][]byte {
 	return got
 }
 
+// backgroundJobs routes a Sticky job for one token over and over while a
+// test injects faults.
+type backgroundJobs struct {
+	routed, failed atomic.Int64
+	// stale counts jobs routed to a replica that must not serve the
+	// token, or given a pool that lacks the token's row.
+	stale atomic.Int64
+	stop  func() // ends the loop and waits for it; idempotent
+}
+
+// routeInBackground routes a Sticky job for tok, which wrote row id, in a
+// loop until stop is called or the test ends; lacking(name) says whether
+// the replica name lacks the row.
+func routeInBackground(t *testing.T, r *Router, tok position.Token, id int64, lacking func(replica string) bool) *backgroundJobs {
+	t.Helper()
+	j := &backgroundJobs{}
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
+			if err != nil {
+				if j.failed.Add(1) == 1 {
+					t.Logf("route: %v", err)
+				}
+				continue
+			}
+			j.routed.Add(1)
+			var n int
+			if lacking(d.Databases[0].Replica) ||
+				DB(hctx, "main").QueryRow(context.Background(), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n) != nil || n != 1 {
+				j.stale.Add(1)
+			}
+		}
+	})
+	j.stop = sync.OnceFunc(func() { close(quit); wg.Wait() })
+	t.Cleanup(j.stop)
+	return j
+}
+
 // jobRead routes a job for tok, retrying deferrals at once (a queue would
 // later), and reports whether the pool it was given has the row: false is
 // a stale read.
@@ -366,33 +411,8 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 
 	// Jobs keep being routed while the messages arrive; the token is past
 	// every paused replica, so a replica read would be stale.
-	stopJobs := make(chan struct{})
-	var jobs sync.WaitGroup
-	var routed, onReplica, failed atomic.Int64
-	jobs.Go(func() {
-		for {
-			select {
-			case <-stopJobs:
-				return
-			default:
-			}
-			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
-			if err != nil {
-				if failed.Add(1) == 1 {
-					t.Logf("route: %v", err)
-				}
-				continue
-			}
-			routed.Add(1)
-			var n int
-			if d.Databases[0].Replica != "" ||
-				DB(hctx, "main").QueryRow(context.Background(), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n) != nil || n != 1 {
-				onReplica.Add(1)
-			}
-		}
-	})
-	stopped := sync.OnceFunc(func() { close(stopJobs); jobs.Wait() })
-	defer stopped()
+	jobs := routeInBackground(t, r, tok, id, func(replica string) bool { return replica != "" })
+	defer jobs.stop()
 
 	const n = 10
 	claims(attacker(feed.Keyring{Keys: []feed.Key{wrongSecret}}, false), n, current) // forged: bad signature
@@ -446,13 +466,13 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 		unverified = f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "unverified"))
 		return impossible+unverified >= 2*n
 	}, feedDeadline, time.Millisecond)
-	stopped()
-	require.Zero(t, onReplica.Load(), "a job was routed to a replica that lacks its row")
-	require.Positive(t, routed.Load())
+	jobs.stop()
+	require.Zero(t, jobs.stale.Load(), "a job was routed to a replica that lacks its row")
+	require.Positive(t, jobs.routed.Load())
 	for _, rs := range r.Snapshot().Database("main").Replicas {
 		require.Less(t, rs.HighestReplayed, tok.Entries[0].LSN, "replica %s was believed past its paused position", rs.Name)
 	}
-	t.Logf("%d jobs routed during the injection (%d refused), 0 on a replica; impossible %d, unverified %d", routed.Load(), failed.Load(), impossible, unverified)
+	t.Logf("%d jobs routed during the injection (%d refused), 0 on a replica; impossible %d, unverified %d", jobs.routed.Load(), jobs.failed.Load(), impossible, unverified)
 }
 
 // TestFeedOldRunAndSwappedNamesNotBelieved: after a replica restarts, an
@@ -492,30 +512,8 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	require.Less(t, position.MustParseLSN(lsnText), tok.Entries[0].LSN)
 	require.NoError(t, node2.WaitReplay(ctx, tok.Entries[0].LSN.String()))
 
-	var routed, stale atomic.Int64
-	stopJobs := make(chan struct{})
-	var jobs sync.WaitGroup
-	jobs.Go(func() {
-		for {
-			select {
-			case <-stopJobs:
-				return
-			default:
-			}
-			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
-			if err != nil {
-				continue
-			}
-			routed.Add(1)
-			var n int
-			if d.Databases[0].Replica == "r1" ||
-				DB(hctx, "main").QueryRow(context.Background(), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n) != nil || n != 1 {
-				stale.Add(1)
-			}
-		}
-	})
-	stopped := sync.OnceFunc(func() { close(stopJobs); jobs.Wait() })
-	defer stopped()
+	jobs := routeInBackground(t, r, tok, id, func(replica string) bool { return replica == "r1" })
+	defer jobs.stop()
 
 	superseded := func() int64 {
 		return f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "superseded"))
@@ -557,12 +555,12 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return superseded()-s1+f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "mismatch")) >= 2*n
 	}, feedDeadline, time.Millisecond)
-	stopped()
-	require.Positive(t, routed.Load())
-	require.Zero(t, stale.Load(), "a job was routed onto r1, which lacks its row")
+	jobs.stop()
+	require.Positive(t, jobs.routed.Load())
+	require.Zero(t, jobs.stale.Load(), "a job was routed onto r1, which lacks its row")
 	rs := r.Snapshot().Database("main").Replicas[0]
 	require.Less(t, rs.HighestReplayed, tok.Entries[0].LSN, "r1 was believed past its paused position")
-	t.Logf("%d jobs routed during the replays and the swapped publisher, none onto r1; feed %+v", routed.Load(), r.Feed())
+	t.Logf("%d jobs routed during the replays and the swapped publisher, none onto r1; feed %+v", jobs.routed.Load(), r.Feed())
 }
 
 // fallbackJobs routes n Sticky jobs whose token no replica can have
