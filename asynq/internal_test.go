@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -46,19 +46,7 @@ func testMetrics(t *testing.T) (*metrics, *sdkmetric.ManualReader) {
 
 func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, r.Collect(context.Background(), &rm))
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
-				for _, dp := range s.DataPoints {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
+	return metrictest.Sum(t, r, name)
 }
 
 func TestNewTask(t *testing.T) {

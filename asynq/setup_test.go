@@ -17,11 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 )
 
@@ -225,30 +225,11 @@ func (e *env) pauseAll(t testing.TB) (resume func()) {
 // sum adds up a counter's data points whose attributes include attrs.
 func (e *env) sum(t testing.TB, name string, attrs map[string]string) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, e.reader.Collect(context.Background(), &rm))
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			s, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				continue
-			}
-		points:
-			for _, dp := range s.DataPoints {
-				for k, v := range attrs {
-					if got, ok := dp.Attributes.Value(attribute.Key(k)); !ok || got.AsString() != v {
-						continue points
-					}
-				}
-				n += dp.Value
-			}
-		}
+	want := make([]attribute.KeyValue, 0, len(attrs))
+	for k, v := range attrs {
+		want = append(want, attribute.String(k, v))
 	}
-	return n
+	return metrictest.Sum(t, e.reader, name, want...)
 }
 
 // waitFor waits until cond holds, checking every 20ms, for state that

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -95,14 +95,9 @@ func BenchmarkWakeLatency(b *testing.B) {
 	}
 }
 
-// pct is the p-th quantile of s, rounded to 0.1ms.
+// pct is the p-th percentile of s, rounded to 0.1ms.
 func pct(s []time.Duration, p float64) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(float64(len(s))*p))].Round(100 * time.Microsecond)
+	return latency.Percentile(s, p).Round(100 * time.Microsecond)
 }
 
 // wakeLatencies are the deferred tasks' latencies, and resume → start of
@@ -150,7 +145,7 @@ func wakeRound(b *testing.B, e *env, wake bool, base int64) wakeLatencies {
 	require.NoError(b, srv.Start(mux))
 	defer srv.Shutdown()
 
-	stopFollow := followSnapshots(e.router)
+	stopFollow := latency.Follow(e.router.Snapshot)
 	for _, n := range e.cluster.Replicas() {
 		require.NoError(b, n.PauseReplay(ctx))
 	}
@@ -194,31 +189,4 @@ func wakeRound(b *testing.B, e *env, wake bool, base int64) wakeLatencies {
 		}
 	}
 	return out
-}
-
-// followSnapshots records every snapshot the router publishes until the
-// returned function is called, which returns them oldest first.
-func followSnapshots(r *consume.Router) (stop func() []*consume.Snapshot) {
-	var (
-		snaps []*consume.Snapshot
-		quit  = make(chan struct{})
-		done  = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		for {
-			s := r.Snapshot()
-			snaps = append(snaps, s)
-			select {
-			case <-s.Changed():
-			case <-quit:
-				return
-			}
-		}
-	}()
-	return func() []*consume.Snapshot {
-		close(quit)
-		<-done
-		return snaps
-	}
 }

@@ -9,10 +9,10 @@ import (
 
 	hasynq "github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/metrictest"
 )
 
 // slowDeferrals makes every deferral a minute long, so that a task that
@@ -67,19 +67,7 @@ func nextStart(t testing.TB, ch <-chan start, timeout time.Duration, what string
 // remembered is the sum of caughtup.asynq.wake.remembered.
 func (e *env) remembered(t testing.TB) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, e.reader.Collect(context.Background(), &rm))
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "caughtup.asynq.wake.remembered" {
-				for _, dp := range s.DataPoints {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
+	return metrictest.Sum(t, e.reader, "caughtup.asynq.wake.remembered")
 }
 
 func (e *env) wakeErrors(t testing.TB, k caughtupasynq.WakeError) int64 {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/fault"
+	"github.com/caughtup/caughtup/internal/replicatest"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -36,7 +37,7 @@ type openChange struct {
 // change (below the transaction's commit). With savepoint the row is
 // written in a subtransaction, whose own xid Debezium never reports.
 func (e *env) beginChange(ctx context.Context, id int64, savepoint bool) (*openChange, error) {
-	conn, err := pgx.Connect(ctx, e.c.Primary().DSN(e.db))
+	conn, err := pgx.Connect(ctx, e.Cluster.Primary().DSN(e.Database))
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +110,7 @@ func (c *openChange) envelope(db string) []byte {
 
 func (e *env) visibleOnReplica(ctx context.Context, id int64) (bool, error) {
 	var n int
-	err := e.replica.QueryRow(ctx, "SELECT count(*) FROM cdc WHERE id = $1", id).Scan(&n)
+	err := e.Replica.QueryRow(ctx, "SELECT count(*) FROM cdc WHERE id = $1", id).Scan(&n)
 	return n == 1, err
 }
 
@@ -131,7 +132,7 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 			id := int64(map[bool]int{false: 1, true: 2}[savepoint])
 			state := func(wantStatus Status, wantReason Reason, wantVisible bool, c *openChange) Result {
 				t.Helper()
-				_, res := checker.CheckEnvelope(ctx, e.replica, c.envelope(e.db))
+				_, res := checker.CheckEnvelope(ctx, e.Replica, c.envelope(e.Database))
 				vis, err := e.visibleOnReplica(ctx, id)
 				require.NoError(t, err)
 				require.Equal(t, wantVisible, vis, "row visible on the replica")
@@ -141,7 +142,7 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 			}
 
 			// 1. Replay paused before the transaction began.
-			require.NoError(t, e.pauseReplay(ctx))
+			require.NoError(t, e.PauseReplay(ctx))
 			c, err := e.beginChange(ctx, id, savepoint)
 			require.NoError(t, err)
 			res := state(StatusNotYet, ReasonReplayBehind, false, c)
@@ -149,10 +150,10 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 
 			// 2. Replay runs past the change while the transaction is
 			// still open, then pauses again.
-			require.NoError(t, e.replicaNode.ResumeReplay(ctx))
-			require.NoError(t, e.flushWAL(ctx))
-			require.NoError(t, e.replicaNode.WaitReplay(ctx, c.lsn.String()))
-			require.NoError(t, e.pauseReplay(ctx))
+			require.NoError(t, e.ReplicaNode.ResumeReplay(ctx))
+			require.NoError(t, e.FlushWAL(ctx))
+			require.NoError(t, e.ReplicaNode.WaitReplay(ctx, c.lsn.String()))
+			require.NoError(t, e.PauseReplay(ctx))
 			res = state(StatusNotYet, ReasonInProgress, false, c)
 			require.GreaterOrEqual(t, res.ReplayLSN, c.lsn, "replay >= source.lsn would call this fresh")
 			require.Equal(t, c.xid8, res.XID, "widened xid is the transaction's xid8")
@@ -164,15 +165,15 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 			require.Less(t, res.ReplayLSN, c.after)
 
 			// 4. Commit replayed.
-			require.NoError(t, e.replicaNode.ResumeReplay(ctx))
-			require.NoError(t, e.replicaNode.WaitReplay(ctx, c.after.String()))
+			require.NoError(t, e.ReplicaNode.ResumeReplay(ctx))
+			require.NoError(t, e.ReplicaNode.WaitReplay(ctx, c.after.String()))
 			res = state(StatusFresh, ReasonNone, true, c)
 			require.Equal(t, "committed", res.XactStatus)
 
 			// The same event with a wrong epoch names an xid the standby has
 			// never seen: "in the future", not yet.
 			src := Source{Connector: "postgresql", LSN: c.lsn, TxID: c.xid8 + 1<<32}
-			res = checker.Check(ctx, e.replica, src)
+			res = checker.Check(ctx, e.Replica, src)
 			require.Equal(t, StatusNotYet, res.Status)
 			require.Equal(t, ReasonFuture, res.Reason)
 		})
@@ -183,9 +184,9 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, c.finish(ctx, false))
 		var now string
-		require.NoError(t, e.primary.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&now))
-		require.NoError(t, e.replicaNode.WaitReplay(ctx, now))
-		_, res := checker.CheckEnvelope(ctx, e.replica, c.envelope(e.db))
+		require.NoError(t, e.Primary.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&now))
+		require.NoError(t, e.ReplicaNode.WaitReplay(ctx, now))
+		_, res := checker.CheckEnvelope(ctx, e.Replica, c.envelope(e.Database))
 		require.Equal(t, StatusUnknown, res.Status)
 		require.Equal(t, ReasonAborted, res.Reason)
 	})
@@ -194,7 +195,7 @@ func TestDebeziumRuleStepByStep(t *testing.T) {
 		c, err := e.beginChange(ctx, 4, false)
 		require.NoError(t, err)
 		require.NoError(t, c.finish(ctx, true))
-		_, res := checker.CheckEnvelope(ctx, e.primary, c.envelope(e.db))
+		_, res := checker.CheckEnvelope(ctx, e.Primary, c.envelope(e.Database))
 		require.Equal(t, StatusUnknown, res.Status)
 		require.Equal(t, ReasonNotStandby, res.Reason)
 	})
@@ -230,7 +231,7 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 		first     = make(chan struct{})
 		firstOnce sync.Once
 	)
-	stopToggling := e.toggleReplay(t, ctx)
+	stopToggling := e.ToggleReplay(t, ctx)
 	const writers, perWriter = 4, 40
 	var wg sync.WaitGroup
 	var writersDone atomic.Bool
@@ -246,12 +247,12 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 					return
 				}
 				mu.Lock()
-				queue = append(queue, published{envelope: c.envelope(e.db), id: id, lsn: c.lsn, aborted: shape == 3})
+				queue = append(queue, published{envelope: c.envelope(e.Database), id: id, lsn: c.lsn, aborted: shape == 3})
 				mu.Unlock()
 				firstOnce.Do(func() { close(first) })
 				if shape == 2 {
 					// Hold the transaction open between change and commit.
-					pause(ctx, time.Duration(5+rand.IntN(20))*time.Millisecond)
+					replicatest.Sleep(ctx, time.Duration(5+rand.IntN(20))*time.Millisecond)
 				}
 				if !assert.NoError(t, c.finish(ctx, shape != 3)) {
 					return
@@ -290,7 +291,7 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 					p = queue[rand.IntN(n)]
 				}
 				mu.Unlock()
-				_, res := checker.CheckEnvelope(ctx, e.replica, p.envelope)
+				_, res := checker.CheckEnvelope(ctx, e.Replica, p.envelope)
 				// Read right after the check, on the same replica, as a
 				// consumer would.
 				vis, err := e.visibleOnReplica(ctx, p.id)
@@ -356,7 +357,7 @@ func TestDebeziumRuleNeverFreshBeforeVisible(t *testing.T) {
 func TestCheckerBoundsItsQueries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	cfg, err := pgxpool.ParseConfig(e.replicaNode.DSN(e.db))
+	cfg, err := pgxpool.ParseConfig(e.ReplicaNode.DSN(e.Database))
 	require.NoError(t, err)
 	d := fault.NewDialer(nil)
 	cfg.ConnConfig.DialFunc = d.DialContext

@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"golang.org/x/time/rate"
 
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -139,17 +139,13 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 	if len(catchup) == 0 {
 		return
 	}
-	pct := func(s []time.Duration, p float64) time.Duration {
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
-	b.ReportMetric(float64(pct(catchup, 0.50).Microseconds()), "catchup-p50-µs")
-	b.ReportMetric(float64(pct(catchup, 0.99).Microseconds()), "catchup-p99-µs")
-	b.ReportMetric(float64(pct(resume, 0.50).Microseconds()), "resume-p50-µs")
-	b.ReportMetric(float64(pct(resume, 0.99).Microseconds()), "resume-p99-µs")
+	b.ReportMetric(float64(latency.Percentile(catchup, 0.50).Microseconds()), "catchup-p50-µs")
+	b.ReportMetric(float64(latency.Percentile(catchup, 0.99).Microseconds()), "catchup-p99-µs")
+	b.ReportMetric(float64(latency.Percentile(resume, 0.50).Microseconds()), "resume-p50-µs")
+	b.ReportMetric(float64(latency.Percentile(resume, 0.99).Microseconds()), "resume-p99-µs")
 	b.Logf("%d samples (%d waited): catch-up p50 %v p99 %v; from resume p50 %v p99 %v",
-		b.N, waitedSamples, pct(catchup, 0.5), pct(catchup, 0.99), pct(resume, 0.5), pct(resume, 0.99))
+		b.N, waitedSamples, latency.Percentile(catchup, 0.5), latency.Percentile(catchup, 0.99),
+		latency.Percentile(resume, 0.5), latency.Percentile(resume, 0.99))
 }
 
 // BenchmarkTrackerQueries routes caught-up jobs from 4 workers at a

@@ -26,24 +26,17 @@ func TestDecideReplicaConditions(t *testing.T) {
 	lateTok := tok(0, ent("main", 1, "0/5400000")) // past the switchpoint: not in the new history
 	newTok := tok(0, ent("main", 2, "0/5900000"))
 
-	cases := []struct {
-		name    string
-		in      DecideInput
-		action  Action
-		outcome Outcome
-		reason  Reason
-		dbs     []wantDB
-	}{
+	cases := []decideCase{
 		{
 			name:   "old-timeline token does not read the diverged standby",
 			in:     DecideInput{Policy: Delayed, Token: oldTok, Snapshot: snap(dbState("main", 2, hist, divergent))},
-			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDivergedStandby,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDivergedStandby, fallback: true,
 			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonDivergedStandby}},
 		},
 		{
 			name:   "new-timeline token does not wait on the diverged standby",
 			in:     DecideInput{Policy: Delayed, Token: newTok, Snapshot: snap(dbState("main", 2, hist, divergent))},
-			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDivergedStandby,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDivergedStandby, fallback: true,
 			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonDivergedStandby}},
 		},
 		{
@@ -69,8 +62,17 @@ func TestDecideReplicaConditions(t *testing.T) {
 			name: "diverged and failing: the diverged standby names the reason",
 			in: DecideInput{Policy: Sticky, Token: oldTok,
 				Snapshot: snap(dbState("main", 2, hist, divergent, rep("new", 2, "0/6000000", failing)))},
-			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDivergedStandby,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDivergedStandby, fallback: true,
 			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonDivergedStandby}},
+		},
+		{
+			// Diverged counts as a fallback: the cap applies as for no
+			// healthy replica, and a capped delayed job defers.
+			name: "diverged standby, fallback capped: a delayed job defers",
+			in: DecideInput{Policy: Delayed, Token: newTok, Capped: true,
+				Snapshot: snap(dbState("main", 2, hist, divergent))},
+			action: ActionDefer, outcome: OutcomeDeferred, reason: ReasonCapped, delay: time.Second,
+			dbs: []wantDB{{"main", "", OutcomeDeferred, ReasonDivergedStandby}},
 		},
 		{
 			name: "history unknown: divergence cannot be seen, old tokens read the primary anyway",
@@ -90,7 +92,7 @@ func TestDecideReplicaConditions(t *testing.T) {
 			name: "restarted replica, sticky reads the primary",
 			in: DecideInput{Policy: Sticky, Token: tok(0, ent("main", 1, "0/2000000")),
 				Snapshot: snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", heldBelow("0/3800000"))))},
-			action: ActionRun, outcome: OutcomePrimary, reason: ReasonReplicaBehind,
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonReplicaBehind, fallback: true,
 			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonReplicaBehind}},
 		},
 		{
@@ -108,27 +110,7 @@ func TestDecideReplicaConditions(t *testing.T) {
 			dbs: []wantDB{{"main", "r2", OutcomeReplica, ReasonNone}},
 		},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			in := tc.in
-			in.Now = t0
-			d := Decide(in)
-			require.Equal(t, tc.action, d.Action, "action")
-			require.Equal(t, tc.outcome, d.Outcome, "outcome")
-			require.Equal(t, tc.reason, d.Reason, "reason")
-			got := make([]wantDB, len(d.Databases))
-			for i, dd := range d.Databases {
-				got[i] = wantDB{dd.Database, dd.Replica, dd.Outcome, dd.Reason}
-			}
-			require.Equal(t, tc.dbs, got)
-		})
-	}
-	// Diverged counts as a fallback: the cap applies as for no healthy
-	// replica, and a capped delayed job defers.
-	d := Decide(DecideInput{Policy: Delayed, Token: newTok, Snapshot: snap(dbState("main", 2, hist, divergent)), Now: t0, Capped: true})
-	require.Equal(t, ActionDefer, d.Action)
-	require.Equal(t, time.Second, d.Delay)
+	runDecideCases(t, cases)
 }
 
 func TestReasonNames(t *testing.T) {

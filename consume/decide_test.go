@@ -84,16 +84,7 @@ func TestDecide(t *testing.T) {
 	caught := tok(0, ent("main", 1, "0/2800000"))
 	behind := tok(0, ent("main", 1, "0/3800000"))
 
-	cases := []struct {
-		name     string
-		in       DecideInput
-		action   Action
-		outcome  Outcome
-		reason   Reason
-		fallback bool
-		delay    time.Duration
-		dbs      []wantDB
-	}{
+	cases := []decideCase{
 		{
 			name: "no token", in: DecideInput{Policy: Sticky, Snapshot: snap(main)},
 			action: ActionRun, outcome: OutcomePrimaryNoToken, reason: ReasonNoToken,
@@ -376,6 +367,25 @@ func TestDecide(t *testing.T) {
 			dbs: []wantDB{{"solo", "", OutcomePrimary, ReasonNoReplicas}},
 		},
 	}
+	runDecideCases(t, cases)
+}
+
+// decideCase is one Decide input, at t0, and the decision it must give.
+type decideCase struct {
+	name     string
+	in       DecideInput
+	action   Action
+	outcome  Outcome
+	reason   Reason
+	fallback bool
+	delay    time.Duration
+	dbs      []wantDB
+}
+
+// runDecideCases checks Decide's decision for each case, and that a
+// replica read is never below the token.
+func runDecideCases(t *testing.T, cases []decideCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

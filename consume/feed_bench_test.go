@@ -3,20 +3,18 @@ package consume
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/internal/pgtest"
-	"github.com/caughtup/caughtup/position"
 )
 
 // BenchmarkFeedInterval measures what the publishers' interval costs and
@@ -39,32 +37,11 @@ import (
 // Run it alone: go test -run '^$' -bench FeedInterval -benchtime 1x ./consume/
 func BenchmarkFeedInterval(b *testing.B) {
 	ctx := context.Background()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Settings: map[string]string{
-		"shared_preload_libraries": "'pg_stat_statements'",
-	}})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = c.Close() })
+	pr := newProbedReplica(b)
+	e, node := pr.e, pr.node
 	rs, err := pgtest.StartRedis(ctx)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = rs.Close() })
-	e := setup(b, c)
-	_, err = e.primary.Exec(ctx, "CREATE EXTENSION pg_stat_statements")
-	require.NoError(b, err)
-	require.NoError(b, c.WaitReplicasCaughtUp(ctx))
-	node := c.Replicas()[0]
-	stats, err := pgx.Connect(ctx, node.DSN(e.db))
-	require.NoError(b, err)
-	defer stats.Close(ctx)
-	statusCalls := func() int64 {
-		var n int64
-		require.NoError(b, stats.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
-			WHERE query LIKE 'SELECT r,%' AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
-		return n
-	}
-	probe, err := pgx.Connect(ctx, node.DSN(e.db))
-	require.NoError(b, err)
-	defer probe.Close(ctx)
-	b.Cleanup(func() { _ = node.ResumeReplay(context.Background()) })
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	defer rdb.Close()
 	redisCalls := func() int64 {
@@ -91,10 +68,10 @@ func BenchmarkFeedInterval(b *testing.B) {
 	var rows []row
 	measure := func(label string, r *Router) row {
 		rw := row{label: label}
-		c0, r0, t0 := statusCalls(), redisCalls(), time.Now()
+		c0, r0, t0 := pr.statusQueries(b), redisCalls(), time.Now()
 		time.Sleep(5 * time.Second)
 		secs := time.Since(t0).Seconds()
-		rw.qps = float64(statusCalls()-c0) / secs
+		rw.qps = float64(pr.statusQueries(b)-c0) / secs
 		rw.redisCmds = float64(redisCalls()-r0) / secs
 		poller := r.tr.replicas[0][0]
 		for range 300 {
@@ -115,17 +92,7 @@ func BenchmarkFeedInterval(b *testing.B) {
 				time.Sleep(100 * time.Microsecond)
 			}
 			time.Sleep(20 * time.Millisecond)
-			_, err := probe.Exec(ctx, "SELECT pg_wal_replay_resume()")
-			require.NoError(b, err)
-			var passed time.Time
-			for passed.IsZero() {
-				var s string
-				sent := time.Now()
-				require.NoError(b, probe.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&s))
-				if position.MustParseLSN(s) >= tok.Entries[0].LSN {
-					passed = sent.Add(time.Since(sent) / 2)
-				}
-			}
+			passed := pr.resumeAndWatch(b, tok.Entries[0].LSN)[0]
 			wg.Wait()
 			if d.Outcome == OutcomeReplicaWaited {
 				rw.lat = append(rw.lat, max(returned.Sub(passed), 0))
@@ -177,20 +144,12 @@ func BenchmarkFeedInterval(b *testing.B) {
 		rows = append(rows, measure(fmt.Sprintf("no feed: 1 router polling every %v (waiting: %v)", DefaultPollInterval, DefaultWaitPollInterval), r))
 		require.NoError(b, r.Close())
 	}
-	pct := func(s []time.Duration, p float64) time.Duration {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
 	var tb strings.Builder
 	fmt.Fprintf(&tb, "\n| setup | replica status queries/s (server side) | Redis commands/s | catch-up → wait returns p50 | p90 | p99 | samples |\n|---|---|---|---|---|---|---|\n")
 	for _, rw := range rows {
 		fmt.Fprintf(&tb, "| %s | %.0f | %.0f | %v | %v | %v | %d |\n", rw.label, rw.qps, rw.redisCmds,
-			pct(rw.lat, 0.5).Round(100*time.Microsecond), pct(rw.lat, 0.9).Round(100*time.Microsecond),
-			pct(rw.lat, 0.99).Round(100*time.Microsecond), len(rw.lat))
+			latency.Percentile(rw.lat, 0.5).Round(100*time.Microsecond), latency.Percentile(rw.lat, 0.9).Round(100*time.Microsecond),
+			latency.Percentile(rw.lat, 0.99).Round(100*time.Microsecond), len(rw.lat))
 	}
 	b.Log(tb.String())
 }

@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -136,42 +136,7 @@ func (r *feedRig) replica(idx int) ReplicaState { return r.tr.snapshot().Databas
 // rejected is caughtup.consume.feed.observations.rejected for reason.
 func (r *feedRig) rejected(reason string) int64 {
 	r.t.Helper()
-	return metricSum(r.t, r.reader, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, reason))
-}
-
-// metricSum adds up the int64 points of instrument name whose attributes
-// include every one of want.
-func metricSum(t testing.TB, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var total int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, md := range sm.Metrics {
-			if md.Name != name {
-				continue
-			}
-			var points []metricdata.DataPoint[int64]
-			switch d := md.Data.(type) {
-			case metricdata.Sum[int64]:
-				points = d.DataPoints
-			case metricdata.Gauge[int64]:
-				points = d.DataPoints
-			}
-			for _, p := range points {
-				ok := true
-				for _, kv := range want {
-					if v, has := p.Attributes.Value(kv.Key); !has || v != kv.Value {
-						ok = false
-					}
-				}
-				if ok {
-					total += p.Value
-				}
-			}
-		}
-	}
-	return total
+	return metrictest.Sum(r.t, r.reader, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, reason))
 }
 
 // routeTo is the replica Decide picks for a Sticky job at LSN at, or ""
@@ -336,7 +301,7 @@ func TestFeedImpossibleHeldThenUnknown(t *testing.T) {
 	require.Empty(t, r.f.replicas[0][0].pending)
 	require.ErrorIs(t, r.replica(0).Err, ErrImpossibleObservation)
 	require.NotEqual(t, "r1", r.routeTo("0/8000000"))
-	require.EqualValues(t, 1, metricSum(t, r.reader, "caughtup.consume.tracker.observations.rejected",
+	require.EqualValues(t, 1, metrictest.Sum(t, r.reader, "caughtup.consume.tracker.observations.rejected",
 		attribute.String(attrReason, rejectedImpossible)))
 
 	// A later possible observation makes it usable again.

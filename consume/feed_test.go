@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -125,13 +126,75 @@ func waitOffFeed(t *testing.T, r *Router) {
 
 func (f *fleetEnv) switches(t *testing.T, direction, state string) int64 {
 	t.Helper()
-	return metricSum(t, f.reader, "caughtup.consume.feed.switches",
+	return metrictest.Sum(t, f.reader, "caughtup.consume.feed.switches",
 		attribute.String(attrFeedDirection, direction), attribute.String(attrFeedState, state))
 }
 
 func (f *fleetEnv) metric(t *testing.T, name string, kv ...attribute.KeyValue) int64 {
 	t.Helper()
-	return metricSum(t, f.reader, name, kv...)
+	return metrictest.Sum(t, f.reader, name, kv...)
+}
+
+// record subscribes to the feed's channel with a plain Redis client and
+// returns the next n messages as sent, to replay or inspect.
+func (f *fleetEnv) record(t *testing.T, n int) [][]byte {
+	t.Helper()
+	ctx := ctxT(t)
+	spy := f.rdb.Subscribe(ctx, feed.ChannelName(f.name))
+	defer spy.Close()
+	var got [][]byte
+	for len(got) < n {
+		m, err := spy.ReceiveMessage(ctx)
+		require.NoError(t, err)
+		got = append(got, []byte(m.Payload))
+	}
+	require.NoError(t, spy.Close())
+	return got
+}
+
+// backgroundJobs routes a Sticky job for one token over and over while a
+// test injects faults.
+type backgroundJobs struct {
+	routed, failed atomic.Int64
+	// stale counts jobs routed to a replica that must not serve the
+	// token, or given a pool that lacks the token's row.
+	stale atomic.Int64
+	stop  func() // ends the loop and waits for it; idempotent
+}
+
+// routeInBackground routes a Sticky job for tok, which wrote row id, in a
+// loop until stop is called or the test ends; lacking(name) says whether
+// the replica name lacks the row.
+func routeInBackground(t *testing.T, r *Router, tok position.Token, id int64, lacking func(replica string) bool) *backgroundJobs {
+	t.Helper()
+	j := &backgroundJobs{}
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
+			if err != nil {
+				if j.failed.Add(1) == 1 {
+					t.Logf("route: %v", err)
+				}
+				continue
+			}
+			j.routed.Add(1)
+			var n int
+			if lacking(d.Databases[0].Replica) ||
+				DB(hctx, "main").QueryRow(context.Background(), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n) != nil || n != 1 {
+				j.stale.Add(1)
+			}
+		}
+	})
+	j.stop = sync.OnceFunc(func() { close(quit); wg.Wait() })
+	t.Cleanup(j.stop)
+	return j
 }
 
 // jobRead routes a job for tok, retrying deferrals at once (a queue would
@@ -309,15 +372,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 
 	// Capture authentic messages with a plain subscriber, to replay.
 	ctx := ctxT(t)
-	spy := f.rdb.Subscribe(ctx, feed.ChannelName(f.name))
-	defer spy.Close()
-	var captured [][]byte
-	for len(captured) < 5 {
-		m, err := spy.ReceiveMessage(ctx)
-		require.NoError(t, err)
-		captured = append(captured, []byte(m.Payload))
-	}
-	require.NoError(t, spy.Close())
+	captured := f.record(t, 5)
 
 	pauseAll(t, c)
 	id, tok := f.write(t)
@@ -356,33 +411,8 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 
 	// Jobs keep being routed while the messages arrive; the token is past
 	// every paused replica, so a replica read would be stale.
-	stopJobs := make(chan struct{})
-	var jobs sync.WaitGroup
-	var routed, onReplica, failed atomic.Int64
-	jobs.Go(func() {
-		for {
-			select {
-			case <-stopJobs:
-				return
-			default:
-			}
-			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
-			if err != nil {
-				if failed.Add(1) == 1 {
-					t.Logf("route: %v", err)
-				}
-				continue
-			}
-			routed.Add(1)
-			var n int
-			if d.Databases[0].Replica != "" ||
-				DB(hctx, "main").QueryRow(context.Background(), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n) != nil || n != 1 {
-				onReplica.Add(1)
-			}
-		}
-	})
-	stopped := sync.OnceFunc(func() { close(stopJobs); jobs.Wait() })
-	defer stopped()
+	jobs := routeInBackground(t, r, tok, id, func(replica string) bool { return replica != "" })
+	defer jobs.stop()
 
 	const n = 10
 	claims(attacker(feed.Keyring{Keys: []feed.Key{wrongSecret}}, false), n, current) // forged: bad signature
@@ -404,7 +434,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	})
 
 	rejected := func(reason string) int64 {
-		return metricSum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", reason))
+		return metrictest.Sum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", reason))
 	}
 	want := map[string]int64{"bad_signature": 2 * n, "unknown_key": 2 * n, "unsigned": 2 * n, "replayed": int64(len(captured)), "malformed": n}
 	superseded := func() int64 {
@@ -436,13 +466,13 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 		unverified = f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "unverified"))
 		return impossible+unverified >= 2*n
 	}, feedDeadline, time.Millisecond)
-	stopped()
-	require.Zero(t, onReplica.Load(), "a job was routed to a replica that lacks its row")
-	require.Positive(t, routed.Load())
+	jobs.stop()
+	require.Zero(t, jobs.stale.Load(), "a job was routed to a replica that lacks its row")
+	require.Positive(t, jobs.routed.Load())
 	for _, rs := range r.Snapshot().Database("main").Replicas {
 		require.Less(t, rs.HighestReplayed, tok.Entries[0].LSN, "replica %s was believed past its paused position", rs.Name)
 	}
-	t.Logf("%d jobs routed during the injection (%d refused), 0 on a replica; impossible %d, unverified %d", routed.Load(), failed.Load(), impossible, unverified)
+	t.Logf("%d jobs routed during the injection (%d refused), 0 on a replica; impossible %d, unverified %d", jobs.routed.Load(), jobs.failed.Load(), impossible, unverified)
 }
 
 // TestFeedOldRunAndSwappedNamesNotBelieved: after a replica restarts, an
@@ -459,15 +489,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 
 	// Messages of publisher A about the replicas' first runs, recorded.
 	pubA := f.publisher(t, "pub-a")
-	spy := f.rdb.Subscribe(ctx, feed.ChannelName(f.name))
-	defer spy.Close()
-	var recorded [][]byte
-	for len(recorded) < 30 {
-		m, err := spy.ReceiveMessage(ctx)
-		require.NoError(t, err)
-		recorded = append(recorded, []byte(m.Payload))
-	}
-	require.NoError(t, spy.Close())
+	recorded := f.record(t, 30)
 	before := pubA.Snapshot().Database("main").Replicas[0]
 	require.NoError(t, pubA.Close())
 
@@ -490,30 +512,8 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	require.Less(t, position.MustParseLSN(lsnText), tok.Entries[0].LSN)
 	require.NoError(t, node2.WaitReplay(ctx, tok.Entries[0].LSN.String()))
 
-	var routed, stale atomic.Int64
-	stopJobs := make(chan struct{})
-	var jobs sync.WaitGroup
-	jobs.Go(func() {
-		for {
-			select {
-			case <-stopJobs:
-				return
-			default:
-			}
-			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
-			if err != nil {
-				continue
-			}
-			routed.Add(1)
-			var n int
-			if d.Databases[0].Replica == "r1" ||
-				DB(hctx, "main").QueryRow(context.Background(), "SELECT count(*) FROM items WHERE id = $1", id).Scan(&n) != nil || n != 1 {
-				stale.Add(1)
-			}
-		}
-	})
-	stopped := sync.OnceFunc(func() { close(stopJobs); jobs.Wait() })
-	defer stopped()
+	jobs := routeInBackground(t, r, tok, id, func(replica string) bool { return replica == "r1" })
+	defer jobs.stop()
 
 	superseded := func() int64 {
 		return f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "superseded"))
@@ -542,7 +542,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return superseded()-s0 >= n }, feedDeadline, time.Millisecond)
 	t.Logf("%d recorded messages replayed: %d rejected by the feed package as replays (it read publisher A's stored values when it subscribed), %d superseded, %d delayed",
-		len(recorded), metricSum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", "replayed")),
+		len(recorded), metrictest.Sum(t, f.reader, "caughtup.feed.rejected", attribute.String("caughtup.reason", "replayed")),
 		superseded()-s0-n, delayed()-d0)
 
 	// A publisher that swaps the replicas' names: its "r1" is r2 (which
@@ -555,12 +555,12 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return superseded()-s1+f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "mismatch")) >= 2*n
 	}, feedDeadline, time.Millisecond)
-	stopped()
-	require.Positive(t, routed.Load())
-	require.Zero(t, stale.Load(), "a job was routed onto r1, which lacks its row")
+	jobs.stop()
+	require.Positive(t, jobs.routed.Load())
+	require.Zero(t, jobs.stale.Load(), "a job was routed onto r1, which lacks its row")
 	rs := r.Snapshot().Database("main").Replicas[0]
 	require.Less(t, rs.HighestReplayed, tok.Entries[0].LSN, "r1 was believed past its paused position")
-	t.Logf("%d jobs routed during the replays and the swapped publisher, none onto r1; feed %+v", routed.Load(), r.Feed())
+	t.Logf("%d jobs routed during the replays and the swapped publisher, none onto r1; feed %+v", jobs.routed.Load(), r.Feed())
 }
 
 // fallbackJobs routes n Sticky jobs whose token no replica can have
@@ -631,9 +631,9 @@ func TestFleetBudgetShared(t *testing.T) {
 		}
 	}
 	require.Positive(t, capped, "the fleet budget refused some")
-	require.EqualValues(t, len(all), metricSum(t, f.reader, "caughtup.consume.fallback.budget",
+	require.EqualValues(t, len(all), metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget",
 		attribute.String(attrBudget, "fleet"), attribute.String(attrResult, "allowed")))
-	require.EqualValues(t, capped, metricSum(t, f.reader, "caughtup.consume.fallback.budget",
+	require.EqualValues(t, capped, metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget",
 		attribute.String(attrBudget, "fleet"), attribute.String(attrResult, "spent")))
 	t.Logf("%d fallbacks admitted, %d capped, over %v", len(all), capped, all[len(all)-1].after.Sub(all[0].before))
 
@@ -668,7 +668,7 @@ func TestFleetBudgetRedisDown(t *testing.T) {
 	require.Len(t, admitted, 3, "the per-process burst")
 	require.Equal(t, 7, capped)
 	count := func(budget, result string) int64 {
-		return metricSum(t, f.reader, "caughtup.consume.fallback.budget", attribute.String(attrBudget, budget), attribute.String(attrResult, result))
+		return metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget", attribute.String(attrBudget, budget), attribute.String(attrResult, result))
 	}
 	require.EqualValues(t, 3, count("fleet", "unavailable"))
 	require.EqualValues(t, 3, count("local", "allowed"))
@@ -765,13 +765,13 @@ func TestFeedKeyRotation(t *testing.T) {
 	r := f.feedRouter(t, func(c *Config) { c.Feed.Keys = both })
 	waitOnFeed(t, r)
 	f.publisher(t, "pub-new", func(pc *PublisherConfig) { pc.Feed.Keys = feed.Keyring{Keys: both.Keys, Current: "k2"} })
-	received := func() int64 { return metricSum(t, f.reader, "caughtup.feed.received") }
+	received := func() int64 { return metrictest.Sum(t, f.reader, "caughtup.feed.received") }
 	n0 := received()
 	require.NoError(t, old.Close())
 	require.Eventually(t, func() bool { return received() > n0+100 }, feedDeadline, time.Millisecond)
 	s := r.Feed()
 	require.True(t, s.Active)
-	require.Zero(t, metricSum(t, f.reader, "caughtup.feed.rejected"), "nothing rejected during the rotation")
+	require.Zero(t, metrictest.Sum(t, f.reader, "caughtup.feed.rejected"), "nothing rejected during the rotation")
 	id, tok := f.write(t)
 	seen(t, r, tok)
 	d, ok := jobRead(t, r, Sticky, tok, id)

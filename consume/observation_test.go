@@ -18,9 +18,14 @@ func inc(pm, rec int) Incarnation {
 	return Incarnation{PostmasterStart: at(-100000 + pm), RecoveryStart: at(-100000 + rec)}
 }
 
+// replayedAt is a replay position on timeline tli.
+func replayedAt(tli uint32, at string) position.Replayed {
+	return position.Replayed{Epoch: ep(tli), LSN: lsn(at)}
+}
+
 func robs(ms int, i Incarnation, tli uint32, lsnText string) ReplicaObservation {
 	return ReplicaObservation{ObservedAt: at(ms), Incarnation: i, InRecovery: true,
-		Replayed: position.Replayed{Epoch: ep(tli), LSN: lsn(lsnText)}}
+		Replayed: replayedAt(tli, lsnText)}
 }
 
 func pobs(ms int, tli uint32, insert string, hist position.History) PrimaryObservation {
@@ -69,33 +74,33 @@ func TestMergeReplica(t *testing.T) {
 		{
 			name:   "in order, position grows",
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/1000000"), robs(10, i1, 1, "0/2000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/2000000")}, fresh: at(10), usable: true,
+			replay: replayedAt(1, "0/2000000"), fresh: at(10), usable: true,
 			highest: lsn("0/2000000"),
 		},
 		{
 			name:   "out of order within one incarnation: max position, newest freshness",
 			obs:    []ReplicaObservation{robs(10, i1, 1, "0/2000000"), robs(0, i1, 1, "0/1000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/2000000")}, fresh: at(10), usable: true,
+			replay: replayedAt(1, "0/2000000"), fresh: at(10), usable: true,
 			highest: lsn("0/2000000"),
 		},
 		{
 			name:   "a newer timeline wins, in whatever order",
 			p:      primaryAt(-1000, 2, "0/9000000", hist),
 			obs:    []ReplicaObservation{robs(10, i1, 2, "0/4900000"), robs(0, i1, 1, "0/4800000")},
-			replay: position.Replayed{Epoch: ep(2), LSN: lsn("0/4900000")}, fresh: at(10), usable: true,
+			replay: replayedAt(2, "0/4900000"), fresh: at(10), usable: true,
 			highest: lsn("0/4900000"),
 		},
 		{
 			name:   "restart: the lower position of the newer incarnation replaces the state, held below the old highest",
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/3000000"), robs(10, i2, 1, "0/2000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/2000000")}, fresh: at(10), usable: true,
+			replay: replayedAt(1, "0/2000000"), fresh: at(10), usable: true,
 			floor: lsn("0/3000000"), highest: lsn("0/3000000"),
 			changes: replicaChange{restarted: true},
 		},
 		{
 			name:   "crash restart with the postmaster surviving is a restart too",
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/3000000"), robs(10, crash, 1, "0/2000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/2000000")}, fresh: at(10), usable: true,
+			replay: replayedAt(1, "0/2000000"), fresh: at(10), usable: true,
 			floor: lsn("0/3000000"), highest: lsn("0/3000000"),
 			changes: replicaChange{restarted: true},
 		},
@@ -103,32 +108,32 @@ func TestMergeReplica(t *testing.T) {
 			name: "after a restart nothing of the older incarnation is merged, whenever it arrives",
 			obs: []ReplicaObservation{robs(10, i2, 1, "0/2000000"), robs(20, i1, 1, "0/3000000"),
 				robs(30, i1, 1, "0/3800000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/2000000")}, fresh: at(10), usable: true,
+			replay: replayedAt(1, "0/2000000"), fresh: at(10), usable: true,
 			highest: lsn("0/2000000"), changes: replicaChange{superseded: true},
 		},
 		{
 			name:   "the hold ends once the restarted replica passes its old highest",
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/3000000"), robs(10, i2, 1, "0/2000000"), robs(20, i2, 1, "0/3000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/3000000")}, fresh: at(20), usable: true,
+			replay: replayedAt(1, "0/3000000"), fresh: at(20), usable: true,
 			highest: lsn("0/3000000"), changes: replicaChange{restarted: true, released: true},
 		},
 		{
 			name: "a newer error makes the replica unknown; an older success does not undo it",
 			obs: []ReplicaObservation{robs(0, i1, 1, "0/1000000"), {ObservedAt: at(20), Err: down},
 				robs(10, i1, 1, "0/2000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/2000000")}, err: down, fresh: at(10),
+			replay: replayedAt(1, "0/2000000"), err: down, fresh: at(10),
 			highest: lsn("0/1000000"), changes: replicaChange{failed: true},
 		},
 		{
 			name:   "a newer success clears an error",
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/1000000"), {ObservedAt: at(10), Err: down}, robs(20, i1, 1, "0/1000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/1000000")}, fresh: at(20), usable: true,
+			replay: replayedAt(1, "0/1000000"), fresh: at(20), usable: true,
 			highest: lsn("0/1000000"), changes: replicaChange{failed: true, recovered: true},
 		},
 		{
 			name:   "an older error is ignored",
 			obs:    []ReplicaObservation{robs(10, i1, 1, "0/1000000"), {ObservedAt: at(0), Err: down}},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/1000000")}, fresh: at(10), usable: true,
+			replay: replayedAt(1, "0/1000000"), fresh: at(10), usable: true,
 			highest: lsn("0/1000000"),
 		},
 		{
@@ -153,7 +158,7 @@ func TestMergeReplica(t *testing.T) {
 			name:   "impossible: ahead of an insert position the primary reported no earlier",
 			p:      primaryAt(50, 1, "0/1000000", nil),
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/0800000"), robs(10, i1, 1, "FFFFFFFF/FFFFFFFF")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/0800000")}, err: ErrImpossibleObservation, fresh: at(0),
+			replay: replayedAt(1, "0/0800000"), err: ErrImpossibleObservation, fresh: at(0),
 			highest: lsn("0/0800000"), changes: replicaChange{impossible: true, failed: true},
 		},
 		{
@@ -164,40 +169,40 @@ func TestMergeReplica(t *testing.T) {
 				o.ReadBy = at(20)
 				return o
 			}()},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/1100000")}, fresh: at(0), usable: true,
+			replay: replayedAt(1, "0/1100000"), fresh: at(0), usable: true,
 			highest: lsn("0/1100000"),
 		},
 		{
 			name:   "ahead of an older primary observation is possible (the primary wrote since)",
 			p:      primaryAt(-50, 1, "0/1000000", nil),
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/1100000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/1100000")}, fresh: at(0), usable: true,
+			replay: replayedAt(1, "0/1100000"), fresh: at(0), usable: true,
 			highest: lsn("0/1100000"),
 		},
 		{
 			name:   "diverged: an older timeline past the switchpoint",
 			p:      primaryAt(-1000, 2, "0/9000000", hist),
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/5000100")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/5000100")}, fresh: at(0), usable: true, div: true,
+			replay: replayedAt(1, "0/5000100"), fresh: at(0), usable: true, div: true,
 		},
 		{
 			name:   "not diverged at the switchpoint",
 			p:      primaryAt(-1000, 2, "0/9000000", hist),
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/5000000")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/5000000")}, fresh: at(0), usable: true,
+			replay: replayedAt(1, "0/5000000"), fresh: at(0), usable: true,
 			highest: lsn("0/5000000"),
 		},
 		{
 			name:   "diverged: a timeline the primary's history does not contain",
 			p:      primaryAt(-1000, 3, "0/9000000", hist),
 			obs:    []ReplicaObservation{robs(0, i1, 2, "0/4000000")},
-			replay: position.Replayed{Epoch: ep(2), LSN: lsn("0/4000000")}, fresh: at(0), usable: true, div: true,
+			replay: replayedAt(2, "0/4000000"), fresh: at(0), usable: true, div: true,
 		},
 		{
 			name:   "history unknown: divergence cannot be told",
 			p:      primaryAt(-1000, 2, "0/9000000", nil),
 			obs:    []ReplicaObservation{robs(0, i1, 1, "0/5000100")},
-			replay: position.Replayed{Epoch: ep(1), LSN: lsn("0/5000100")}, fresh: at(0), usable: true,
+			replay: replayedAt(1, "0/5000100"), fresh: at(0), usable: true,
 			highest: lsn("0/5000100"),
 		},
 	}

@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
@@ -93,23 +93,8 @@ func BenchmarkRestartWindow(b *testing.B) {
 			_ = conn.Close(ctx)
 		}
 	}
-	pctD := func(s []time.Duration, p float64) time.Duration {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
-	pctB := func(s []uint64, p float64) uint64 {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
 	b.Log(fmt.Sprintf("\n| restarts | first connection below the pre-crash replay | deficit p50 / max (bytes) | accept → back at pre-crash replay p50 / p99 / max | kill → accepting p50 |\n|---|---|---|---|---|\n| %d | %d | %d / %d | %v / %v / %v | %v |\n",
-		len(downs), behind, pctB(deficits, 0.5), pctB(deficits, 1), pctD(windows, 0.5), pctD(windows, 0.99), pctD(windows, 1),
-		pctD(downs, 0.5).Round(time.Millisecond)))
+		len(downs), behind, latency.Percentile(deficits, 0.5), latency.Percentile(deficits, 1),
+		latency.Percentile(windows, 0.5), latency.Percentile(windows, 0.99), latency.Percentile(windows, 1),
+		latency.Percentile(downs, 0.5).Round(time.Millisecond)))
 }

@@ -3,16 +3,14 @@ package consume
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -33,29 +31,8 @@ import (
 // Run it alone: go test -run '^$' -bench WaitLoad -benchtime 1x ./consume/
 func BenchmarkWaitLoad(b *testing.B) {
 	ctx := context.Background()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Settings: map[string]string{
-		"shared_preload_libraries": "'pg_stat_statements'",
-	}})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = c.Close() })
-	e := setup(b, c)
-	_, err = e.primary.Exec(ctx, "CREATE EXTENSION pg_stat_statements")
-	require.NoError(b, err)
-	require.NoError(b, c.WaitReplicasCaughtUp(ctx))
-	node := c.Replicas()[0]
-	stats, err := pgx.Connect(ctx, node.DSN(e.db))
-	require.NoError(b, err)
-	defer stats.Close(ctx)
-	trackerCalls := func() int64 {
-		var n int64
-		require.NoError(b, stats.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
-			WHERE query LIKE 'SELECT r,%' AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
-		return n
-	}
-	probe, err := pgx.Connect(ctx, node.DSN(e.db))
-	require.NoError(b, err)
-	defer probe.Close(ctx)
-	b.Cleanup(func() { _ = node.ResumeReplay(context.Background()) })
+	pr := newProbedReplica(b)
+	e, node := pr.e, pr.node
 
 	type row struct {
 		interval time.Duration
@@ -104,28 +81,13 @@ func BenchmarkWaitLoad(b *testing.B) {
 					}
 					var qps float64
 					if measure {
-						c0, t0 := trackerCalls(), time.Now()
+						c0, t0 := pr.statusQueries(b), time.Now()
 						time.Sleep(hold)
-						qps = float64(trackerCalls()-c0) / time.Since(t0).Seconds()
+						qps = float64(pr.statusQueries(b)-c0) / time.Since(t0).Seconds()
 					} else {
 						time.Sleep(hold)
 					}
-					passed := make([]time.Time, jobs)
-					_, err := probe.Exec(ctx, "SELECT pg_wal_replay_resume()")
-					require.NoError(b, err)
-					for left := jobs; left > 0; {
-						var s string
-						sent := time.Now()
-						require.NoError(b, probe.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn()::text").Scan(&s))
-						at := sent.Add(time.Since(sent) / 2)
-						replayed := position.MustParseLSN(s)
-						for i, t := range toks {
-							if passed[i].IsZero() && replayed >= t {
-								passed[i] = at
-								left--
-							}
-						}
-					}
+					passed := pr.resumeAndWatch(b, toks...)
 					wg.Wait()
 					var lat []time.Duration
 					for i := range jobs {
@@ -149,19 +111,11 @@ func BenchmarkWaitLoad(b *testing.B) {
 			require.NoError(b, r.Close())
 		}
 	}
-	pct := func(s []time.Duration, p float64) time.Duration {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*p))]
-	}
 	var tb strings.Builder
 	fmt.Fprintf(&tb, "\n| WaitPollInterval | waiting jobs | replica queries/s (server side, 10 s pause) | catch-up → wait returns p50 | p99 | samples |\n|---|---|---|---|---|---|\n")
 	for _, rw := range rows {
 		fmt.Fprintf(&tb, "| %v | %d | %.0f | %v | %v | %d |\n", rw.interval, rw.jobs, rw.qps,
-			pct(rw.lat, 0.5).Round(10*time.Microsecond), pct(rw.lat, 0.99).Round(10*time.Microsecond), len(rw.lat))
+			latency.Percentile(rw.lat, 0.5).Round(10*time.Microsecond), latency.Percentile(rw.lat, 0.99).Round(10*time.Microsecond), len(rw.lat))
 		b.ReportMetric(rw.qps, fmt.Sprintf("queries/s-%v-%djobs", rw.interval, rw.jobs))
 	}
 	b.Log(tb.String())

@@ -1,11 +1,11 @@
 package feed_test
 
 import (
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -41,9 +41,8 @@ func BenchmarkPublishDeliver(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			slices.Sort(lat)
-			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(latency.Percentile(lat, 0.5).Microseconds()), "p50-µs")
+			b.ReportMetric(float64(latency.Percentile(lat, 0.99).Microseconds()), "p99-µs")
 		})
 	}
 }

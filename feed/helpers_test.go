@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 )
 
@@ -86,35 +86,7 @@ func newMetrics(t testing.TB) *metrics {
 // include every one of want.
 func (m *metrics) sum(t testing.TB, name string, want ...attribute.KeyValue) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, m.reader.Collect(context.Background(), &rm))
-	var total int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, md := range sm.Metrics {
-			if md.Name != name {
-				continue
-			}
-			var points []metricdata.DataPoint[int64]
-			switch d := md.Data.(type) {
-			case metricdata.Sum[int64]:
-				points = d.DataPoints
-			case metricdata.Gauge[int64]:
-				points = d.DataPoints
-			}
-			for _, p := range points {
-				ok := true
-				for _, kv := range want {
-					if v, has := p.Attributes.Value(kv.Key); !has || v != kv.Value {
-						ok = false
-					}
-				}
-				if ok {
-					total += p.Value
-				}
-			}
-		}
-	}
-	return total
+	return metrictest.Sum(t, m.reader, name, want...)
 }
 
 func reason(r string) attribute.KeyValue { return attribute.String("caughtup.reason", r) }

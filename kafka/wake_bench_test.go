@@ -3,7 +3,6 @@ package kafka_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/latency"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
@@ -54,12 +54,7 @@ func BenchmarkRetryTopicWakeLatency(b *testing.B) {
 		woken = e.results(b)["woken"] - w0
 	}
 	p := func(s []time.Duration, q float64) time.Duration {
-		if len(s) == 0 {
-			return 0
-		}
-		s = slices.Clone(s)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(float64(len(s))*q))].Round(100 * time.Microsecond)
+		return latency.Percentile(s, q).Round(100 * time.Microsecond)
 	}
 	var tb strings.Builder
 	fmt.Fprintf(&tb, "\n| kafka RetryTopic, 200 messages through a 3 s pause | from the retry topic | resume → start p50 | p99 | max | catch-up → start p50 | p99 | max | resume → due p50 | p99 | woken | waiting on the main topic at resume | resume → start p50 | max |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -126,7 +121,7 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 	require.NoError(b, w.WriteMessages(wctx, kafkago.Message{Key: []byte("warm"), Value: []byte(strconv.FormatInt(warmID, 10))}))
 	wait(b, warmed, "the warm-up message")
 
-	stopFollow := followSnapshots(e.router)
+	stopFollow := latency.Follow(e.router.Snapshot)
 	for _, n := range e.c.Replicas() {
 		require.NoError(b, n.PauseReplay(ctx))
 	}
@@ -170,31 +165,4 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 		}
 	}
 	return out
-}
-
-// followSnapshots records every snapshot the router publishes until the
-// returned function is called, which returns them oldest first.
-func followSnapshots(r *consume.Router) (stop func() []*consume.Snapshot) {
-	var (
-		snaps []*consume.Snapshot
-		quit  = make(chan struct{})
-		done  = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		for {
-			s := r.Snapshot()
-			snaps = append(snaps, s)
-			select {
-			case <-s.Changed():
-			case <-quit:
-				return
-			}
-		}
-	}()
-	return func() []*consume.Snapshot {
-		close(quit)
-		<-done
-		return snaps
-	}
 }

@@ -42,7 +42,7 @@ func TestPollingRelayCrashLosesNothing(t *testing.T) {
 			// dead process's would: the rows are neither deleted nor
 			// marked, and their locks are released.
 			fp.Inject(fault.Fault[Event]{At: at, Err: errCrash})
-			crashing, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: fp, BatchSize: 10, Logger: quiet})
+			crashing, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: fp, BatchSize: 10, Logger: quiet})
 			require.NoError(t, err)
 			_, err = crashing.RelayOnce(ctx)
 			require.ErrorIs(t, err, errCrash)
@@ -50,7 +50,7 @@ func TestPollingRelayCrashLosesNothing(t *testing.T) {
 			crashed := fp.Hit()[0]
 			require.Len(t, crashed, 10)
 
-			restarted, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 10, Logger: quiet})
+			restarted, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: pub, BatchSize: 10, Logger: quiet})
 			require.NoError(t, err)
 			for {
 				n, err := restarted.RelayOnce(ctx)
@@ -68,7 +68,7 @@ func TestPollingRelayCrashLosesNothing(t *testing.T) {
 				require.Len(t, got[ev.ID], want, "event %s", ev.ID)
 			}
 			var left int
-			require.NoError(t, e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left))
+			require.NoError(t, e.Primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left))
 			require.Zero(t, left)
 		})
 	}
@@ -82,14 +82,14 @@ func TestPollingRelayConnectionKilled(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	relayPool, err := pgxpool.New(ctx, e.c.Primary().DSN(e.db)+"&application_name=doomed_relay")
+	relayPool, err := pgxpool.New(ctx, e.Cluster.Primary().DSN(e.Database)+"&application_name=doomed_relay")
 	require.NoError(t, err)
 	defer relayPool.Close()
 	ids := e.writeOrders(t, ctx, 1, 30)
 	kill := func([]Event) {
 		// Wait until the backend is really gone: the kill must land before
 		// the relay's next statement.
-		_, err := e.primary.Exec(ctx, "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = 'doomed_relay' AND datname = current_database()")
+		_, err := e.Primary.Exec(ctx, "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = 'doomed_relay' AND datname = current_database()")
 		assert.NoError(t, err)
 	}
 	pub := newMemPublisher()
@@ -110,7 +110,7 @@ func TestPollingRelayConnectionKilled(t *testing.T) {
 	pub.waitFor(t, ctx, eventIDs(afterPublish), 2) // republished after the kill
 	require.Eventually(t, func() bool {
 		var n int
-		return e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n) == nil && n == 0
+		return e.Primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n) == nil && n == 0
 	}, 10*time.Second, 10*time.Millisecond)
 	got := pub.byID()
 	for _, ev := range afterPublish {
@@ -134,13 +134,13 @@ func TestPollingRelayCancelledMidBatch(t *testing.T) {
 		// The broker acknowledged; the mark will see a cancelled context.
 		fault.Fault[Event]{At: fault.AfterPublish, Do: func([]Event) { stop() }},
 	)
-	r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: fp, BatchSize: 10, Logger: quiet})
+	r, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: fp, BatchSize: 10, Logger: quiet})
 	require.NoError(t, err)
 	require.NoError(t, r.Run(runCtx))
 	var left int
-	require.NoError(t, e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left))
+	require.NoError(t, e.Primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left))
 	require.Equal(t, 15, left, "the second batch was published but not marked")
-	r2, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 10, PollInterval: 5 * time.Millisecond, Logger: quiet})
+	r2, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: pub, BatchSize: 10, PollInterval: 5 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	runInBackground(t, ctx, r2.Run)
 	pub.waitFor(t, ctx, ids)
@@ -208,7 +208,7 @@ func TestLogicalRelayWalsenderKilled(t *testing.T) {
 	// Acknowledge the batch, but kill the walsender first and wait until
 	// the slot is free, so the confirm cannot reach it.
 	fp.Inject(fault.Fault[Event]{At: fault.AfterPublish, Do: func([]Event) {
-		_, err := e.primary.Exec(ctx, "SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Slot)
+		_, err := e.Primary.Exec(ctx, "SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Slot)
 		assert.NoError(t, err)
 	}})
 	ids := e.writeOrders(t, ctx, 1, 20)

@@ -15,57 +15,6 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-// pauseReplay pauses replay on the replica. A pause takes effect when the
-// replica next replays a record, so the request is made first and then a
-// transaction on the primary provides that record; PauseReplay then waits
-// for the pause state (on an idle cluster the next record could be 15 s
-// away: the periodic running-xacts record).
-func (e *env) pauseReplay(ctx context.Context) error {
-	if _, err := e.replica.Exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
-		return err
-	}
-	if err := e.flushWAL(ctx); err != nil {
-		return err
-	}
-	return e.replicaNode.PauseReplay(ctx)
-}
-
-// flushWAL commits a transaction that writes a commit record, which
-// flushes all WAL before it, so that the WAL of still-open transactions
-// reaches the replicas: walsenders send only flushed WAL, and the WAL
-// writer leaves a partial page alone.
-func (e *env) flushWAL(ctx context.Context) error {
-	_, err := e.primary.Exec(ctx, "SELECT pg_current_xact_id()")
-	return err
-}
-
-// toggleReplay injects lag: it pauses and resumes replay on the replica
-// at random short intervals until stopped, and leaves it resumed. The
-// pauses between steps are the fault's schedule, not waits.
-func (e *env) toggleReplay(t *testing.T, ctx context.Context) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			_ = e.pauseReplay(ctx)
-			pause(ctx, time.Duration(rand.IntN(40))*time.Millisecond)
-			_ = e.replicaNode.ResumeReplay(context.Background())
-			pause(ctx, time.Duration(rand.IntN(15))*time.Millisecond)
-		}
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			<-done
-			require.NoError(t, e.replicaNode.ResumeReplay(context.Background()))
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // TestRelaysGiveNoStaleReads is the acceptance test for both relays: a
 // consumer that compares each event's token with the replica before
 // reading there never reads a replica that lacks the event's row — with
@@ -82,7 +31,7 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 			pub := newMemPublisher()
 			switch kind {
 			case "polling":
-				r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 20, PollInterval: 2 * time.Millisecond, Logger: quiet})
+				r, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: pub, BatchSize: 20, PollInterval: 2 * time.Millisecond, Logger: quiet})
 				require.NoError(t, err)
 				runInBackground(t, ctx, r.Run)
 			case "logical":
@@ -90,10 +39,10 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 				require.NoError(t, r.Setup(ctx))
 				runInBackground(t, ctx, r.Run)
 			}
-			t.Cleanup(func() { _ = e.replicaNode.ResumeReplay(context.Background()) })
+			t.Cleanup(func() { _ = e.ReplicaNode.ResumeReplay(context.Background()) })
 
 			// 1. Paused before the writes: every event must read the primary.
-			require.NoError(t, e.pauseReplay(ctx))
+			require.NoError(t, e.PauseReplay(ctx))
 			ids := e.writeOrders(t, ctx, 1, 20)
 			got := pub.waitFor(t, ctx, ids)
 			var maxTok position.LSN
@@ -107,8 +56,8 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 
 			// 2. Resumed and caught up to the tokens: every event reads the
 			// replica and finds its row.
-			require.NoError(t, e.replicaNode.ResumeReplay(ctx))
-			require.NoError(t, e.replicaNode.WaitReplay(ctx, maxTok.String()))
+			require.NoError(t, e.ReplicaNode.ResumeReplay(ctx))
+			require.NoError(t, e.ReplicaNode.WaitReplay(ctx, maxTok.String()))
 			for _, id := range ids {
 				onReplica, stale, err := e.consumeCheck(ctx, got[id][0])
 				require.NoError(t, err)
@@ -118,7 +67,7 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 
 			// 3. Random pauses under concurrent writers; the consumer checks
 			// each event as soon as it is published.
-			stopToggling := e.toggleReplay(t, ctx)
+			stopToggling := e.ToggleReplay(t, ctx)
 			var res readResult
 			var checked atomic.Int64
 			consumerDone := make(chan struct{})
@@ -191,6 +140,3 @@ func TestRelaysGiveNoStaleReads(t *testing.T) {
 		})
 	}
 }
-
-// pause is one step of a fault schedule, not a wait for a condition.
-func pause(ctx context.Context, d time.Duration) { sleepCtx(ctx, d) }

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/internal/replicatest"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -33,12 +33,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // env is one test's database on the shared cluster.
 type env struct {
-	c           *pgtest.Cluster
-	db          string
-	primary     *pgxpool.Pool
-	replicaNode *pgtest.Node
-	replica     *pgxpool.Pool
-	capturer    *enqueue.Capturer
+	*replicatest.DB
+	capturer *enqueue.Capturer
 }
 
 func setup(t *testing.T) *env { return setupTB(t) }
@@ -47,26 +43,18 @@ func setupTB(t testing.TB) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := pgtest.Shared(t)
-	db := pgtest.NewDatabase(t, c)
-	primary, err := c.Primary().Pool(ctx, db)
+	e := &env{DB: replicatest.New(t), capturer: enqueue.NewCapturer(enqueue.Config{Database: "main"})}
+	require.NoError(t, Migrate(ctx, e.Primary))
+	_, err := e.Primary.Exec(ctx, "CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
 	require.NoError(t, err)
-	t.Cleanup(primary.Close)
-	rn := c.Replicas()[0]
-	replica, err := rn.Pool(ctx, db)
-	require.NoError(t, err)
-	t.Cleanup(replica.Close)
-	require.NoError(t, Migrate(ctx, primary))
-	_, err = primary.Exec(ctx, "CREATE TABLE orders (id bigint PRIMARY KEY, note text NOT NULL)")
-	require.NoError(t, err)
-	return &env{c: c, db: db, primary: primary, replicaNode: rn, replica: replica, capturer: enqueue.NewCapturer(enqueue.Config{Database: "main"})}
+	return e
 }
 
 // writeOrder commits an order row and its outbox event in one transaction
 // and returns the event ID and the insert LSN read right after COMMIT on
 // the same connection (an upper bound of the commit's end).
 func (e *env) writeOrder(ctx context.Context, id int64) (string, position.LSN, error) {
-	conn, err := e.primary.Acquire(ctx)
+	conn, err := e.Primary.Acquire(ctx)
 	if err != nil {
 		return "", 0, err
 	}
@@ -132,7 +120,7 @@ func (e *env) consumeCheck(ctx context.Context, ev Event) (onReplica, stale bool
 	if !ok {
 		return false, false, fmt.Errorf("event %s has no token entry for main: %v", ev.ID, ev.Headers)
 	}
-	conn, err := e.replica.Acquire(ctx)
+	conn, err := e.Replica.Acquire(ctx)
 	if err != nil {
 		return false, false, err
 	}

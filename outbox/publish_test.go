@@ -145,7 +145,7 @@ func TestStamping(t *testing.T) {
 	// commit, and merged with the token the event already had.
 	_, after, err := e.writeOrder(ctx, 1)
 	require.NoError(t, err)
-	legacy := stamping(StampingConfig{Primary: e.primary})
+	legacy := stamping(StampingConfig{Primary: e.Primary})
 	other := encoded(t, tokenFor("billing", 5))
 	require.NoError(t, legacy(ctx, Event{ID: "d", Topic: "t", Headers: map[string]string{position.HeaderName: other}}))
 	tok, err := TokenFromHeaders(got[2].Headers)
@@ -165,7 +165,7 @@ func TestStamping(t *testing.T) {
 	full := encoded(t, fullToken())
 	require.NoError(t, legacy(ctx, Event{ID: "f", Topic: "t", Headers: map[string]string{position.HeaderName: full}}))
 	require.Equal(t, full, got[4].Headers[position.HeaderName])
-	err = stamping(StampingConfig{Primary: e.primary, Required: true})(ctx, Event{ID: "g", Topic: "t", Headers: map[string]string{position.HeaderName: full}})
+	err = stamping(StampingConfig{Primary: e.Primary, Required: true})(ctx, Event{ID: "g", Topic: "t", Headers: map[string]string{position.HeaderName: full}})
 	require.ErrorIs(t, err, position.ErrTooLarge)
 	require.Len(t, got, 5)
 }

@@ -21,7 +21,7 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	e := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := e.primary.Exec(ctx, "CREATE SCHEMA app")
+	_, err := e.Primary.Exec(ctx, "CREATE SCHEMA app")
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	errs := make([]error, 6)
@@ -30,9 +30,9 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			if i%2 == 0 {
-				errs[i] = Migrate(ctx, e.primary) // default table, migrated again
+				errs[i] = Migrate(ctx, e.Primary) // default table, migrated again
 			} else {
-				errs[i] = Table("app.Events").Migrate(ctx, e.primary)
+				errs[i] = Table("app.Events").Migrate(ctx, e.Primary)
 			}
 		}()
 	}
@@ -40,7 +40,7 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	tx, err := e.primary.Begin(ctx)
+	tx, err := e.Primary.Begin(ctx)
 	require.NoError(t, err)
 	events := Table("app.Events")
 	id, err := events.Insert(ctx, tx, Event{Topic: "t", Payload: []byte("x")})
@@ -51,10 +51,10 @@ func TestMigrateIdempotentAndConcurrent(t *testing.T) {
 	require.Equal(t, "order-42-created", own)
 	require.NoError(t, tx.Commit(ctx))
 	var n int
-	require.NoError(t, e.primary.QueryRow(ctx, `SELECT count(*) FROM app."Events"`).Scan(&n))
+	require.NoError(t, e.Primary.QueryRow(ctx, `SELECT count(*) FROM app."Events"`).Scan(&n))
 	require.Equal(t, 2, n)
 
-	tx, err = e.primary.Begin(ctx)
+	tx, err = e.Primary.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = Insert(ctx, tx, Event{Payload: []byte("x")})
@@ -96,7 +96,7 @@ func TestPollingRelayPublishesStampedEventsAndMarksThem(t *testing.T) {
 			ids := e.writeOrders(t, ctx, 1, 25)
 			// The producer stamped a token for another database; the relay
 			// must keep it.
-			tx, err := e.primary.Begin(ctx)
+			tx, err := e.Primary.Begin(ctx)
 			require.NoError(t, err)
 			other, _ := position.New("billing", position.Epoch{SystemID: 9, Timeline: 1}, 0x100, position.SourcePrimary, time.Now()).Encode()
 			extra, err := Insert(ctx, tx, Event{Topic: "x", Headers: map[string]string{position.HeaderName: other}})
@@ -105,9 +105,9 @@ func TestPollingRelayPublishesStampedEventsAndMarksThem(t *testing.T) {
 			ids = append(ids, extra)
 
 			var after string
-			require.NoError(t, e.primary.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&after))
+			require.NoError(t, e.Primary.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&after))
 			pub := newMemPublisher()
-			r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 10, KeepPublished: keep, Logger: quiet})
+			r, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: pub, BatchSize: 10, KeepPublished: keep, Logger: quiet})
 			require.NoError(t, err)
 			total := 0
 			for {
@@ -120,7 +120,7 @@ func TestPollingRelayPublishesStampedEventsAndMarksThem(t *testing.T) {
 			}
 			require.Equal(t, len(ids), total)
 			got := pub.byID()
-			sys, err := e.c.Primary().SystemIdentifier(ctx)
+			sys, err := e.Cluster.Primary().SystemIdentifier(ctx)
 			require.NoError(t, err)
 			var prevSeq int64
 			for i, id := range ids {
@@ -147,7 +147,7 @@ func TestPollingRelayPublishesStampedEventsAndMarksThem(t *testing.T) {
 			require.Equal(t, position.LSN(0x100), billing.LSN)
 
 			var left, marked int
-			require.NoError(t, e.primary.QueryRow(ctx, "SELECT count(*), count(published_at) FROM outbox").Scan(&left, &marked))
+			require.NoError(t, e.Primary.QueryRow(ctx, "SELECT count(*), count(published_at) FROM outbox").Scan(&left, &marked))
 			if keep {
 				require.Equal(t, len(ids), left)
 				require.Equal(t, len(ids), marked)
@@ -168,7 +168,7 @@ func TestPollingRelaysShareTheTable(t *testing.T) {
 	// instances really contend.
 	pub.setFail(func(int, []Event) error { time.Sleep(2 * time.Millisecond); return nil })
 	for range 3 {
-		r, err := NewPollingRelay(PollingConfig{Primary: e.primary, Publisher: pub, BatchSize: 7, PollInterval: 5 * time.Millisecond, Logger: quiet})
+		r, err := NewPollingRelay(PollingConfig{Primary: e.Primary, Publisher: pub, BatchSize: 7, PollInterval: 5 * time.Millisecond, Logger: quiet})
 		require.NoError(t, err)
 		runInBackground(t, ctx, r.Run)
 	}
@@ -203,11 +203,11 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 	// A test_decoding slot created before any event reports each
 	// transaction's COMMIT at its end position (txn->end_lsn): the
 	// reference the relay's tokens must equal.
-	ref := uniqueSlot(e.db + "ref")
-	_, err := e.primary.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", ref)
+	ref := uniqueSlot(e.Database + "ref")
+	_, err := e.Primary.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", ref)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, _ = e.primary.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", ref)
+		_, _ = e.Primary.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", ref)
 	})
 	pub := newMemPublisher()
 	r := newLogical(t, e, LogicalConfig{Publisher: pub})
@@ -220,7 +220,7 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 	var txs []written
 	// One, two and three events per transaction.
 	for i := range 12 {
-		conn, err := e.primary.Acquire(ctx)
+		conn, err := e.Primary.Acquire(ctx)
 		require.NoError(t, err)
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
@@ -238,7 +238,7 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 		txs = append(txs, w)
 	}
 	var commits []position.LSN
-	rows, err := e.primary.Query(ctx, `WITH c AS (SELECT * FROM pg_logical_slot_peek_changes($1, NULL, NULL))
+	rows, err := e.Primary.Query(ctx, `WITH c AS (SELECT * FROM pg_logical_slot_peek_changes($1, NULL, NULL))
 		SELECT lsn::text FROM c WHERE data LIKE 'COMMIT%' AND xid IN (SELECT xid FROM c WHERE data LIKE 'table public.outbox:%') ORDER BY lsn`, ref)
 	require.NoError(t, err)
 	for rows.Next() {
@@ -255,7 +255,7 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 		all = append(all, w.ids...)
 	}
 	got := pub.waitFor(t, ctx, all)
-	sys, err := e.c.Primary().SystemIdentifier(ctx)
+	sys, err := e.Cluster.Primary().SystemIdentifier(ctx)
 	require.NoError(t, err)
 	for i, w := range txs {
 		for _, id := range w.ids {
@@ -280,10 +280,10 @@ func TestLogicalRelayStampsTransactionEndLSN(t *testing.T) {
 // when the test ends (a slot would keep the database from being dropped).
 func newLogical(t testing.TB, e *env, cfg LogicalConfig) *LogicalRelay {
 	t.Helper()
-	cfg.ConnString = e.c.Primary().DSN(e.db)
+	cfg.ConnString = e.Cluster.Primary().DSN(e.Database)
 	if cfg.Slot == "" {
 		// Slots are cluster-wide; tests run in parallel.
-		cfg.Slot = uniqueSlot(e.db)
+		cfg.Slot = uniqueSlot(e.Database)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
@@ -335,7 +335,7 @@ func TestLogicalRelayDrainsRowsWrittenBeforeTheSlot(t *testing.T) {
 	// Relayed rows are deleted once confirmed.
 	require.Eventually(t, func() bool {
 		var n int
-		return e.primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n) == nil && n == 0
+		return e.Primary.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n) == nil && n == 0
 	}, 10*time.Second, 20*time.Millisecond)
 }
 
@@ -353,7 +353,7 @@ func TestLogicalRelayStandbyInstanceTakesOver(t *testing.T) {
 	// it retries against "replication slot … is active".
 	require.Eventually(t, func() bool {
 		var active bool
-		return e.primary.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", first.cfg.Slot).Scan(&active) == nil && active
+		return e.Primary.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", first.cfg.Slot).Scan(&active) == nil && active
 	}, 10*time.Second, 10*time.Millisecond)
 	runInBackground(t, ctx, second.Run)
 	ids := e.writeOrders(t, ctx, 1, 10)

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caughtup/caughtup/consume"
@@ -113,25 +112,9 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	defer rdb.Close()
 
-	var pools []*pgxpool.Pool
-	defer func() {
-		for _, p := range pools {
-			p.Close()
-		}
-	}()
-	open := func(dsn string) (*pgxpool.Pool, error) {
-		cfg, err := pgxpool.ParseConfig(dsn)
-		if err != nil {
-			return nil, usageError{"bad connection string: " + err.Error()}
-		}
-		cfg.MaxConns = 1 // the Publisher polls on its own connections
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err == nil {
-			pools = append(pools, p)
-		}
-		return p, err
-	}
-	pp, err := open(*primary)
+	conns := &pools{maxConns: 1} // the Publisher polls on its own connections
+	defer conns.close()
+	pp, err := conns.connect(ctx, *primary)
 	if err != nil {
 		return err
 	}
@@ -142,7 +125,7 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if m := replicaArg.FindStringSubmatch(arg); m != nil {
 			rname, dsn = m[1], m[2]
 		}
-		p, err := open(dsn)
+		p, err := conns.connect(ctx, dsn)
 		if err != nil {
 			return err
 		}

@@ -40,31 +40,15 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *interval <= 0 {
 		return usageError{"--interval must be positive"}
 	}
-	pools := make([]*pgxpool.Pool, 0, len(replicas)+1)
-	defer func() {
-		for _, p := range pools {
-			p.Close()
-		}
-	}()
-	open := func(dsn string) (*pgxpool.Pool, error) {
-		cfg, err := pgxpool.ParseConfig(dsn)
-		if err != nil {
-			return nil, usageError{"bad connection string: " + err.Error()}
-		}
-		cfg.MaxConns = 2
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err == nil {
-			pools = append(pools, p)
-		}
-		return p, err
-	}
-	pp, err := open(*primary)
+	conns := &pools{maxConns: 2}
+	defer conns.close()
+	pp, err := conns.connect(ctx, *primary)
 	if err != nil {
 		return err
 	}
 	var rs []*pgxpool.Pool
 	for _, dsn := range replicas {
-		p, err := open(dsn)
+		p, err := conns.connect(ctx, dsn)
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -265,7 +266,7 @@ func summarize(jobs int, ds []time.Duration) latencyStats {
 	for _, d := range ds {
 		sum += d
 	}
-	st.P50, st.P99, st.Max = ms(percentile(ds, 0.50)), ms(percentile(ds, 0.99)), ms(percentile(ds, 1))
+	st.P50, st.P99, st.Max = ms(latency.Percentile(ds, 0.50)), ms(latency.Percentile(ds, 0.99)), ms(latency.Percentile(ds, 1))
 	st.Mean = ms(sum / time.Duration(len(ds)))
 	return st
 }
@@ -323,7 +324,7 @@ func drainOf(js []jobCatchUp, keep func(j *jobCatchUp) bool) drainStats {
 			reads = append(reads, j.read.Sub(first))
 		}
 	}
-	d := drainStats{Jobs: len(starts), CatchUpSpan: ms(percentile(reads, 0.99))}
+	d := drainStats{Jobs: len(starts), CatchUpSpan: ms(latency.Percentile(reads, 0.99))}
 	last := starts[0]
 	for _, t := range starts {
 		if t.After(last) {

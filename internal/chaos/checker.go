@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -252,7 +253,7 @@ func (s *stream) result() streamResult {
 		Deferrals: s.deferrals, Capped: s.capped, HandlerErrs: s.errors, DeadLetters: s.deadLetters,
 		Outcomes: map[string]int{},
 	}
-	var sinceCommit, latency []time.Duration
+	var sinceCommit, sinceEnqueue []time.Duration
 	var fallbackAt, primaryAt []time.Time
 	first := map[int64]bool{}
 	for _, rd := range s.reads {
@@ -276,7 +277,7 @@ func (s *stream) result() streamResult {
 				}
 			}
 			sinceCommit = append(sinceCommit, rd.at.Sub(time.Unix(0, rd.job.Committed)))
-			latency = append(latency, rd.at.Sub(time.Unix(0, rd.job.Enqueued)))
+			sinceEnqueue = append(sinceEnqueue, rd.at.Sub(time.Unix(0, rd.job.Enqueued)))
 		}
 	}
 	if r.Runs > 0 {
@@ -293,8 +294,8 @@ func (s *stream) result() streamResult {
 		}
 	}
 	slices.Sort(r.LostExamples)
-	r.LatencyP50, r.LatencyP99 = ms(percentile(latency, 0.50)), ms(percentile(latency, 0.99))
-	r.CommitToReadP50, r.CommitToReadP99 = ms(percentile(sinceCommit, 0.50)), ms(percentile(sinceCommit, 0.99))
+	r.LatencyP50, r.LatencyP99 = ms(latency.Percentile(sinceEnqueue, 0.50)), ms(latency.Percentile(sinceEnqueue, 0.99))
+	r.CommitToReadP50, r.CommitToReadP99 = ms(latency.Percentile(sinceCommit, 0.50)), ms(latency.Percentile(sinceCommit, 0.99))
 	r.MaxFallbackPerSec = maxInWindow(fallbackAt, time.Second)
 	r.MaxPrimaryPerSec = maxInWindow(primaryAt, time.Second)
 	for i, rd := range s.stale {
@@ -312,17 +313,6 @@ func (s *stream) result() streamResult {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// percentile is the nearest-rank percentile (0 for no samples).
-func percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(float64(len(s))*p+0.999999) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
 
 // maxInWindow is the largest number of times in any half-open window
 // [t, t+w). A token bucket of rate r and burst b admits at most b + r·w

@@ -30,6 +30,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -766,8 +767,8 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	waiting := perSecond(c1, c2)
 	r.QueriesWaiting, r.RouterQueriesWaiting = waiting.queries, waiting.routerQueries
 	r.Samples = len(lat)
-	r.WakeP50, r.WakeP99 = ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99))
-	r.PubWakeP50, r.PubWakeP99 = ms(percentile(pubLat, 0.5)), ms(percentile(pubLat, 0.99))
+	r.WakeP50, r.WakeP99 = ms(latency.Percentile(lat, 0.5)), ms(latency.Percentile(lat, 0.99))
+	r.PubWakeP50, r.PubWakeP99 = ms(latency.Percentile(pubLat, 0.5)), ms(latency.Percentile(pubLat, 0.99))
 
 	e.out.say("%s N=%d: %s lag spike, %.0f Sticky jobs/s across the routers", mode, n, e.o.spike, e.o.spikeRate)
 	if err := e.lagSpike(ctx, ws, &r); err != nil {

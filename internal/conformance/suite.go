@@ -14,11 +14,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
 )
@@ -153,26 +154,7 @@ func value(id int64) string { return fmt.Sprintf("v%d", id) }
 // outcomeCount sums the decisions counter for one outcome.
 func (e *env) outcomeCount(t *testing.T, outcome consume.Outcome) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, e.reader.Collect(context.Background(), &rm))
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "caughtup.consume.decisions" {
-				continue
-			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				if v, ok := dp.Attributes.Value("caughtup.outcome"); ok && v.AsString() == outcome.String() {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
+	return metrictest.Sum(t, e.reader, "caughtup.consume.decisions", attribute.String("caughtup.outcome", outcome.String()))
 }
 
 // checker records every handler run: what it read, where, and how often.
