@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/kafkatest"
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // helperEnv makes the test binary act as a "test binary that dies": it
@@ -41,34 +40,6 @@ func helperMain(string) int {
 	fmt.Printf("READY %s %s\n", b.Dir(), c.Dir())
 	time.Sleep(time.Hour)
 	return 0
-}
-
-// processesIn lists live processes whose working directory is inside one
-// of dirs: the rule the watchdog applies.
-func processesIn(dirs []string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if err != nil {
-			continue
-		}
-		cwd = strings.TrimSuffix(cwd, " (deleted)")
-		for _, d := range dirs {
-			if cwd == d || strings.HasPrefix(cwd, d+"/") {
-				if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-					if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
-						pids = append(pids, pid)
-					}
-				}
-			}
-		}
-	}
-	return pids
 }
 
 // TestCleanupWhenTestBinaryDies SIGKILLs a test binary that runs a broker
@@ -109,7 +80,7 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 	fields := strings.Fields(line)
 	require.Len(t, fields, 3, "helper said %q (exit: see stderr after it dies)", line)
 	dirs := fields[1:]
-	before := processesIn(dirs)
+	before := testsvc.ProcessesIn(dirs)
 	require.Len(t, before, 2, "a broker JVM and a Connect JVM in %v", dirs)
 
 	began := time.Now()
@@ -117,7 +88,7 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 	_ = cmd.Wait()
 	waited = true
 	require.Eventually(t, func() bool {
-		if len(processesIn(dirs)) > 0 {
+		if len(testsvc.ProcessesIn(dirs)) > 0 {
 			return false
 		}
 		for _, d := range dirs {
@@ -126,6 +97,6 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 			}
 		}
 		return true
-	}, 20*time.Second, 20*time.Millisecond, "left behind: processes %v; helper stderr:\n%s", processesIn(dirs), stderr.String())
+	}, 20*time.Second, 20*time.Millisecond, "left behind: processes %v; helper stderr:\n%s", testsvc.ProcessesIn(dirs), stderr.String())
 	t.Logf("JVMs %v and %v gone %v after the test binary was SIGKILLed", before, dirs, time.Since(began).Round(time.Millisecond))
 }

@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // helperEnv makes the test binary act as a "test binary that dies": it starts
@@ -51,34 +50,6 @@ func helperMain(mode string) int {
 	}
 	time.Sleep(time.Hour)
 	return 0
-}
-
-// processesIn lists PIDs of live processes whose working directory is inside
-// one of dirs: the same rule the watchdog applies.
-func processesIn(dirs []string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if err != nil {
-			continue
-		}
-		cwd = strings.TrimSuffix(cwd, " (deleted)")
-		for _, d := range dirs {
-			if cwd == d || strings.HasPrefix(cwd, d+"/") {
-				if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-					if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
-						pids = append(pids, pid)
-					}
-				}
-			}
-		}
-	}
-	return pids
 }
 
 // lockedBuffer collects the helper's stderr, which os/exec copies from
@@ -141,7 +112,7 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 			require.Len(t, fields, 3, "helper said %q; stderr:\n%s", line, stderr.String())
 			require.Equal(t, "READY", fields[0])
 			dirs := fields[1:]
-			before := processesIn(dirs)
+			before := testsvc.ProcessesIn(dirs)
 			// kill: primary + replica postmasters and their children, redis.
 			require.GreaterOrEqual(t, len(before), 3, "processes in %v", dirs)
 			for _, d := range dirs {
@@ -164,7 +135,7 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 			require.Error(t, waitErr)
 
 			require.Eventually(t, func() bool {
-				if len(processesIn(dirs)) > 0 {
+				if len(testsvc.ProcessesIn(dirs)) > 0 {
 					return false
 				}
 				for _, d := range dirs {
@@ -173,7 +144,7 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 					}
 				}
 				return true
-			}, 10*time.Second, 20*time.Millisecond, "left behind: processes %v; stderr:\n%s", processesIn(dirs), stderr.String())
+			}, 10*time.Second, 20*time.Millisecond, "left behind: processes %v; stderr:\n%s", testsvc.ProcessesIn(dirs), stderr.String())
 			t.Logf("everything gone %v after the helper died", time.Since(began).Round(time.Millisecond))
 		})
 	}
