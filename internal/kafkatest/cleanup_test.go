@@ -1,14 +1,9 @@
 package kafkatest_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -47,56 +42,14 @@ func helperMain(string) int {
 // directories. (pgtest tests SIGTERM and panics for the shared mechanism.)
 func TestCleanupWhenTestBinaryDies(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=kill")
-	out, w, err := os.Pipe()
-	require.NoError(t, err)
-	cmd.Stdout = w
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	_ = w.Close()
-	waited := false
-	defer func() {
-		if !waited {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		_ = out.Close()
-	}()
-	lines := make(chan string, 1)
-	go func() {
-		br := bufio.NewReader(out)
-		line, _ := br.ReadString('\n')
-		lines <- line
-		_, _ = io.Copy(io.Discard, br)
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(5 * time.Minute):
-		t.Fatal("helper did not report READY")
-	}
-	fields := strings.Fields(line)
-	require.Len(t, fields, 3, "helper said %q (exit: see stderr after it dies)", line)
-	dirs := fields[1:]
-	before := testsvc.ProcessesIn(dirs)
-	require.Len(t, before, 2, "a broker JVM and a Connect JVM in %v", dirs)
+	h := testsvc.StartHelperBinary(t, helperEnv, "kill", 5*time.Minute)
+	require.Len(t, h.Dirs, 2, "the broker's and the worker's; stderr:\n%s", h.Stderr())
+	before := testsvc.ProcessesIn(h.Dirs)
+	require.Len(t, before, 2, "a broker JVM and a Connect JVM in %v", h.Dirs)
 
 	began := time.Now()
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
-	waited = true
-	require.Eventually(t, func() bool {
-		if len(testsvc.ProcessesIn(dirs)) > 0 {
-			return false
-		}
-		for _, d := range dirs {
-			if _, err := os.Stat(d); !os.IsNotExist(err) {
-				return false
-			}
-		}
-		return true
-	}, 20*time.Second, 20*time.Millisecond, "left behind: processes %v; helper stderr:\n%s", testsvc.ProcessesIn(dirs), stderr.String())
-	t.Logf("JVMs %v and %v gone %v after the test binary was SIGKILLed", before, dirs, time.Since(began).Round(time.Millisecond))
+	require.NoError(t, h.Signal(syscall.SIGKILL))
+	_ = h.Wait()
+	h.RequireGone(t, 20*time.Second)
+	t.Logf("JVMs %v and %v gone %v after the test binary was SIGKILLed", before, h.Dirs, time.Since(began).Round(time.Millisecond))
 }
