@@ -190,9 +190,7 @@ func TestPromote(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 3, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := ownCluster(ctx, t, 3)
 	t.Logf("primary + 3 replicas started in %v", time.Since(began).Round(time.Millisecond))
 
 	old, r1, r2, r3 := c.Primary(), c.Replicas()[0], c.Replicas()[1], c.Replicas()[2]

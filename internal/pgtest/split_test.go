@@ -18,9 +18,7 @@ func TestPromoteAlone(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := ownCluster(ctx, t, 2)
 	old, r1, r2 := c.Primary(), c.Replicas()[0], c.Replicas()[1]
 	require.NoError(t, old.Exec(ctx, "", "CREATE TABLE t (id int); INSERT INTO t VALUES (1)"))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
@@ -58,9 +56,7 @@ func TestSetConfStartAccepting(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := ownCluster(ctx, t, 1)
 	p, r := c.Primary(), c.Replicas()[0]
 	require.NoError(t, p.Exec(ctx, "", "CREATE TABLE t (id int)"))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
