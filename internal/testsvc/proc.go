@@ -12,6 +12,24 @@ import (
 	"time"
 )
 
+// FindBinary finds a program: the path in the environment variable env if
+// set (so that a machine with several versions can choose; it is not
+// checked), else name on $PATH, else the first of also that exists.
+func FindBinary(env, name string, also ...string) (string, bool) {
+	if b := os.Getenv(env); b != "" {
+		return b, true
+	}
+	if b, err := exec.LookPath(name); err == nil {
+		return b, true
+	}
+	for _, b := range also {
+		if _, err := os.Stat(b); err == nil {
+			return b, true
+		}
+	}
+	return "", false
+}
+
 // Process is a long-running child whose exit is observed exactly once.
 type Process struct {
 	cmd  *exec.Cmd
