@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,13 +53,6 @@ func (o Options) heap() string {
 		return "384m"
 	}
 	return o.Heap
-}
-
-func (o Options) startTimeout() time.Duration {
-	if o.StartTimeout <= 0 {
-		return 3 * time.Minute
-	}
-	return o.StartTimeout
 }
 
 // brokerSettings make a single-node KRaft broker (broker and controller in
@@ -122,7 +114,6 @@ var brokerSettings = [][2]string{
 type Broker struct {
 	opts       Options
 	external   []string
-	sb         *testsvc.Sandbox
 	j          *jvm
 	art        *Artifacts
 	dataDir    string
@@ -147,40 +138,25 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		}
 		return &Broker{opts: opts, external: addrs}, nil
 	}
-	art, err := Resolve(ctx, opts.Logf)
+	art, err := resolveJava(ctx, opts.Logf)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := javaBinary(); err != nil {
 		return nil, err
 	}
 	began := time.Now()
-	ctx, cancel := testsvc.WithDefaultTimeout(ctx, opts.startTimeout())
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, startTimeout(opts.StartTimeout))
 	defer cancel()
-	sb, err := testsvc.NewSandbox("kafkatest-broker-", false)
+	j, err := newJVM("broker")
 	if err != nil {
 		return nil, err
 	}
-	j, err := newJVM("broker", sb)
-	if err != nil {
-		_ = sb.Remove()
-		return nil, err
-	}
-	b := &Broker{opts: opts, sb: sb, art: art, j: j, dataDir: filepath.Join(j.dir, "data")}
+	b := &Broker{opts: opts, art: art, j: j, dataDir: filepath.Join(j.dir, "data")}
 	j.ready = b.probe
 	b.unregister = testsvc.Register(b.Close)
-	b.j.opMu.Lock()
-	for range 5 {
-		if err = b.startFresh(ctx); !errors.Is(err, errPortInUse) {
-			break
-		}
-	}
-	b.j.opMu.Unlock()
-	if err != nil {
+	if err := j.startFresh(ctx, b.startFresh); err != nil {
 		_ = b.Close()
 		return nil, err
 	}
-	b.logf("broker up in %v on %s (controller :%d, dir %s)", time.Since(began).Round(time.Millisecond), b.Addr(), b.j.port(1), sb.Root())
+	b.logf("broker up in %v on %s (controller :%d, dir %s)", time.Since(began).Round(time.Millisecond), b.Addr(), b.j.port(1), j.sb.Root())
 	return b, nil
 }
 
@@ -275,27 +251,8 @@ func (b *Broker) warmGroupCoordinator(ctx context.Context) error {
 func (b *Broker) configPath() string { return filepath.Join(b.j.dir, "server.properties") }
 
 func (b *Broker) writeConfig() error {
-	var sb strings.Builder
-	sb.WriteString("# Written by internal/kafkatest.\n")
 	vars := strings.NewReplacer("{broker}", strconv.Itoa(b.j.port(0)), "{controller}", strconv.Itoa(b.j.port(1)), "{logdir}", b.dataDir)
-	for _, kv := range brokerSettings {
-		fmt.Fprintf(&sb, "%s=%s\n", kv[0], vars.Replace(kv[1]))
-	}
-	keys := make([]string, 0, len(b.opts.Settings))
-	for k := range b.opts.Settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	if len(keys) > 0 {
-		sb.WriteString("# Options.Settings\n")
-	}
-	for _, k := range keys {
-		fmt.Fprintf(&sb, "%s=%s\n", k, b.opts.Settings[k])
-	}
-	if err := os.WriteFile(b.configPath(), []byte(sb.String()), 0o600); err != nil {
-		return fmt.Errorf("kafkatest: %w", err)
-	}
-	return nil
+	return writeProperties(b.configPath(), brokerSettings, vars, b.opts.Settings, "Options.Settings")
 }
 
 // clusterID is what kafka-storage random-uuid prints: 16 random bytes,
@@ -357,10 +314,10 @@ func (b *Broker) External() bool { return b.external != nil }
 
 // Dir is the broker's temporary root directory ("" when External).
 func (b *Broker) Dir() string {
-	if b.sb == nil {
+	if b.j == nil {
 		return ""
 	}
-	return b.sb.Root()
+	return b.j.sb.Root()
 }
 
 // LogPath is the broker's log (stdout and stderr), for failure messages.
@@ -403,9 +360,7 @@ func (b *Broker) Kill() error {
 	if b.external != nil {
 		return errExternal
 	}
-	b.j.opMu.Lock()
-	defer b.j.opMu.Unlock()
-	return b.j.halt(syscall.SIGKILL, 10*time.Second)
+	return b.j.crash()
 }
 
 // Start restarts a stopped or killed broker on the same ports with the same
@@ -414,7 +369,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	if b.external != nil {
 		return errExternal
 	}
-	ctx, cancel := testsvc.WithDefaultTimeout(ctx, b.opts.startTimeout())
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, startTimeout(b.opts.StartTimeout))
 	defer cancel()
 	b.j.opMu.Lock()
 	defer b.j.opMu.Unlock()
@@ -431,16 +386,7 @@ func (b *Broker) Close() error {
 	if b.external != nil {
 		return nil
 	}
-	if !b.j.markClosed() {
-		return nil
-	}
-	b.j.opMu.Lock()
-	err := b.j.halt(syscall.SIGKILL, 10*time.Second)
-	b.j.opMu.Unlock()
-	b.j.releasePorts()
-	if rerr := b.sb.Remove(); err == nil {
-		err = rerr
-	}
+	err := b.j.close(syscall.SIGKILL, 10*time.Second)
 	b.unregister()
 	return err
 }

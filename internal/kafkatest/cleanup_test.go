@@ -1,16 +1,9 @@
 package kafkatest_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/kafkatest"
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // helperEnv makes the test binary act as a "test binary that dies": it
@@ -43,89 +37,19 @@ func helperMain(string) int {
 	return 0
 }
 
-// processesIn lists live processes whose working directory is inside one
-// of dirs: the rule the watchdog applies.
-func processesIn(dirs []string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if err != nil {
-			continue
-		}
-		cwd = strings.TrimSuffix(cwd, " (deleted)")
-		for _, d := range dirs {
-			if cwd == d || strings.HasPrefix(cwd, d+"/") {
-				if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-					if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
-						pids = append(pids, pid)
-					}
-				}
-			}
-		}
-	}
-	return pids
-}
-
 // TestCleanupWhenTestBinaryDies SIGKILLs a test binary that runs a broker
 // and a Connect worker: the watchdogs must kill both JVMs and remove their
 // directories. (pgtest tests SIGTERM and panics for the shared mechanism.)
 func TestCleanupWhenTestBinaryDies(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=kill")
-	out, w, err := os.Pipe()
-	require.NoError(t, err)
-	cmd.Stdout = w
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	_ = w.Close()
-	waited := false
-	defer func() {
-		if !waited {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		_ = out.Close()
-	}()
-	lines := make(chan string, 1)
-	go func() {
-		br := bufio.NewReader(out)
-		line, _ := br.ReadString('\n')
-		lines <- line
-		_, _ = io.Copy(io.Discard, br)
-	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(5 * time.Minute):
-		t.Fatal("helper did not report READY")
-	}
-	fields := strings.Fields(line)
-	require.Len(t, fields, 3, "helper said %q (exit: see stderr after it dies)", line)
-	dirs := fields[1:]
-	before := processesIn(dirs)
-	require.Len(t, before, 2, "a broker JVM and a Connect JVM in %v", dirs)
+	h := testsvc.StartHelperBinary(t, helperEnv, "kill", 5*time.Minute)
+	require.Len(t, h.Dirs, 2, "the broker's and the worker's; stderr:\n%s", h.Stderr())
+	before := testsvc.ProcessesIn(h.Dirs)
+	require.Len(t, before, 2, "a broker JVM and a Connect JVM in %v", h.Dirs)
 
 	began := time.Now()
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
-	waited = true
-	require.Eventually(t, func() bool {
-		if len(processesIn(dirs)) > 0 {
-			return false
-		}
-		for _, d := range dirs {
-			if _, err := os.Stat(d); !os.IsNotExist(err) {
-				return false
-			}
-		}
-		return true
-	}, 20*time.Second, 20*time.Millisecond, "left behind: processes %v; helper stderr:\n%s", processesIn(dirs), stderr.String())
-	t.Logf("JVMs %v and %v gone %v after the test binary was SIGKILLed", before, dirs, time.Since(began).Round(time.Millisecond))
+	require.NoError(t, h.Signal(syscall.SIGKILL))
+	_ = h.Wait()
+	h.RequireGone(t, 20*time.Second)
+	t.Logf("JVMs %v and %v gone %v after the test binary was SIGKILLed", before, h.Dirs, time.Since(began).Round(time.Millisecond))
 }

@@ -10,9 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,13 +45,6 @@ func (o ConnectOptions) heap() string {
 	return o.Heap
 }
 
-func (o ConnectOptions) startTimeout() time.Duration {
-	if o.StartTimeout <= 0 {
-		return 3 * time.Minute
-	}
-	return o.StartTimeout
-}
-
 // workerSettings: {brokers} are the bootstrap servers, {port} the REST
 // port, {dir} the worker's directory, {plugins} the plugin path.
 var workerSettings = [][2]string{
@@ -83,7 +74,6 @@ var workerSettings = [][2]string{
 type Connect struct {
 	opts       ConnectOptions
 	brokers    []string
-	sb         *testsvc.Sandbox
 	j          *jvm
 	art        *Artifacts
 	http       *http.Client
@@ -100,42 +90,27 @@ func StartConnect(ctx context.Context, brokers []string, opts ConnectOptions) (*
 	if len(brokers) == 0 {
 		return nil, errors.New("kafkatest: StartConnect needs broker addresses (Broker.Brokers())")
 	}
-	art, err := Resolve(ctx, opts.Logf)
+	art, err := resolveJava(ctx, opts.Logf)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := javaBinary(); err != nil {
 		return nil, err
 	}
 	began := time.Now()
-	ctx, cancel := testsvc.WithDefaultTimeout(ctx, opts.startTimeout())
+	ctx, cancel := testsvc.WithDefaultTimeout(ctx, startTimeout(opts.StartTimeout))
 	defer cancel()
-	sb, err := testsvc.NewSandbox("kafkatest-connect-", false)
+	j, err := newJVM("connect")
 	if err != nil {
-		return nil, err
-	}
-	j, err := newJVM("connect", sb)
-	if err != nil {
-		_ = sb.Remove()
 		return nil, err
 	}
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
-	c := &Connect{opts: opts, brokers: append([]string(nil), brokers...), sb: sb, art: art, j: j,
+	c := &Connect{opts: opts, brokers: append([]string(nil), brokers...), art: art, j: j,
 		transport: tr, http: &http.Client{Transport: tr, Timeout: 90 * time.Second}}
 	j.ready = c.probe
 	c.unregister = testsvc.Register(c.Close)
-	c.j.opMu.Lock()
-	for range 5 {
-		if err = c.startFresh(ctx); !errors.Is(err, errPortInUse) {
-			break
-		}
-	}
-	c.j.opMu.Unlock()
-	if err != nil {
+	if err := j.startFresh(ctx, c.startFresh); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
-	c.logf("connect up in %v at %s (dir %s)", time.Since(began).Round(time.Millisecond), c.URL(), sb.Root())
+	c.logf("connect up in %v at %s (dir %s)", time.Since(began).Round(time.Millisecond), c.URL(), j.sb.Root())
 	return c, nil
 }
 
@@ -149,24 +124,11 @@ func (c *Connect) startFresh(ctx context.Context) error {
 	if err := c.j.pickPorts(1); err != nil {
 		return err
 	}
-	var b strings.Builder
-	b.WriteString("# Written by internal/kafkatest.\n")
 	vars := strings.NewReplacer("{brokers}", strings.Join(c.brokers, ","), "{port}", strconv.Itoa(c.j.port(0)),
 		"{dir}", c.j.dir, "{plugins}", c.art.Plugins)
-	for _, kv := range workerSettings {
-		fmt.Fprintf(&b, "%s=%s\n", kv[0], vars.Replace(kv[1]))
-	}
-	keys := make([]string, 0, len(c.opts.Settings))
-	for k := range c.opts.Settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%s\n", k, c.opts.Settings[k])
-	}
 	cfg := filepath.Join(c.j.dir, "worker.properties")
-	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
-		return fmt.Errorf("kafkatest: %w", err)
+	if err := writeProperties(cfg, workerSettings, vars, c.opts.Settings, "ConnectOptions.Settings"); err != nil {
+		return err
 	}
 	cmd, err := c.j.javaCmd(c.opts.heap(), c.opts.JavaOptions, "-cp", classpath(c.art.Connect),
 		"org.apache.kafka.connect.cli.ConnectStandalone", cfg)
@@ -198,7 +160,7 @@ func (c *Connect) URL() string {
 func (c *Connect) Brokers() []string { return append([]string(nil), c.brokers...) }
 
 // Dir is the worker's temporary root directory.
-func (c *Connect) Dir() string { return c.sb.Root() }
+func (c *Connect) Dir() string { return c.j.sb.Root() }
 
 // LogPath is the worker's log, where connector and task errors land.
 func (c *Connect) LogPath() string { return c.j.logPath }
@@ -352,9 +314,7 @@ func (c *Connect) WaitRunning(ctx context.Context, name string) error {
 // Kill SIGKILLs the worker, as a crash would. There is no restart: start a
 // new worker (the connectors' offsets died with this one's directory).
 func (c *Connect) Kill() error {
-	c.j.opMu.Lock()
-	defer c.j.opMu.Unlock()
-	return c.j.halt(syscall.SIGKILL, 10*time.Second)
+	return c.j.crash()
 }
 
 // Close stops the worker and removes its temp dir. The stop is clean
@@ -362,17 +322,8 @@ func (c *Connect) Kill() error {
 // Debezium connector with slot.drop.on.stop drops its replication slot,
 // which would otherwise hold WAL and block DROP DATABASE. Idempotent.
 func (c *Connect) Close() error {
-	if !c.j.markClosed() {
-		return nil
-	}
-	c.j.opMu.Lock()
-	err := c.j.halt(syscall.SIGTERM, 15*time.Second)
-	c.j.opMu.Unlock()
-	c.j.releasePorts()
+	err := c.j.close(syscall.SIGTERM, 15*time.Second)
 	c.transport.CloseIdleConnections()
-	if rerr := c.sb.Remove(); err == nil {
-		err = rerr
-	}
 	c.unregister()
 	return err
 }

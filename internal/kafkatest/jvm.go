@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -74,17 +75,93 @@ type jvm struct {
 	closed bool
 }
 
-func newJVM(name string, sb *testsvc.Sandbox) (*jvm, error) {
+// defaultStartTimeout is the default of Options.StartTimeout and
+// ConnectOptions.StartTimeout; the former says why it is so long.
+const defaultStartTimeout = 3 * time.Minute
+
+func startTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
+		return defaultStartTimeout
+	}
+	return d
+}
+
+// resolveJava makes sure the jars (Resolve, with its own budget) and a
+// usable java are there before a service starts.
+func resolveJava(ctx context.Context, logf func(format string, args ...any)) (*Artifacts, error) {
+	art, err := Resolve(ctx, logf)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := javaBinary(); err != nil {
+		return nil, err
+	}
+	return art, nil
+}
+
+// newJVM creates the service's sandbox, named after it, and its directory
+// there.
+func newJVM(name string) (*jvm, error) {
+	sb, err := testsvc.NewSandbox("kafkatest-"+name+"-", false)
+	if err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(sb.Root(), name)
+	fail := func(err error) (*jvm, error) {
+		_ = sb.Remove()
+		return nil, fmt.Errorf("kafkatest: %w", err)
+	}
 	for _, d := range []string{dir, filepath.Join(dir, "tmp")} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, fmt.Errorf("kafkatest: %w", err)
+			return fail(err)
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "log4j2.properties"), []byte(log4jConfig), 0o600); err != nil {
-		return nil, fmt.Errorf("kafkatest: %w", err)
+		return fail(err)
 	}
 	return &jvm{name: name, sb: sb, dir: dir, logPath: filepath.Join(dir, name+".log")}, nil
+}
+
+// startFresh runs fresh, which picks ports and starts the service on them,
+// and again while it loses the race for a port (errPortInUse), up to five
+// times. Only a fresh service may move: a started one's clients know its
+// ports.
+func (j *jvm) startFresh(ctx context.Context, fresh func(context.Context) error) error {
+	j.opMu.Lock()
+	defer j.opMu.Unlock()
+	var err error
+	for range 5 {
+		if err = fresh(ctx); !errors.Is(err, errPortInUse) {
+			break
+		}
+	}
+	return err
+}
+
+// writeProperties writes a Java properties file: the harness's settings,
+// with vars replaced, then the user's (after, so that they win) under a
+// comment naming where they came from.
+func writeProperties(path string, settings [][2]string, vars *strings.Replacer, user map[string]string, userFrom string) error {
+	var b strings.Builder
+	b.WriteString("# Written by internal/kafkatest.\n")
+	for _, kv := range settings {
+		fmt.Fprintf(&b, "%s=%s\n", kv[0], vars.Replace(kv[1]))
+	}
+	keys := make([]string, 0, len(user))
+	for k := range user {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if len(keys) > 0 {
+		fmt.Fprintf(&b, "# %s\n", userFrom)
+	}
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%s\n", k, user[k])
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("kafkatest: %w", err)
+	}
+	return nil
 }
 
 // pickPorts reserves n fresh ports, releasing any held before.
@@ -261,6 +338,29 @@ func (j *jvm) halt(sig syscall.Signal, grace time.Duration) error {
 }
 
 func (j *jvm) kill() { _ = j.halt(syscall.SIGKILL, 10*time.Second) }
+
+// crash SIGKILLs the JVM, as a crash would, and waits.
+func (j *jvm) crash() error {
+	j.opMu.Lock()
+	defer j.opMu.Unlock()
+	return j.halt(syscall.SIGKILL, 10*time.Second)
+}
+
+// close stops the JVM for good (sig, then SIGKILL after grace), gives its
+// ports back and removes its sandbox. Only the first call does anything.
+func (j *jvm) close(sig syscall.Signal, grace time.Duration) error {
+	if !j.markClosed() {
+		return nil
+	}
+	j.opMu.Lock()
+	err := j.halt(sig, grace)
+	j.opMu.Unlock()
+	j.releasePorts()
+	if rerr := j.sb.Remove(); err == nil {
+		err = rerr
+	}
+	return err
+}
 
 func (j *jvm) afterExit() {
 	j.sb.ForgetPID(j.name)

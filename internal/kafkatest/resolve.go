@@ -290,10 +290,7 @@ func resolveInto(ctx context.Context, base, key, dst string) error {
 }
 
 func mavenBinary() (string, error) {
-	if m := os.Getenv("MAVEN"); m != "" {
-		return m, nil
-	}
-	if m, err := exec.LookPath("mvn"); err == nil {
+	if m, ok := testsvc.FindBinary("MAVEN", "mvn"); ok {
 		return m, nil
 	}
 	return "", errors.New("kafkatest: mvn not found on $PATH (or $MAVEN), and the Kafka jars are not in the cache yet; " + installHint)

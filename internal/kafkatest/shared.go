@@ -2,31 +2,24 @@ package kafkatest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // The shared services start lazily, at most once per test binary, so a
-// `go test -run Unit` pays nothing for them.
-var shared struct {
-	mu     sync.Mutex
-	active bool // inside Main
-	opts   Options
-
-	brokerOnce sync.Once
-	broker     *Broker
-	brokerErr  error
-
-	connectOnce sync.Once
-	connect     *Connect
-	connectErr  error
-}
+// `go test -run Unit` pays nothing for them. Main closes the worker first:
+// it stops its connectors cleanly while the broker can still take their
+// last writes.
+var (
+	shared        = testsvc.NewShared[Options]("kafkatest")
+	sharedConnect = testsvc.NewService[*Connect](shared)
+	sharedBroker  = testsvc.NewService[*Broker](shared)
+)
 
 // Main runs the tests of a package whose tests call Shared or
 // SharedConnect, and stops those services afterwards:
@@ -42,53 +35,7 @@ func Main(m *testing.M, opts Options) int {
 //
 //	goleak.VerifyTestMain(kafkatest.Wrap(pgtest.Wrap(m, pgopts), opts))
 func Wrap(m interface{ Run() int }, opts Options) interface{ Run() int } {
-	return mainRunner{m: m, opts: opts}
-}
-
-type mainRunner struct {
-	m    interface{ Run() int }
-	opts Options
-}
-
-func (r mainRunner) Run() int {
-	shared.mu.Lock()
-	shared.active = true
-	shared.opts = r.opts
-	shared.mu.Unlock()
-	code := r.m.Run()
-	if err := closeShared(); err != nil {
-		fmt.Fprintf(os.Stderr, "kafkatest: closing shared services: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
-
-func closeShared() error {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	shared.active = false
-	var errs []error
-	// The worker first: it stops its connectors cleanly while the broker
-	// can still take their last writes.
-	if shared.connect != nil {
-		errs = append(errs, shared.connect.Close())
-	}
-	if shared.broker != nil {
-		errs = append(errs, shared.broker.Close())
-	}
-	return errors.Join(errs...)
-}
-
-func requireMain(t testing.TB, what string) {
-	t.Helper()
-	shared.mu.Lock()
-	active := shared.active
-	shared.mu.Unlock()
-	if !active {
-		t.Fatalf("kafkatest: %s needs the package's TestMain to call kafkatest.Main (or kafkatest.Wrap), which stops the shared services when the tests end", what)
-	}
+	return shared.Wrap(m, opts)
 }
 
 // sharedContext bounds a shared start: resolving the jars (first run only)
@@ -103,21 +50,12 @@ func sharedContext() (context.Context, context.CancelFunc) {
 // skips it, when the broker cannot start.
 func Shared(t testing.TB) *Broker {
 	t.Helper()
-	requireMain(t, "Shared")
-	shared.brokerOnce.Do(func() {
+	shared.Require(t, "Shared")
+	b, err := sharedBroker.Get(func() (*Broker, error) {
 		ctx, cancel := sharedContext()
 		defer cancel()
-		shared.mu.Lock()
-		opts := shared.opts
-		shared.mu.Unlock()
-		b, err := Start(ctx, opts)
-		shared.mu.Lock()
-		shared.broker, shared.brokerErr = b, err
-		shared.mu.Unlock()
+		return Start(ctx, shared.Options())
 	})
-	shared.mu.Lock()
-	b, err := shared.broker, shared.brokerErr
-	shared.mu.Unlock()
 	if err != nil {
 		t.Fatalf("kafkatest: the shared Kafka broker could not start: %v", err)
 	}
@@ -129,26 +67,18 @@ func Shared(t testing.TB) *Broker {
 // their connectors their own names (NewPostgresConnector does).
 func SharedConnect(t testing.TB) *Connect {
 	t.Helper()
-	requireMain(t, "SharedConnect")
+	shared.Require(t, "SharedConnect")
 	b := Shared(t)
-	shared.connectOnce.Do(func() {
+	c, err := sharedConnect.Get(func() (*Connect, error) {
 		ctx, cancel := sharedContext()
 		defer cancel()
-		shared.mu.Lock()
-		opts := shared.opts
-		shared.mu.Unlock()
+		opts := shared.Options()
 		copts := opts.Connect
 		if copts.Logf == nil {
 			copts.Logf = opts.Logf
 		}
-		c, err := StartConnect(ctx, b.Brokers(), copts)
-		shared.mu.Lock()
-		shared.connect, shared.connectErr = c, err
-		shared.mu.Unlock()
+		return StartConnect(ctx, b.Brokers(), copts)
 	})
-	shared.mu.Lock()
-	c, err := shared.connect, shared.connectErr
-	shared.mu.Unlock()
 	if err != nil {
 		t.Fatalf("kafkatest: the shared Kafka Connect worker could not start: %v", err)
 	}
@@ -160,18 +90,7 @@ var nameCounter atomic.Int64
 // Name returns a topic, group or connector name unique in this test binary
 // and readable in logs: the test's name, sanitized, and a counter.
 func Name(t testing.TB) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(t.Name()) {
-		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
-			b.WriteRune(r)
-		} else if b.Len() > 0 && !strings.HasSuffix(b.String(), "_") {
-			b.WriteByte('_')
-		}
-		if b.Len() >= 40 {
-			break
-		}
-	}
-	return fmt.Sprintf("%s_%d_%d", strings.TrimRight(b.String(), "_"), os.Getpid()%100000, nameCounter.Add(1))
+	return fmt.Sprintf("%s_%d_%d", testsvc.SanitizeName("", t.Name()), os.Getpid()%100000, nameCounter.Add(1))
 }
 
 // NewPostgresConnector starts a Debezium PostgreSQL connector named after

@@ -2,16 +2,9 @@ package pgtest_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // helperEnv makes the test binary act as a "test binary that dies": it starts
@@ -53,127 +47,33 @@ func helperMain(mode string) int {
 	return 0
 }
 
-// processesIn lists PIDs of live processes whose working directory is inside
-// one of dirs: the same rule the watchdog applies.
-func processesIn(dirs []string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if err != nil {
-			continue
-		}
-		cwd = strings.TrimSuffix(cwd, " (deleted)")
-		for _, d := range dirs {
-			if cwd == d || strings.HasPrefix(cwd, d+"/") {
-				if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-					if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
-						pids = append(pids, pid)
-					}
-				}
-			}
-		}
-	}
-	return pids
-}
-
-// lockedBuffer collects the helper's stderr, which os/exec copies from
-// another goroutine while failure messages read it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestCleanupWhenTestBinaryDies(t *testing.T) {
 	for _, mode := range []string{"kill", "term", "panic"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), helperEnv+"="+mode)
-			stdin, err := cmd.StdinPipe()
-			require.NoError(t, err)
-			out, w, err := os.Pipe()
-			require.NoError(t, err)
-			cmd.Stdout = w
-			var stderr lockedBuffer
-			cmd.Stderr = &stderr
-			require.NoError(t, cmd.Start())
-			_ = w.Close()
-			killed := false
-			defer func() {
-				if !killed {
-					_ = cmd.Process.Kill()
-					_ = cmd.Wait()
-				}
-				_ = out.Close()
-			}()
-
-			lines := make(chan string, 1)
-			go func() {
-				br := bufio.NewReader(out)
-				line, _ := br.ReadString('\n')
-				lines <- line
-				_, _ = io.Copy(io.Discard, br)
-			}()
-			var line string
-			select {
-			case line = <-lines:
-			case <-time.After(60 * time.Second):
-				t.Fatalf("helper did not report READY; stderr:\n%s", stderr.String())
-			}
-			fields := strings.Fields(line)
-			require.Len(t, fields, 3, "helper said %q; stderr:\n%s", line, stderr.String())
-			require.Equal(t, "READY", fields[0])
-			dirs := fields[1:]
-			before := processesIn(dirs)
+			h := testsvc.StartHelperBinary(t, helperEnv, mode, 60*time.Second)
+			require.Len(t, h.Dirs, 2, "the cluster's and redis's; stderr:\n%s", h.Stderr())
+			before := testsvc.ProcessesIn(h.Dirs)
 			// kill: primary + replica postmasters and their children, redis.
-			require.GreaterOrEqual(t, len(before), 3, "processes in %v", dirs)
-			for _, d := range dirs {
+			require.GreaterOrEqual(t, len(before), 3, "processes in %v", h.Dirs)
+			for _, d := range h.Dirs {
 				require.DirExists(t, d)
 			}
 
 			began := time.Now()
 			switch mode {
 			case "kill":
-				require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+				require.NoError(t, h.Signal(syscall.SIGKILL))
 			case "term":
-				require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+				require.NoError(t, h.Signal(syscall.SIGTERM))
 			case "panic":
-				_, err := io.WriteString(stdin, "go\n")
-				require.NoError(t, err)
+				require.NoError(t, h.Tell("go"))
 			}
-			waitErr := cmd.Wait()
-			killed = true
-			t.Logf("helper (%d processes in %v) exited: %v", len(before), dirs, waitErr)
+			waitErr := h.Wait()
+			t.Logf("helper (%d processes in %v) exited: %v", len(before), h.Dirs, waitErr)
 			require.Error(t, waitErr)
 
-			require.Eventually(t, func() bool {
-				if len(processesIn(dirs)) > 0 {
-					return false
-				}
-				for _, d := range dirs {
-					if _, err := os.Stat(d); !os.IsNotExist(err) {
-						return false
-					}
-				}
-				return true
-			}, 10*time.Second, 20*time.Millisecond, "left behind: processes %v; stderr:\n%s", processesIn(dirs), stderr.String())
+			h.RequireGone(t, 10*time.Second)
 			t.Logf("everything gone %v after the helper died", time.Since(began).Round(time.Millisecond))
 		})
 	}

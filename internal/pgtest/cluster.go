@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -394,20 +395,9 @@ func (c *Cluster) WaitReplicasCaughtUp(ctx context.Context) error {
 func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	c.mu.Lock()
-	old := c.primary
-	idx := -1
-	for i, r := range c.replicas {
-		if r == replica {
-			idx = i
-		}
-	}
-	c.mu.Unlock()
-	if idx < 0 {
-		return fmt.Errorf("pgtest: Promote: %s is not a replica of this cluster", replica.Name())
-	}
-	if !replica.Running() {
-		return fmt.Errorf("pgtest: Promote: %s is not running", replica.name)
+	old, err := c.promotable("Promote", replica)
+	if err != nil {
+		return err
 	}
 	if err := old.Stop(ctx); err != nil {
 		return fmt.Errorf("pgtest: Promote: stopping old primary: %w", err)
@@ -426,15 +416,7 @@ func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
 		}
 	}
 
-	c.mu.Lock()
-	c.primary = replica
-	c.replicas = append(append([]*Node(nil), c.replicas[:idx]...), c.replicas[idx+1:]...)
-	c.retired = append(c.retired, old)
-	followers := append([]*Node(nil), c.replicas...)
-	c.mu.Unlock()
-	old.mu.Lock()
-	old.retired = true
-	old.mu.Unlock()
+	followers := c.installPrimary(old, replica)
 
 	tli, err := replica.Timeline(ctx)
 	if err != nil {
@@ -469,38 +451,52 @@ func (c *Cluster) Promote(ctx context.Context, replica *Node) error {
 func (c *Cluster) PromoteAlone(ctx context.Context, replica *Node) (oldPrimary *Node, err error) {
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	c.mu.Lock()
-	old := c.primary
-	idx := -1
-	for i, r := range c.replicas {
-		if r == replica {
-			idx = i
-		}
-	}
-	c.mu.Unlock()
-	if idx < 0 {
-		return nil, fmt.Errorf("pgtest: PromoteAlone: %s is not a replica of this cluster", replica.Name())
-	}
-	if !replica.Running() {
-		return nil, fmt.Errorf("pgtest: PromoteAlone: %s is not running", replica.name)
+	old, err := c.promotable("PromoteAlone", replica)
+	if err != nil {
+		return nil, err
 	}
 	if err := replica.promote(ctx); err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	c.primary = replica
-	c.replicas = append(append([]*Node(nil), c.replicas[:idx]...), c.replicas[idx+1:]...)
-	c.retired = append(c.retired, old)
-	c.mu.Unlock()
-	old.mu.Lock()
-	old.retired = true
-	old.mu.Unlock()
+	c.installPrimary(old, replica)
 	tli, err := replica.Timeline(ctx)
 	if err != nil {
 		return nil, err
 	}
 	c.logf("promoted %s alone (timeline %d); %s still runs on the old timeline", replica.name, tli, old.name)
 	return old, nil
+}
+
+// promotable checks that replica is a running replica of c, for op
+// (Promote, PromoteAlone), and returns the current primary.
+func (c *Cluster) promotable(op string, replica *Node) (old *Node, err error) {
+	c.mu.Lock()
+	old = c.primary
+	found := slices.Contains(c.replicas, replica)
+	c.mu.Unlock()
+	if !found {
+		return nil, fmt.Errorf("pgtest: %s: %s is not a replica of this cluster", op, replica.Name())
+	}
+	if !replica.Running() {
+		return nil, fmt.Errorf("pgtest: %s: %s is not running", op, replica.name)
+	}
+	return old, nil
+}
+
+// installPrimary records that replica, now promoted, is the primary and
+// that old is retired: it can no longer be started, since its history has
+// diverged. It returns the remaining replicas.
+func (c *Cluster) installPrimary(old, replica *Node) (replicas []*Node) {
+	c.mu.Lock()
+	c.primary = replica
+	c.replicas = slices.DeleteFunc(slices.Clone(c.replicas), func(r *Node) bool { return r == replica })
+	c.retired = append(c.retired, old)
+	replicas = slices.Clone(c.replicas)
+	c.mu.Unlock()
+	old.mu.Lock()
+	old.retired = true
+	old.mu.Unlock()
+	return replicas
 }
 
 // promote runs pg_promote on n and waits for it.

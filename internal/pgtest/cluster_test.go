@@ -20,6 +20,22 @@ func count(ctx context.Context, t *testing.T, pool *pgxpool.Pool, sql string) in
 	return n
 }
 
+// rowsInT counts the rows of table t on node n, in database postgres.
+func rowsInT(ctx context.Context, t *testing.T, n *pgtest.Node) int {
+	t.Helper()
+	p, err := n.Pool(ctx, "")
+	require.NoError(t, err)
+	defer p.Close()
+	return count(ctx, t, p, "SELECT count(*) FROM t")
+}
+
+func timeline(ctx context.Context, t *testing.T, n *pgtest.Node) uint32 {
+	t.Helper()
+	tli, err := n.Timeline(ctx)
+	require.NoError(t, err)
+	return tli
+}
+
 func pools(ctx context.Context, t *testing.T, nodes []*pgtest.Node, db string) []*pgxpool.Pool {
 	t.Helper()
 	var ps []*pgxpool.Pool
@@ -174,28 +190,13 @@ func TestPromote(t *testing.T) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 3, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := ownCluster(ctx, t, 3)
 	t.Logf("primary + 3 replicas started in %v", time.Since(began).Round(time.Millisecond))
 
 	old, r1, r2, r3 := c.Primary(), c.Replicas()[0], c.Replicas()[1], c.Replicas()[2]
 	sysid, err := old.SystemIdentifier(ctx)
 	require.NoError(t, err)
 	require.NoError(t, old.Exec(ctx, "", "CREATE TABLE t (id int); INSERT INTO t VALUES (1)"))
-	rows := func(n *pgtest.Node) int {
-		t.Helper()
-		p, err := n.Pool(ctx, "")
-		require.NoError(t, err)
-		defer p.Close()
-		return count(ctx, t, p, "SELECT count(*) FROM t")
-	}
-	timeline := func(n *pgtest.Node) uint32 {
-		t.Helper()
-		tli, err := n.Timeline(ctx)
-		require.NoError(t, err)
-		return tli
-	}
 
 	// A crashed primary comes back and its replicas stream from it again.
 	require.NoError(t, old.Kill())
@@ -214,7 +215,7 @@ func TestPromote(t *testing.T) {
 	require.Equal(t, []*pgtest.Node{r1, r2, r3}, c.Nodes())
 	require.False(t, old.Running())
 	require.Error(t, old.Start(ctx), "the old primary has diverged")
-	require.EqualValues(t, 2, timeline(r1))
+	require.EqualValues(t, 2, timeline(ctx, t, r1))
 	rec, err := r1.InRecovery(ctx)
 	require.NoError(t, err)
 	require.False(t, rec)
@@ -223,11 +224,11 @@ func TestPromote(t *testing.T) {
 	require.NoError(t, r3.Start(ctx))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
 	for _, r := range []*pgtest.Node{r2, r3} {
-		require.EqualValues(t, 2, timeline(r), "%s follows the new timeline", r.Name())
+		require.EqualValues(t, 2, timeline(ctx, t, r), "%s follows the new timeline", r.Name())
 		id, err := r.SystemIdentifier(ctx)
 		require.NoError(t, err)
 		require.Equal(t, sysid, id)
-		require.Equal(t, 3, rows(r), r.Name())
+		require.Equal(t, 3, rowsInT(ctx, t, r), r.Name())
 	}
 
 	// Second failover, after a crash this time: replica3 misses a write that
@@ -242,11 +243,11 @@ func TestPromote(t *testing.T) {
 	require.NoError(t, c.Promote(ctx, r3))
 	t.Logf("Promote after a crash (replica2 rebuilt) took %v", time.Since(t0).Round(time.Millisecond))
 	require.Equal(t, []*pgtest.Node{r3, r2}, c.Nodes())
-	require.EqualValues(t, 3, timeline(r3))
+	require.EqualValues(t, 3, timeline(ctx, t, r3))
 	require.NoError(t, r3.Exec(ctx, "", "INSERT INTO t VALUES (5)"))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
-	require.EqualValues(t, 3, timeline(r2))
-	require.Equal(t, 4, rows(r2), "row 4 was lost with the crashed primary; 5 arrived")
+	require.EqualValues(t, 3, timeline(ctx, t, r2))
+	require.Equal(t, 4, rowsInT(ctx, t, r2), "row 4 was lost with the crashed primary; 5 arrived")
 
 	dir := c.Dir()
 	require.NoError(t, c.Close())

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/caughtup/caughtup/internal/pgtest"
@@ -36,4 +37,14 @@ func setup(t *testing.T) (*pgtest.Cluster, string, context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c, db, ctx
+}
+
+// ownCluster starts a cluster for t alone, for tests that stop, kill or
+// promote its nodes, and closes it when t ends.
+func ownCluster(ctx context.Context, t *testing.T, replicas int) *pgtest.Cluster {
+	t.Helper()
+	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: replicas, Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
 }

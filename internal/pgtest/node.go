@@ -222,28 +222,33 @@ func (n *Node) afterExit(reserve bool) {
 // It returns once the node accepts connections and, for a replica whose
 // primary is running, once it is streaming again.
 func (n *Node) Start(ctx context.Context) error {
-	n.mu.Lock()
-	retired := n.retired
-	n.mu.Unlock()
-	if retired {
-		return fmt.Errorf("pgtest: %s was the primary before Promote; its history has diverged and it cannot be started", n.name)
-	}
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
-	n.opMu.Lock()
-	if n.Running() {
-		n.opMu.Unlock()
-		return nil
-	}
-	err := n.startOn(ctx, n.Port())
-	n.opMu.Unlock()
-	if err != nil {
+	started, err := n.startStopped(ctx)
+	if err != nil || !started {
 		return err
 	}
 	if n.isReplica() && n.c.Primary().Running() {
 		return n.waitStreaming(ctx, 0, -1)
 	}
 	return nil
+}
+
+// startStopped starts the node on its port unless it runs; started says
+// whether it did. A retired primary is refused.
+func (n *Node) startStopped(ctx context.Context) (started bool, err error) {
+	n.mu.Lock()
+	retired := n.retired
+	n.mu.Unlock()
+	if retired {
+		return false, fmt.Errorf("pgtest: %s was the primary before a promotion; its history has diverged and it cannot be started again", n.name)
+	}
+	n.opMu.Lock()
+	defer n.opMu.Unlock()
+	if n.Running() {
+		return false, nil
+	}
+	return true, n.startOn(ctx, n.Port())
 }
 
 // Stop shuts the node down in "fast" mode (SIGINT): sessions are cut, a
@@ -351,23 +356,11 @@ func (n *Node) cloneFrom(ctx context.Context, src *Node, createSlot bool) error 
 // replication lines of postgresql.auto.conf and works whether or not the
 // node is running (a running one needs a reload).
 func (n *Node) writeStandbyConf(primary *Node) error {
-	path := filepath.Join(n.dataDir, "postgresql.auto.conf")
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("pgtest: %w", err)
-	}
-	var b strings.Builder
-	for _, line := range strings.Split(strings.TrimRight(string(old), "\n"), "\n") {
-		key := strings.TrimSpace(strings.SplitN(line, "=", 2)[0])
-		if key == "primary_conninfo" || key == "primary_slot_name" || line == "" {
-			continue
-		}
-		b.WriteString(line + "\n")
-	}
-	fmt.Fprintf(&b, "primary_conninfo = 'host=127.0.0.1 port=%d user=postgres application_name=%s'\n", primary.Port(), n.name)
-	fmt.Fprintf(&b, "primary_slot_name = '%s'\n", n.name)
-	if err := writeServiceFile(path, []byte(b.String())); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+	if err := n.editAutoConf(map[string]string{
+		"primary_conninfo":  fmt.Sprintf("'host=127.0.0.1 port=%d user=postgres application_name=%s'", primary.Port(), n.name),
+		"primary_slot_name": "'" + n.name + "'",
+	}); err != nil {
+		return err
 	}
 	signal := filepath.Join(n.dataDir, "standby.signal")
 	if _, err := os.Stat(signal); err != nil {
@@ -522,13 +515,10 @@ func (n *Node) ensureSlot(ctx context.Context, name string) error {
 	return n.Exec(ctx, "", "SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", name)
 }
 
-// SetConf sets postgresql.conf parameters for this node in its
-// postgresql.auto.conf (an empty value removes the line), as ALTER SYSTEM
-// would, but also while the node is stopped. A running node reloads its
-// configuration; parameters that need a restart take effect at the next
-// Start. Values are written verbatim: quote strings as postgresql.conf
-// wants them, e.g. {"recovery_min_apply_delay": "'1h'"}.
-func (n *Node) SetConf(ctx context.Context, settings map[string]string) error {
+// editAutoConf rewrites postgresql.auto.conf with settings: every line
+// that sets one of them goes, then each non-empty one is appended (sorted,
+// so that the file is the same from run to run); the other lines stay.
+func (n *Node) editAutoConf(settings map[string]string) error {
 	path := filepath.Join(n.dataDir, "postgresql.auto.conf")
 	old, err := os.ReadFile(path)
 	if err != nil && !os.IsNotExist(err) {
@@ -555,6 +545,19 @@ func (n *Node) SetConf(ctx context.Context, settings map[string]string) error {
 	if err := writeServiceFile(path, []byte(b.String())); err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}
+	return nil
+}
+
+// SetConf sets postgresql.conf parameters for this node in its
+// postgresql.auto.conf (an empty value removes the line), as ALTER SYSTEM
+// would, but also while the node is stopped. A running node reloads its
+// configuration; parameters that need a restart take effect at the next
+// Start. Values are written verbatim: quote strings as postgresql.conf
+// wants them, e.g. {"recovery_min_apply_delay": "'1h'"}.
+func (n *Node) SetConf(ctx context.Context, settings map[string]string) error {
+	if err := n.editAutoConf(settings); err != nil {
+		return err
+	}
 	if n.Running() {
 		return n.Exec(ctx, "", "SELECT pg_reload_conf()")
 	}
@@ -567,20 +570,10 @@ func (n *Node) SetConf(ctx context.Context, settings map[string]string) error {
 // locally up to its first delayed commit and does not start streaming
 // until it needs more WAL.
 func (n *Node) StartAccepting(ctx context.Context) error {
-	n.mu.Lock()
-	retired := n.retired
-	n.mu.Unlock()
-	if retired {
-		return fmt.Errorf("pgtest: %s was the primary before a promotion; it cannot be started again", n.name)
-	}
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
-	n.opMu.Lock()
-	defer n.opMu.Unlock()
-	if n.Running() {
-		return nil
-	}
-	return n.startOn(ctx, n.Port())
+	_, err := n.startStopped(ctx)
+	return err
 }
 
 // Exec runs sql in database ("" = "postgres") on its own short-lived

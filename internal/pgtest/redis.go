@@ -36,14 +36,8 @@ type Redis struct {
 }
 
 func redisBinary() (string, error) {
-	if b := os.Getenv("REDIS_SERVER"); b != "" {
+	if b, ok := testsvc.FindBinary("REDIS_SERVER", "redis-server", "/usr/bin/redis-server"); ok {
 		return b, nil
-	}
-	if b, err := exec.LookPath("redis-server"); err == nil {
-		return b, nil
-	}
-	if _, err := os.Stat("/usr/bin/redis-server"); err == nil {
-		return "/usr/bin/redis-server", nil
 	}
 	return "", errors.New("pgtest: redis-server not found ($REDIS_SERVER, $PATH, /usr/bin); is redis-server installed? see .ci/run")
 }

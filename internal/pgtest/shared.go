@@ -2,33 +2,24 @@ package pgtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/caughtup/caughtup/internal/testsvc"
 )
 
 // The shared services are started lazily, at most once per test binary, so
-// a `go test -run Unit` pays nothing for them.
-var shared struct {
-	mu     sync.Mutex
-	active bool // inside Main
-	opts   Options
-
-	clusterOnce sync.Once
-	cluster     *Cluster
-	clusterErr  error
-
-	redisOnce sync.Once
-	redis     *Redis
-	redisErr  error
-}
+// a `go test -run Unit` pays nothing for them. Main closes the cluster
+// first, then redis-server.
+var (
+	shared        = testsvc.NewShared[Options]("pgtest")
+	sharedCluster = testsvc.NewService[*Cluster](shared)
+	sharedRedis   = testsvc.NewService[*Redis](shared)
+)
 
 // Main runs the tests of a package whose integration tests call Shared or
 // SharedRedis, and stops those services afterwards. Use it from TestMain:
@@ -42,51 +33,7 @@ func Main(m *testing.M, opts Options) int {
 // goleak.VerifyTestMain(pgtest.Wrap(m, opts)): the shared services are closed
 // before goleak looks for leftover goroutines.
 func Wrap(m *testing.M, opts Options) interface{ Run() int } {
-	return mainRunner{m: m, opts: opts}
-}
-
-type mainRunner struct {
-	m    *testing.M
-	opts Options
-}
-
-func (r mainRunner) Run() int {
-	shared.mu.Lock()
-	shared.active = true
-	shared.opts = r.opts
-	shared.mu.Unlock()
-	code := r.m.Run()
-	if err := closeShared(); err != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: closing shared services: %v\n", err)
-		if code == 0 {
-			code = 1
-		}
-	}
-	return code
-}
-
-func closeShared() error {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	shared.active = false
-	var errs []error
-	if shared.cluster != nil {
-		errs = append(errs, shared.cluster.Close())
-	}
-	if shared.redis != nil {
-		errs = append(errs, shared.redis.Close())
-	}
-	return errors.Join(errs...)
-}
-
-func requireMain(t testing.TB, what string) {
-	t.Helper()
-	shared.mu.Lock()
-	active := shared.active
-	shared.mu.Unlock()
-	if !active {
-		t.Fatalf("pgtest: %s needs the package's TestMain to call pgtest.Main (or pgtest.Wrap), which stops the shared services when the tests end", what)
-	}
+	return shared.Wrap(m, opts)
 }
 
 // Shared returns the test binary's shared cluster, starting it on first use.
@@ -95,18 +42,12 @@ func requireMain(t testing.TB, what string) {
 // the cluster cannot start.
 func Shared(t testing.TB) *Cluster {
 	t.Helper()
-	requireMain(t, "Shared")
-	shared.clusterOnce.Do(func() {
+	shared.Require(t, "Shared")
+	c, err := sharedCluster.Get(func() (*Cluster, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		c, err := Start(ctx, shared.opts)
-		shared.mu.Lock()
-		shared.cluster, shared.clusterErr = c, err
-		shared.mu.Unlock()
+		return Start(ctx, shared.Options())
 	})
-	shared.mu.Lock()
-	c, err := shared.cluster, shared.clusterErr
-	shared.mu.Unlock()
 	if err != nil {
 		t.Fatalf("pgtest: the shared PostgreSQL cluster could not start: %v", err)
 	}
@@ -120,18 +61,12 @@ func Shared(t testing.TB) *Cluster {
 // first use. Tests share it; isolate by key prefix or database number.
 func SharedRedis(t testing.TB) *Redis {
 	t.Helper()
-	requireMain(t, "SharedRedis")
-	shared.redisOnce.Do(func() {
+	shared.Require(t, "SharedRedis")
+	r, err := sharedRedis.Get(func() (*Redis, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		r, err := StartRedis(ctx)
-		shared.mu.Lock()
-		shared.redis, shared.redisErr = r, err
-		shared.mu.Unlock()
+		return StartRedis(ctx)
 	})
-	shared.mu.Lock()
-	r, err := shared.redis, shared.redisErr
-	shared.mu.Unlock()
 	if err != nil {
 		t.Fatalf("pgtest: the shared redis-server could not start: %v", err)
 	}
@@ -144,7 +79,9 @@ var dbCounter atomic.Int64
 // running replica has it and drops it (WITH (FORCE)) when the test ends.
 func NewDatabase(t testing.TB, c *Cluster) string {
 	t.Helper()
-	name := fmt.Sprintf("%s_%d", sanitizeName(t.Name()), dbCounter.Add(1))
+	// The counter keeps the name unique; the sanitized test name keeps it
+	// readable and well under PostgreSQL's 63-byte limit.
+	name := fmt.Sprintf("%s_%d", testsvc.SanitizeName("t_", t.Name()), dbCounter.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := c.CreateDatabase(ctx, name); err != nil {
@@ -162,26 +99,4 @@ func NewDatabase(t testing.TB, c *Cluster) string {
 		}
 	})
 	return name
-}
-
-// sanitizeName turns a test name into a short lower-case identifier; the
-// counter appended by NewDatabase keeps it unique.
-func sanitizeName(s string) string {
-	var b strings.Builder
-	b.WriteString("t_")
-	underscore := true
-	for _, r := range strings.ToLower(s) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-			underscore = false
-		case !underscore:
-			b.WriteByte('_')
-			underscore = true
-		}
-		if b.Len() >= 40 {
-			break
-		}
-	}
-	return strings.TrimRight(b.String(), "_")
 }

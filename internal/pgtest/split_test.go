@@ -18,25 +18,10 @@ func TestPromoteAlone(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 2, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := ownCluster(ctx, t, 2)
 	old, r1, r2 := c.Primary(), c.Replicas()[0], c.Replicas()[1]
 	require.NoError(t, old.Exec(ctx, "", "CREATE TABLE t (id int); INSERT INTO t VALUES (1)"))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
-	rows := func(n *pgtest.Node) int {
-		t.Helper()
-		p, err := n.Pool(ctx, "")
-		require.NoError(t, err)
-		defer p.Close()
-		return count(ctx, t, p, "SELECT count(*) FROM t")
-	}
-	timeline := func(n *pgtest.Node) uint32 {
-		t.Helper()
-		tli, err := n.Timeline(ctx)
-		require.NoError(t, err)
-		return tli
-	}
 
 	got, err := c.PromoteAlone(ctx, r1)
 	require.NoError(t, err)
@@ -44,23 +29,23 @@ func TestPromoteAlone(t *testing.T) {
 	require.Same(t, r1, c.Primary())
 	require.Equal(t, []*pgtest.Node{r2}, c.Replicas())
 	require.True(t, old.Running(), "the old primary keeps running")
-	require.EqualValues(t, 2, timeline(r1))
+	require.EqualValues(t, 2, timeline(ctx, t, r1))
 
 	// The old primary still takes writes, and r2 still replays them.
 	require.NoError(t, old.Exec(ctx, "", "INSERT INTO t VALUES (2)"))
 	at, err := old.ReplayLSN(ctx)
 	require.NoError(t, err)
 	require.NoError(t, r2.WaitReplay(ctx, at))
-	require.EqualValues(t, 1, timeline(r2), "r2 is still on the old timeline")
-	require.Equal(t, 2, rows(r2), "r2 has the row written on the old primary after the promotion")
-	require.Equal(t, 1, rows(r1), "the new primary never had it")
+	require.EqualValues(t, 1, timeline(ctx, t, r2), "r2 is still on the old timeline")
+	require.Equal(t, 2, rowsInT(ctx, t, r2), "r2 has the row written on the old primary after the promotion")
+	require.Equal(t, 1, rowsInT(ctx, t, r1), "the new primary never had it")
 
 	// Follow rebuilds the diverged replica from the new primary.
 	require.NoError(t, r2.Follow(ctx, r1))
 	require.NoError(t, r1.Exec(ctx, "", "INSERT INTO t VALUES (3)"))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
-	require.EqualValues(t, 2, timeline(r2))
-	require.Equal(t, 2, rows(r2), "rows 1 and 3: the old primary's row 2 is gone")
+	require.EqualValues(t, 2, timeline(ctx, t, r2))
+	require.Equal(t, 2, rowsInT(ctx, t, r2), "rows 1 and 3: the old primary's row 2 is gone")
 	require.Error(t, r2.Follow(ctx, old), "only the current primary can be followed")
 }
 
@@ -71,9 +56,7 @@ func TestSetConfStartAccepting(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Logf: t.Logf})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c := ownCluster(ctx, t, 1)
 	p, r := c.Primary(), c.Replicas()[0]
 	require.NoError(t, p.Exec(ctx, "", "CREATE TABLE t (id int)"))
 	require.NoError(t, c.WaitReplicasCaughtUp(ctx))

@@ -1,8 +1,9 @@
 // Package testsvc is what the service harnesses (internal/pgtest for
 // PostgreSQL and Redis, internal/kafkatest for Kafka and Kafka Connect)
 // share: temporary directories guarded by a watchdog, one signal handler
-// for every running service, loopback ports, and child processes whose exit
-// is observed once.
+// for every running service, loopback ports, child processes whose exit
+// is observed once, and the lifecycle of the services a test binary shares
+// (Shared: started lazily, closed when TestMain's tests end).
 //
 // It is one package rather than a copy per harness because two of these
 // must be process-wide to work: the set of ports handed out (two harnesses

@@ -12,6 +12,24 @@ import (
 	"time"
 )
 
+// FindBinary finds a program: the path in the environment variable env if
+// set (so that a machine with several versions can choose; it is not
+// checked), else name on $PATH, else the first of also that exists.
+func FindBinary(env, name string, also ...string) (string, bool) {
+	if b := os.Getenv(env); b != "" {
+		return b, true
+	}
+	if b, err := exec.LookPath(name); err == nil {
+		return b, true
+	}
+	for _, b := range also {
+		if _, err := os.Stat(b); err == nil {
+			return b, true
+		}
+	}
+	return "", false
+}
+
 // Process is a long-running child whose exit is observed exactly once.
 type Process struct {
 	cmd  *exec.Cmd
@@ -86,20 +104,27 @@ func Alive(pid int) bool {
 	return b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
-// ChildrenOf lists the direct children of pid by scanning /proc, which
-// works without CONFIG_PROC_CHILDREN.
-func ChildrenOf(pid int) []int {
+// allPIDs lists the processes in /proc.
+func allPIDs() []int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
-	var kids []int
+	pids := make([]int, 0, len(ents))
 	for _, e := range ents {
-		cpid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	}
+	return pids
+}
+
+// ChildrenOf lists the direct children of pid by scanning /proc, which
+// works without CONFIG_PROC_CHILDREN.
+func ChildrenOf(pid int) []int {
+	var kids []int
+	for _, cpid := range allPIDs() {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(cpid) + "/stat")
 		if err != nil {
 			continue
 		}
@@ -113,6 +138,27 @@ func ChildrenOf(pid int) []int {
 		}
 	}
 	return kids
+}
+
+// ProcessesIn lists the live processes whose working directory is one of
+// dirs or inside it: the rule a Sandbox's watchdog kills by, for tests that
+// check it left nothing behind.
+func ProcessesIn(dirs []string) []int {
+	var pids []int
+	for _, pid := range allPIDs() {
+		cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd")
+		if err != nil {
+			continue
+		}
+		cwd = strings.TrimSuffix(cwd, " (deleted)")
+		for _, d := range dirs {
+			if (cwd == d || strings.HasPrefix(cwd, d+"/")) && Alive(pid) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
 }
 
 // LogTail returns the last lines of a log written since offset, for errors.
