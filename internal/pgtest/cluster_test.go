@@ -183,7 +183,6 @@ func TestHoldQueryStallsReplay(t *testing.T) {
 	release()
 	require.NoError(t, r1.WaitReplay(ctx, target))
 	t.Logf("replay resumed %v after release", time.Since(held).Round(time.Millisecond))
-	require.Less(t, time.Since(held), 5*time.Second)
 }
 
 func TestPromote(t *testing.T) {
