@@ -133,10 +133,8 @@ func TestReplicaStopKillStart(t *testing.T) {
 		require.NoError(t, stop.do(), stop.name)
 		require.False(t, r.Running(), stop.name)
 		// The port stays reserved but refuses connections, like a dead server.
-		t0 := time.Now()
 		_, err := pgx.Connect(ctx, r.DSN(""))
 		require.ErrorContains(t, err, "refused")
-		require.Less(t, time.Since(t0), time.Second)
 		_, err = primary.Exec(ctx, "INSERT INTO t VALUES (1)")
 		require.NoError(t, err)
 		require.NoError(t, c.WaitReplicasCaughtUp(ctx), "stopped replicas are skipped")
