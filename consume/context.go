@@ -3,6 +3,7 @@ package consume
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/caughtup/caughtup/enqueue"
@@ -29,32 +30,36 @@ type routingKey struct{}
 
 // routed is the handler's context: its parent with the routing under
 // routingKey, as context.WithValue(parent, routingKey{}, &routing) would
-// give, in the routing's own allocation. At a Kafka consumer's message
-// rate the valueCtx that WithValue adds is a noticeable share of what a
-// message costs, most of it in the garbage collector (see
-// BenchmarkTallyRoute). Everything but Value and String is the parent's,
-// so cancellation, deadlines, context.Cause and AfterFunc behave as
-// through a valueCtx (TestRoutedContext).
+// give, and the child token's source, as enqueue.WithTokenSource would
+// add, in the routing's own allocation. At a Kafka consumer's message rate
+// each context that WithValue adds is a noticeable share of what a message
+// costs, most of it in the garbage collector (see BenchmarkTallyRoute).
+// Everything but Value and String is the parent's, so cancellation,
+// deadlines, context.Cause and AfterFunc behave as through a valueCtx
+// (TestRoutedContext).
 type routed struct {
-	context.Context
+	enqueue.SourceContext // the parent, carrying the child token's source
 	routing
 }
 
-// Value answers routingKey and leaves every other key to the parent.
+// Value answers routingKey and leaves every other key to the
+// SourceContext, which answers the child token's.
 func (c *routed) Value(key any) any {
 	if _, ok := key.(routingKey); ok {
 		return &c.routing
 	}
-	return c.Context.Value(key)
+	return c.SourceContext.Value(key)
 }
 
-// String reads as context.WithValue's would.
+// String reads as context.WithValue's and enqueue.WithTokenSource's would.
 func (c *routed) String() string {
 	parent := fmt.Sprintf("%T", c.Context)
 	if s, ok := c.Context.(fmt.Stringer); ok {
 		parent = s.String()
 	}
-	return parent + ".WithValue(consume.routingKey, *consume.routing)"
+	// The SourceContext's text is the parent's and what it adds.
+	added, _ := strings.CutPrefix(c.SourceContext.String(), parent)
+	return parent + ".WithValue(consume.routingKey, *consume.routing)" + added
 }
 
 // noDatabases is Decision.Databases of a job without a token: empty, not
@@ -105,14 +110,16 @@ func (rv *routing) jobToken() position.Token {
 // enqueue. A verified job's child token (readPositions) is not lazy:
 // such jobs are few.
 func handlerContext(parent context.Context, rc *routed, verified bool) context.Context {
-	rc.Context = parent
 	switch {
 	case verified:
+		rc.Init(parent, nil)
 		return enqueue.WithToken(rc, readPositions(&rc.d, rc.now))
 	case len(rc.d.Databases) == 0:
-		return rc
+		rc.Init(parent, nil)
+	default:
+		rc.Init(parent, (*childSource)(&rc.routing))
 	}
-	return enqueue.WithTokenSource(rc, (*childSource)(&rc.routing))
+	return rc
 }
 
 // routingFrom returns what Route put in ctx, or nil.

@@ -2,6 +2,7 @@ package enqueue
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/caughtup/caughtup/position"
@@ -75,13 +76,76 @@ func WithTokenSource(ctx context.Context, src TokenSource) context.Context {
 		s.merge(src.Token())
 		return ctx
 	}
-	// src itself is the value when there is nothing to merge it with: no
-	// allocation but the context's.
-	var v any = src
+	return context.WithValue(ctx, tokenKey{}, sourceValue(ctx, src))
+}
+
+// sourceValue is the tokenKey value that carries src on top of ctx's
+// token: src itself when there is nothing to merge it with, so that no
+// allocation but the context's is needed.
+func sourceValue(ctx context.Context, src TokenSource) any {
 	if prev := ctx.Value(tokenKey{}); prev != nil {
-		v = &lazyToken{prev: prev, src: src}
+		return &lazyToken{prev: prev, src: src}
 	}
-	return context.WithValue(ctx, tokenKey{}, v)
+	return src
+}
+
+// SourceContext is WithTokenSource for a context type of one's own that
+// embeds it: the type carries its own values and the token source in one
+// allocation, where WithTokenSource would add a context of its own. It is
+// for adapters that make a context per job at a high rate, as
+// consume.Router.Route does for every Kafka message; most code calls
+// WithTokenSource.
+//
+// Set it up with Init before use. Its Value answers TokenFrom as
+// WithTokenSource(parent, src) would and leaves every other key to the
+// parent; everything else is the parent's. A type that embeds it and
+// answers keys of its own must pass the other keys to SourceContext.Value,
+// not to the parent, or the token is lost.
+type SourceContext struct {
+	context.Context
+	value any // tokenKey's value; nil: the parent's
+}
+
+// Init makes c the parent carrying src, as WithTokenSource(parent, src)
+// would. Inside a WithSession context src.Token is merged into the
+// session at once, and c carries nothing but the parent. A nil src adds
+// nothing.
+func (c *SourceContext) Init(parent context.Context, src TokenSource) {
+	c.Context, c.value = parent, nil
+	if src == nil {
+		return
+	}
+	if s, ok := parent.Value(sessionKey{}).(*session); ok {
+		s.merge(src.Token())
+		return
+	}
+	c.value = sourceValue(parent, src)
+}
+
+// Value answers TokenFrom's key with the token source and leaves every
+// other key to the parent.
+func (c *SourceContext) Value(key any) any {
+	if _, ok := key.(tokenKey); ok && c.value != nil {
+		return c.value
+	}
+	return c.Context.Value(key)
+}
+
+// String reads as WithTokenSource's context would.
+func (c *SourceContext) String() string {
+	parent := contextName(c.Context)
+	if c.value == nil {
+		return parent
+	}
+	return fmt.Sprintf("%s.WithValue(enqueue.tokenKey, %T)", parent, c.value)
+}
+
+// contextName is how the context package names a parent context.
+func contextName(ctx context.Context) string {
+	if s, ok := ctx.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprintf("%T", ctx)
 }
 
 // lazyToken is a TokenSource's token merged with the token of the

@@ -2,6 +2,8 @@ package enqueue_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -166,18 +168,29 @@ func TestWithTokenSourceAsWithToken(t *testing.T) {
 	check := func(t *testing.T, build func(add func(context.Context, position.Token) context.Context) context.Context) {
 		t.Helper()
 		eager := build(enqueue.WithToken)
-		var srcs []*fixedSource
-		lazy := build(func(ctx context.Context, tok position.Token) context.Context {
-			s := &fixedSource{tok: tok}
-			srcs = append(srcs, s)
-			return enqueue.WithTokenSource(ctx, s)
-		})
 		want, wantOK := enqueue.TokenFrom(eager)
-		got, ok := enqueue.TokenFrom(lazy)
-		require.Equal(t, wantOK, ok)
-		require.Equal(t, want, got)
-		for _, s := range srcs {
-			require.LessOrEqual(t, s.calls, 1)
+		// Both ways of carrying a source: a context of its own, and a
+		// SourceContext in the caller's allocation.
+		for name, carry := range map[string]func(context.Context, enqueue.TokenSource) context.Context{
+			"WithTokenSource": enqueue.WithTokenSource,
+			"SourceContext": func(parent context.Context, src enqueue.TokenSource) context.Context {
+				c := &enqueue.SourceContext{}
+				c.Init(parent, src)
+				return c
+			},
+		} {
+			var srcs []*fixedSource
+			lazy := build(func(ctx context.Context, tok position.Token) context.Context {
+				s := &fixedSource{tok: tok}
+				srcs = append(srcs, s)
+				return carry(ctx, s)
+			})
+			got, ok := enqueue.TokenFrom(lazy)
+			require.Equal(t, wantOK, ok, name)
+			require.Equal(t, want, got, name)
+			for _, s := range srcs {
+				require.LessOrEqual(t, s.calls, 1, name)
+			}
 		}
 	}
 	bg := context.Background()
@@ -228,4 +241,35 @@ func TestWithTokenSourceAsWithToken(t *testing.T) {
 	require.Equal(t, a, got)
 	require.Equal(t, 1, s.calls)
 	require.Equal(t, bg, enqueue.WithTokenSource(bg, nil))
+}
+
+// A SourceContext is its parent for everything but the token: values,
+// cancellation and its cause, and its text reads as WithTokenSource's.
+func TestSourceContext(t *testing.T) {
+	t.Parallel()
+	type key struct{}
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
+	a := position.Of(t0, position.Entry{Database: "main", Epoch: epoch1, LSN: 0x3000})
+	s := &fixedSource{tok: a}
+	c := &enqueue.SourceContext{}
+	c.Init(parent, s)
+	require.Zero(t, s.calls)
+	require.Equal(t, "v", c.Value(key{}))
+	require.Equal(t, fmt.Sprint(enqueue.WithTokenSource(parent, s)), fmt.Sprint(c))
+	got, ok := enqueue.TokenFrom(c)
+	require.True(t, ok)
+	require.Equal(t, a, got)
+
+	cause := errors.New("revoked")
+	cancel(cause)
+	<-c.Done()
+	require.ErrorIs(t, c.Err(), context.Canceled)
+	require.Equal(t, cause, context.Cause(c))
+
+	// Init again reuses it; a nil source carries nothing.
+	c.Init(context.Background(), nil)
+	_, ok = enqueue.TokenFrom(c)
+	require.False(t, ok)
+	require.NoError(t, c.Err())
+	require.Equal(t, "context.Background", fmt.Sprint(c))
 }

@@ -50,6 +50,15 @@
 // tokens merge into one. WithSession makes the merge survive code that does
 // not hand the returned context back to its caller.
 //
+// # Tokens computed when asked for
+//
+// A TokenSource supplies its token only when TokenFrom first needs it:
+// consume.Router.Route gives each handler the job's token raised to what
+// the replicas it read had replayed, which only handlers that enqueue look
+// at. WithTokenSource adds one to a context; SourceContext carries one in
+// a context type of an adapter's own, for adapters that make a context
+// per job at a high rate and would rather not allocate twice.
+//
 // Consumers must still tolerate "row not found": an asynchronously committed
 // write that a crash loses on the same timeline can have its position
 // reused, and no token can tell.
