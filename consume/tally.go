@@ -52,8 +52,7 @@ const numCounters = int(counterFuture) + 1
 // Tally is safe for concurrent use, but meant for one worker goroutine
 // and the one that flushes it.
 type Tally struct {
-	r      *Router
-	spread atomic.Uint32 // Router.nextSpread
+	r *Router
 	// recent holds, per counter, the slots counted last: a worker's jobs
 	// mostly repeat a few decisions (one replica or another), which then
 	// cost a few atomic loads and an add.
@@ -79,8 +78,6 @@ type tallySlot struct {
 // NewTally returns a Tally of r.
 func (r *Router) NewTally() *Tally {
 	t := &Tally{r: r}
-	// Workers start at different replicas rather than in step.
-	t.spread.Store(r.spread.Add(1))
 	for c := range t.slots {
 		t.slots[c] = make(map[*measurement]*tallySlot)
 	}
