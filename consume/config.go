@@ -125,9 +125,13 @@ type Config struct {
 	MaxLagBytes uint64
 
 	// MaxLagTime: a replica is also unhealthy when it is behind in bytes
-	// (more than 0) and its last replayed transaction is older than this.
-	// Time lag alone never counts, because it grows on an idle primary
-	// while the replica is fully caught up. Default 60s (GitLab's).
+	// (more than 0) and its last replayed transaction is older than this,
+	// while WAL it received waits to be replayed. Time lag alone never
+	// counts, and a replica that has replayed all it received has none: on
+	// an idle primary the last transaction grows old while the replica is
+	// caught up, and the few bytes of a checkpoint or a standby snapshot
+	// record that it has yet to receive do not make it unhealthy. Default
+	// 60s (GitLab's).
 	MaxLagTime time.Duration
 
 	// WaitBudget bounds how long a Delayed job waits in process for a

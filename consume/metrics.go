@@ -245,7 +245,7 @@ func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metric
 	}
 	if m.lagTime, err = meter.Float64ObservableGauge("caughtup.consume.replica.lag.time",
 		metric.WithUnit("s"),
-		metric.WithDescription("Age of the replica's last replayed transaction; grows on an idle primary, so alert on it only with byte lag.")); err != nil {
+		metric.WithDescription("Age of the replica's last replayed transaction while received WAL waits to be replayed; 0 once all received WAL is replayed.")); err != nil {
 		return nil, err
 	}
 	if m.staleness, err = meter.Float64ObservableGauge("caughtup.consume.tracker.staleness",

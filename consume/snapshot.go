@@ -95,7 +95,9 @@ type ReplicaState struct {
 	// commit time of the last replayed transaction; zero if none.
 	ReplayTimestamp time.Time
 	// TimeLag is the replica's clock minus ReplayTimestamp (server side,
-	// so without client clock skew). It grows on an idle primary.
+	// so without client clock skew), or 0 while its WAL receiver runs and
+	// it has replayed everything received: on an idle primary the age of
+	// the last transaction grows while nothing is left to replay.
 	TimeLag time.Duration
 	// LagBytes is how far Replayed is behind the primary's last observed
 	// insert position; meaningful only when LagKnown (same epoch).

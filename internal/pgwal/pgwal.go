@@ -171,8 +171,12 @@ type Replica struct {
 	// commit time of the last replayed transaction; zero if none.
 	ReplayTimestamp time.Time
 	// TimeLag is the server's clock minus ReplayTimestamp, computed on the
-	// server so that client clock skew does not enter it; TimeLagKnown is
-	// false when there is no ReplayTimestamp. It grows on an idle primary.
+	// server so that client clock skew does not enter it, or 0 while the
+	// WAL receiver runs and everything it received is replayed: then
+	// nothing waits to be replayed, and on an idle primary the age of the
+	// last transaction would grow without the replica being behind (the
+	// usual monitoring idiom). TimeLagKnown is false when there is no
+	// ReplayTimestamp.
 	TimeLag      time.Duration
 	TimeLagKnown bool
 	// PostmasterStart is pg_postmaster_start_time().
@@ -235,7 +239,10 @@ const (
  r AND w.pid IS NOT NULL`
 	statusColumns = `,
  (extract(epoch FROM pg_last_xact_replay_timestamp()) * 1000000)::int8,
- (extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()) * 1000000)::int8,
+ (extract(epoch FROM CASE
+   WHEN pg_last_xact_replay_timestamp() IS NULL THEN NULL
+   WHEN r AND w.pid IS NOT NULL AND pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN interval '0'
+   ELSE clock_timestamp() - pg_last_xact_replay_timestamp() END) * 1000000)::int8,
  (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8,
  CASE WHEN r THEN (SELECT (extract(epoch FROM a.backend_start) * 1000000)::int8
    FROM pg_stat_get_activity(NULL) a WHERE a.backend_type = 'startup' LIMIT 1) END`

@@ -206,3 +206,47 @@ func TestParseTimeline(t *testing.T) {
 		require.Error(t, err, bad)
 	}
 }
+
+// TimeLag counts only while received WAL waits to be replayed: a replica
+// that has replayed everything on an idle primary has none, however old
+// its last transaction, and one whose replay is paused behind a commit has
+// the age of the last transaction it did replay.
+func TestReplicaTimeLag(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1, Logf: t.Logf})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	primary, replica := c.Primary(), c.Replicas()[0]
+	require.NoError(t, primary.Exec(ctx, "", "CREATE TABLE t (id int)"))
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	conn := connect(t, replica.DSN(""))
+
+	// Idle: the last transaction grows old, nothing is left to replay.
+	// Background records (a standby snapshot, a checkpoint) may be in
+	// flight at one reading, never at all of them.
+	const idle = 1500 * time.Millisecond
+	time.Sleep(idle)
+	var r pgwal.Replica
+	require.Eventually(t, func() bool {
+		r, err = pgwal.ReadReplica(ctx, conn, pgwal.Status)
+		require.NoError(t, err)
+		return r.TimeLagKnown && r.TimeLag == 0
+	}, 10*time.Second, 10*time.Millisecond, "idle and caught up, yet the time lag never read 0")
+	require.GreaterOrEqual(t, time.Since(r.ReplayTimestamp), idle, "the last replayed transaction is old")
+
+	// Paused behind a commit: the lag is the age of the last transaction
+	// replayed, at least the idle time before it.
+	require.NoError(t, replica.PauseReplay(ctx))
+	t.Cleanup(func() { _ = replica.ResumeReplay(context.Background()) })
+	require.NoError(t, primary.Exec(ctx, "", "INSERT INTO t VALUES (1)"))
+	var received bool
+	require.Eventually(t, func() bool {
+		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()").Scan(&received))
+		return received
+	}, 10*time.Second, 10*time.Millisecond, "the commit never reached the replica")
+	r, err = pgwal.ReadReplica(ctx, conn, pgwal.Status)
+	require.NoError(t, err)
+	require.True(t, r.TimeLagKnown)
+	require.GreaterOrEqual(t, r.TimeLag, idle)
+}
