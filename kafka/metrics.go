@@ -38,9 +38,12 @@ const (
 	// ResultDropped: the consumer stopped or lost the partition before the
 	// message was done; it is not committed and will be delivered again.
 	ResultDropped
-	// ResultWoken: RetryTopic mode stopped waiting for a deferred
-	// message's due time because a replica had replayed its token; the
-	// message then runs and is counted again (handled, …).
+	// ResultWoken: a deferral for lag ended early because a replica had
+	// replayed the message's token: RetryTopic mode stopped waiting for
+	// the message's due time, or InPlace mode stopped holding a deferral
+	// that Route made without waiting (the cap, waiting disabled, no
+	// healthy replica). The message is then routed again and counted again
+	// (handled, …).
 	ResultWoken
 
 	numResults

@@ -12,7 +12,6 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/position"
 )
 
 // minDeferDelay keeps a deferral that asks for no delay from spinning.
@@ -37,7 +36,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafkago.Message, w MessageW
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
 		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
-			if !c.untilDue(ctx, *msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
+			if !c.untilDue(ctx, *msg, time.UnixMilli(due), &mt, ps) {
 				return false
 			}
 		}
@@ -72,14 +71,19 @@ func (c *Consumer) process(ctx context.Context, msg *kafkago.Message, w MessageW
 			// observations; asking again at once keeps waking within
 			// milliseconds of the catch-up rather than sleeping out a
 			// deferral step that may be seconds long. Otherwise (the cap,
-			// waiting disabled or a tiny budget) sleep the delay, so the
-			// loop never spins.
+			// waiting disabled, no healthy replica, a tiny budget) hold
+			// the delay, or less if a replica can serve the token first
+			// (holdDeferred), so the loop never spins.
 			ps.add(ctx, ResultWaited)
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			if !sleep(ctx, delay) {
+			woken, ok := c.holdDeferred(ctx, time.Now().Add(delay), &mt)
+			if !ok {
 				return false
+			}
+			if woken {
+				ps.add(ctx, ResultWoken)
 			}
 			continue
 		}
@@ -153,24 +157,41 @@ func (c *Consumer) call(ctx context.Context, msg *kafkago.Message) (err error) {
 // now+delay), so waiting here for the head costs the messages behind it
 // little; a message behind the head waits for it even when its own token
 // is caught up.
-func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
-	wait := time.Until(due)
-	if wait <= 0 {
-		return true
+func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, mt *msgToken, ps *partState) bool {
+	if !hasHeader(msg.Headers, HeaderDeferred) {
+		return sleep(ctx, time.Until(due))
 	}
-	if tokErr != nil || tok.IsZero() || !hasHeader(msg.Headers, HeaderDeferred) {
-		return sleep(ctx, wait)
-	}
-	dctx, cancel := context.WithDeadline(ctx, due)
-	err := c.cfg.Router.WaitCaughtUp(dctx, tok)
-	cancel()
-	switch {
-	case ctx.Err() != nil:
-		return false
-	case err == nil:
+	// Past its due time the message is routed once and, if still behind,
+	// deferred again with a new due time: no loop, so even a token that
+	// a Verifier vouches for may wake it on its position.
+	woken, ok := c.holdDeferred(ctx, due, &msgToken{tok: mt.tok, err: mt.err})
+	if woken {
 		ps.add(ctx, ResultWoken)
 	}
-	return true
+	return ok
+}
+
+// holdDeferred holds a message deferred for lag until deadline, or until
+// a replica has replayed its token (consume.Router.WaitCaughtUp: exactly
+// the replicas routing would choose) if that comes first, and reports
+// whether the catch-up ended it (woken) and whether ctx is still live.
+// A message without a readable token, or whose token a Verifier must
+// vouch for, sleeps until deadline: its catch-up cannot be waited for, and
+// routing it again at once could loop.
+func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, mt *msgToken) (woken, ok bool) {
+	if mt.err != nil || mt.tok.IsZero() || mt.verify != nil {
+		return false, sleep(ctx, time.Until(deadline))
+	}
+	if !time.Now().Before(deadline) {
+		return false, ctx.Err() == nil
+	}
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	err := c.cfg.Router.WaitCaughtUp(dctx, mt.tok)
+	cancel()
+	if ctx.Err() != nil {
+		return false, false
+	}
+	return err == nil, true
 }
 
 // republish writes msg to the retry topic, due at due, and waits for the

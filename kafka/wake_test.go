@@ -134,3 +134,47 @@ func TestRetryTopicHandlerErrorWaitsOutItsBackoff(t *testing.T) {
 	require.Zero(t, e.results(t)["woken"], "a retry after a handler error was woken")
 	require.Equal(t, int64(1), e.results(t)["retried"])
 }
+
+// TestInPlaceDeferralWakesOnCatchUp: with waiting disabled, Route defers
+// at once and the partition holds the message in place for the deferral,
+// a minute here; it runs soon after replay resumes, on a replica that has
+// its row, because the hold ends when a replica passes the token.
+func TestInPlaceDeferralWakesOnCatchUp(t *testing.T) {
+	e := setupDB(t, func(c *consume.Config) {
+		c.WaitBudget = -1
+		c.DeferInitial = time.Minute
+		c.DeferMax = time.Minute
+		c.MaxAge = 10 * time.Minute
+	})
+	topic := newTopics(t, 1, "")[0]
+	runs := make(chan retryRun, 16)
+	startConsumer(t, caughtupkafka.ConsumerConfig{
+		Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+	}, retryRecorder(runs, nil))
+	w := caughtupkafka.NewWriter(newWriter(t, topic))
+
+	e.pauseAll(t)
+	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	require.NoError(t, err)
+	require.NoError(t, w.WriteMessages(ctx, kafkago.Message{Key: []byte("k"), Value: []byte("stamped")}))
+	// Counts reach the MeterProvider at the next offset commit.
+	require.Eventually(t, func() bool { return e.results(t)["waited"] >= 1 }, 30*time.Second, 10*time.Millisecond,
+		"the message was never deferred: results %v", e.results(t))
+	require.Empty(t, runs, "the message ran while every replica was paused")
+
+	resumed := time.Now()
+	e.resumeAll(t)
+	var r retryRun
+	select {
+	case r = <-runs:
+	case <-time.After(30 * time.Second): // half the deferral: only a wake runs it in time
+		t.Fatal("the deferred message did not run within 30s of the resume; its deferral is a minute")
+	}
+	require.Equal(t, topic, r.topic)
+	require.True(t, r.found, "the message did not find its row")
+	require.NotEmpty(t, func() string { dd, _ := r.dec.Database("main"); return dd.Replica }(), "outcome %s", r.dec.Outcome)
+	require.Zero(t, r.attempt, "a deferral counted as a failed attempt")
+	require.Eventually(t, func() bool { return e.results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.results(t))
+	require.Equal(t, int64(1), e.results(t)["waited"], "held once")
+	t.Logf("resume → handler start %v", r.at.Sub(resumed))
+}
