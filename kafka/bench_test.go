@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,11 +34,10 @@ import (
 //
 // on the test binary's real Kafka 4.4 broker (or KAFKA_BROKERS).
 // CAUGHTUP_KAFKA_BENCH_MESSAGES sets the size of the throughput runs
-// (default 400,000 messages with a trivial handler, a tenth of that with a
-// point query), CAUGHTUP_KAFKA_BENCH_ROUNDS how many runs of each
-// variant (default 1; with more, the median is reported) and
-// CAUGHTUP_KAFKA_BENCH_ONLY which variants run (comma-separated names, for
-// profiling one).
+// (default 1,000,000 messages with a trivial handler, a tenth of that with
+// a point query), CAUGHTUP_KAFKA_BENCH_ROUNDS how many runs of each
+// variant (default 1; with more, medians are reported) and
+// CAUGHTUP_KAFKA_BENCH_VARIANTS which variants run (benchVariants).
 
 // quiet is a router like e.router that records into a no-op
 // MeterProvider: the routing alone.
@@ -95,19 +96,34 @@ func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 // side is one consumer of a throughput run: a fresh group over the
 // topic. Handlers wait for the gate, which opens once the group is
 // stable, so that joins and rebalances are not measured; the run ends
-// when every message ran at least once.
+// when every message ran at least once. The run is timed over its middle:
+// from the first run of the window's first message (10% of the messages)
+// to that of its last (90%), so that neither the fetch pipeline filling up
+// nor a tail of partitions finishing one after another is measured, only
+// the steady rate.
 type side struct {
 	gate     chan struct{}
-	opened   time.Time
 	seen     []atomic.Bool
 	distinct atomic.Int64
-	last     atomic.Int64 // UnixNano of the last first run
+	from, to int64   // the window, in distinct messages
+	marks    [2]mark // taken at from and to
+	marked   sync.WaitGroup
 	all      chan struct{}
 	stop     func() error
 }
 
+// mark is when a side's window starts or ends, in wall-clock and in this
+// process's CPU time.
+type mark struct {
+	at  time.Time
+	cpu time.Duration
+}
+
 func newSide(n int) *side {
-	return &side{gate: make(chan struct{}), seen: make([]atomic.Bool, n), all: make(chan struct{})}
+	sd := &side{gate: make(chan struct{}), seen: make([]atomic.Bool, n), all: make(chan struct{}),
+		from: int64(n) / 10, to: int64(n) * 9 / 10}
+	sd.marked.Add(len(sd.marks))
+	return sd
 }
 
 // handler does nothing but get its pool, or with query runs one point
@@ -134,8 +150,14 @@ func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), q
 			return fmt.Errorf("not a throughput message: %q", msg.Value)
 		}
 		if !sd.seen[i].Swap(true) {
-			sd.last.Store(time.Now().UnixNano())
-			if sd.distinct.Add(1) == int64(len(sd.seen)) {
+			switch sd.distinct.Add(1) {
+			case sd.from:
+				sd.marks[0] = mark{time.Now(), caughtupkafka.ProcessCPUTime()}
+				sd.marked.Done()
+			case sd.to:
+				sd.marks[1] = mark{time.Now(), caughtupkafka.ProcessCPUTime()}
+				sd.marked.Done()
+			case int64(len(sd.seen)):
 				close(sd.all)
 			}
 		}
@@ -148,8 +170,11 @@ func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), q
 func startRouted(t testing.TB, topic string, n int, router *consume.Router, policy consume.Policy, query bool) (*side, string) {
 	sd := newSide(n)
 	group := newGroup(t)
+	// A plain Dialer, as the plain consumer has, not startConsumer's
+	// fault dialer: nothing but the consumers differs.
 	r := startConsumer(t, caughtupkafka.ConsumerConfig{
 		Topic: topic, GroupID: group, Router: router, Policy: policy, CommitInterval: time.Second,
+		Dialer: kafkago.DefaultDialer,
 	}, sd.handler(func(ctx context.Context) (*pgxpool.Pool, error) { return consume.Pool(ctx, "main") }, query))
 	sd.stop = r.stop
 	return sd, group
@@ -218,25 +243,23 @@ type result struct {
 
 // run opens the gate once group is stable with members members that
 // share every partition of the topic, then waits until every message ran
-// and returns messages/s from the gate to the last first run, and the CPU
-// time the process used meanwhile per message.
+// and returns messages/s over the side's window, and the CPU time the
+// process used meanwhile per message.
 func (sd *side) run(t testing.TB, group string, members int) result {
 	t.Helper()
 	waitStable(t, group, members)
-	sd.opened = time.Now()
-	cpu0 := caughtupkafka.ProcessCPUTime()
 	close(sd.gate)
 	select {
 	case <-sd.all:
 	case <-time.After(5 * time.Minute):
 		t.Fatalf("only %d of %d messages within 5 minutes", sd.distinct.Load(), len(sd.seen))
 	}
-	cpu := caughtupkafka.ProcessCPUTime() - cpu0
+	sd.marked.Wait()
 	require.NoError(t, sd.stop())
-	n := len(sd.seen)
+	n := sd.to - sd.from
 	return result{
-		rate: float64(n) / time.Unix(0, sd.last.Load()).Sub(sd.opened).Seconds(),
-		cpu:  cpu / time.Duration(n),
+		rate: float64(n) / sd.marks[1].at.Sub(sd.marks[0].at).Seconds(),
+		cpu:  (sd.marks[1].cpu - sd.marks[0].cpu) / time.Duration(n),
 	}
 }
 
@@ -293,20 +316,29 @@ const (
 var variantNames = [numVariants]string{"kafka-go", "kafka-go-1-reader", "routed", "routed-noop-metrics"}
 
 // measure reads one topic of n messages once per variant and round, each
-// time with a fresh group, the variants in rotating order, and returns
-// each variant's runs.
+// time with a fresh group, and returns each variant's runs.
+//
+// Each round runs the variants in an order of its own, drawn from a fixed
+// seed, and each run starts once the previous one's goroutines have
+// exited and the broker has had a moment for the group it left. A run
+// pays for what the one before it leaves behind (a group Reader's
+// goroutines winding down, the coordinator's bookkeeping for the group
+// that left), and that differs by variant: in a fixed rotation one
+// variant always follows the same other, and the rates shifted by 10%
+// from one rotation to its reverse.
 func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]result {
 	quiet := e.quiet(t)
 	topic := throughputTopic(t, stampedCtx(t, e), n)
 	var got [numVariants][]result
-	only := os.Getenv("CAUGHTUP_KAFKA_BENCH_ONLY")
-	for round := range rounds {
-		for k := range numVariants {
-			v := (round + k) % numVariants
-			if only != "" && !slices.Contains(strings.Split(only, ","), variantNames[v]) {
-				got[v] = append(got[v], result{})
+	chosen := benchVariants(t)
+	order := rand.New(rand.NewPCG(1, 2))
+	idle := runtime.NumGoroutine()
+	for range rounds {
+		for _, v := range order.Perm(numVariants) {
+			if !chosen[v] {
 				continue
 			}
+			settle(t, idle)
 			var sd *side
 			var group string
 			members := 1
@@ -327,22 +359,86 @@ func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]res
 	return got
 }
 
-// stats are a variant's median and extreme rates and median CPU time per
-// message over its runs.
-type stats struct {
-	rate, slowest, fastest float64
-	cpu                    time.Duration
+// benchVariants are the variants to run: CAUGHTUP_KAFKA_BENCH_VARIANTS,
+// comma-separated names or "all"; by default the two that the ratio
+// compares, kafka-go and routed, so that each round's pair runs within
+// seconds of each other (rates on 2 shared cores drift over tens of
+// seconds).
+func benchVariants(t testing.TB) [numVariants]bool {
+	var chosen [numVariants]bool
+	names := os.Getenv("CAUGHTUP_KAFKA_BENCH_VARIANTS")
+	switch names {
+	case "":
+		names = variantNames[kafkaGo] + "," + variantNames[routed]
+	case "all":
+		names = strings.Join(variantNames[:], ",")
+	}
+	for name := range strings.SplitSeq(names, ",") {
+		v := slices.Index(variantNames[:], strings.TrimSpace(name))
+		if v < 0 {
+			t.Fatalf("CAUGHTUP_KAFKA_BENCH_VARIANTS: no variant %q (variants: %s, or all)", name, strings.Join(variantNames[:], ", "))
+		}
+		chosen[v] = true
+	}
+	if !chosen[kafkaGo] {
+		t.Fatalf("CAUGHTUP_KAFKA_BENCH_VARIANTS must include %s: every ratio is to it", variantNames[kafkaGo])
+	}
+	return chosen
 }
 
-func summarize(runs []result) stats {
-	rates := make([]float64, len(runs))
-	cpus := make([]time.Duration, len(runs))
+// settle waits until no more than idle goroutines are left (what the
+// process runs between runs: routers, pools, the test's own), or 10s,
+// then gives the broker 200ms.
+func settle(t testing.TB, idle int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > idle {
+		if time.Now().After(deadline) {
+			t.Logf("%d goroutines still running 10s after a run, %d before the first", runtime.NumGoroutine(), idle)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	runtime.GC()
+	time.Sleep(time.Second)
+}
+
+// stats are a variant's figures over its runs: the median and extreme
+// rates and the median CPU time per message, and its ratios to the plain
+// consumer's (kafkaGo) run of the same round, median and quartiles.
+// Ratios are taken round by round because runs on 2 shared cores drift
+// (the broker's and PostgreSQL's own work comes and goes): a round's
+// runs follow one another within seconds, and the median of their ratios
+// is steadier than the ratio of medians.
+type stats struct {
+	rate, slowest, fastest  float64
+	cpu                     time.Duration
+	ratio, ratioQ1, ratioQ3 float64 // rate / plain's rate
+	cpuRatio                float64 // plain's CPU / this CPU, per message
+}
+
+// summarize returns the zero stats for a variant that did not run.
+func summarize(runs, plain []result) stats {
+	n := len(runs)
+	if n == 0 {
+		return stats{}
+	}
+	rates, cpus := make([]float64, n), make([]time.Duration, n)
+	ratios, cpuRatios := make([]float64, n), make([]float64, n)
 	for i, r := range runs {
 		rates[i], cpus[i] = r.rate, r.cpu
+		if plain[i].rate > 0 && r.cpu > 0 {
+			ratios[i], cpuRatios[i] = r.rate/plain[i].rate, float64(plain[i].cpu)/float64(r.cpu)
+		}
 	}
-	slices.Sort(rates)
+	for _, xs := range [][]float64{rates, ratios, cpuRatios} {
+		slices.Sort(xs)
+	}
 	slices.Sort(cpus)
-	return stats{rate: rates[len(rates)/2], slowest: rates[0], fastest: rates[len(rates)-1], cpu: cpus[len(cpus)/2]}
+	return stats{
+		rate: rates[n/2], slowest: rates[0], fastest: rates[n-1], cpu: cpus[n/2],
+		ratio: ratios[n/2], ratioQ1: ratios[n/4], ratioQ3: ratios[(3*n)/4], cpuRatio: cpuRatios[n/2],
+	}
 }
 
 func benchEnv(b *testing.B, name string, def int) int {
@@ -361,11 +457,12 @@ func benchEnv(b *testing.B, name string, def int) int {
 // runs one point query on the pool it reads. The plain consumer is
 // startKafkaGo with one group Reader per partition (the routed Consumer's
 // parallelism); a single group Reader is shown for reference. Each run
-// starts a fresh group and is timed from the moment the group is stable
-// (every handler waits for it) until every message has run.
+// starts a fresh group, opens the gate once the group is stable (every
+// handler waits for it) and is timed over its middle 80% of messages
+// (side). The ratios are the medians of each round's ratios (stats).
 func BenchmarkThroughput(b *testing.B) {
 	e := setupDB(b, nil)
-	n := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_MESSAGES", 400_000)
+	n := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_MESSAGES", 1_000_000)
 	rounds := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_ROUNDS", 1)
 	for _, query := range []bool{false, true} {
 		name, msgs := "trivial", n
@@ -379,13 +476,16 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			var st [numVariants]stats
 			for v := range numVariants {
-				st[v] = summarize(runs[v])
+				st[v] = summarize(runs[v], runs[kafkaGo])
 			}
 			for v := range numVariants {
+				if len(runs[v]) == 0 {
+					continue
+				}
 				b.ReportMetric(st[v].rate, variantNames[v]+"-msg/s")
 				b.ReportMetric(float64(st[v].cpu.Nanoseconds()), variantNames[v]+"-cpu-ns/msg")
 				if v != kafkaGo {
-					b.ReportMetric(st[v].rate/st[kafkaGo].rate, variantNames[v]+"-ratio")
+					b.ReportMetric(st[v].ratio, variantNames[v]+"-ratio")
 				}
 			}
 			b.Logf("%s handler, %d messages, %d partitions, %d run(s) each:\n%s", name, msgs, benchPartitions, rounds, formatRates(st))
@@ -393,22 +493,22 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-// formatRates is the table: each variant's median rate and its ratio to
-// the plain consumer's, the slowest and fastest run, and the CPU time this
-// process spent per message (the test binary's, broker excluded) with its
-// ratio, plain/variant: the throughput ratio to expect where the CPU is
-// the limit, as on 2 shared cores, and steadier than rates measured there.
+// formatRates is the table: each variant's median rate; its ratio to the
+// plain consumer's rate in the same round, median and quartiles; the
+// slowest and fastest run; and the CPU time this process spent per
+// message (the test binary's, broker excluded) with its ratio,
+// plain/variant, median over rounds: the throughput ratio to expect where
+// the CPU is the limit, as on 2 shared cores.
 func formatRates(st [numVariants]stats) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\t%-20s %10s %7s %10s %10s %11s %9s\n", "consumer", "msg/s", "/plain", "slowest", "fastest", "cpu µs/msg", "cpu ratio")
+	fmt.Fprintf(&sb, "\t%-20s %10s %7s %13s %10s %10s %11s %9s\n", "consumer", "msg/s", "/plain", "quartiles", "slowest", "fastest", "cpu µs/msg", "cpu ratio")
 	for v := range numVariants {
 		s := st[v]
-		cpuRatio := 0.0
-		if s.cpu > 0 {
-			cpuRatio = float64(st[kafkaGo].cpu) / float64(s.cpu)
+		if s.rate == 0 {
+			continue // not run
 		}
-		fmt.Fprintf(&sb, "\t%-20s %10.0f %7.3f %10.0f %10.0f %11.2f %9.3f\n", variantNames[v], s.rate, s.rate/st[kafkaGo].rate,
-			s.slowest, s.fastest, float64(s.cpu.Nanoseconds())/1000, cpuRatio)
+		fmt.Fprintf(&sb, "\t%-20s %10.0f %7.3f  %5.3f–%5.3f %10.0f %10.0f %11.2f %9.3f\n", variantNames[v], s.rate, s.ratio,
+			s.ratioQ1, s.ratioQ3, s.slowest, s.fastest, float64(s.cpu.Nanoseconds())/1000, s.cpuRatio)
 	}
 	return sb.String()
 }
