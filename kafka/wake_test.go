@@ -49,6 +49,23 @@ func retryRecorder(runs chan<- retryRun, fail func(attempt int) error) caughtupk
 	}
 }
 
+// resumeAndRun resumes replay on every replica and returns the deferred
+// message's run and the time from the resume to it. The run must come
+// within 30s: half the tests' one-minute deferral, so only a wake runs it
+// in time.
+func resumeAndRun(t *testing.T, e *env, runs <-chan retryRun) (retryRun, time.Duration) {
+	t.Helper()
+	resumed := time.Now()
+	e.resumeAll(t)
+	select {
+	case r := <-runs:
+		return r, r.at.Sub(resumed)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the deferred message did not run within 30s of the resume; its deferral is a minute")
+		return retryRun{}, 0
+	}
+}
+
 // TestRetryTopicWakesOnCatchUp: a message deferred to the retry topic
 // while every replica is paused, with a deferral of a minute, runs from
 // the retry topic soon after replay resumes: well before its due time,
@@ -85,14 +102,7 @@ func TestRetryTopicWakesOnCatchUp(t *testing.T) {
 	wait(t, republished, "the deferral to the retry topic")
 	require.Empty(t, runs, "the message ran while every replica was paused")
 
-	resumed := time.Now()
-	e.resumeAll(t)
-	var r retryRun
-	select {
-	case r = <-runs:
-	case <-time.After(30 * time.Second): // half the deferral: only a wake runs it in time
-		t.Fatal("the deferred message did not run within 30s of the resume; its due time is a minute after the deferral")
-	}
+	r, latency := resumeAndRun(t, e, runs)
 	require.Equal(t, names[1], r.topic, "the deferred message runs from the retry topic")
 	require.True(t, r.found, "the message did not find its row")
 	require.NotEmpty(t, func() string { dd, _ := r.dec.Database("main"); return dd.Replica }(), "outcome %s", r.dec.Outcome)
@@ -101,7 +111,7 @@ func TestRetryTopicWakesOnCatchUp(t *testing.T) {
 	// Counts reach the MeterProvider at the next offset commit.
 	require.Eventually(t, func() bool { return e.results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.results(t))
 	require.Equal(t, int64(1), e.results(t)["deferred"], "deferred once, not again from the retry topic")
-	t.Logf("resume → handler start %v (%v before its due time)", r.at.Sub(resumed), r.due.Sub(r.at))
+	t.Logf("resume → handler start %v (%v before its due time)", latency, r.due.Sub(r.at))
 }
 
 // TestRetryTopicHandlerErrorWaitsOutItsBackoff: a message republished
@@ -162,19 +172,12 @@ func TestInPlaceDeferralWakesOnCatchUp(t *testing.T) {
 		"the message was never deferred: results %v", e.results(t))
 	require.Empty(t, runs, "the message ran while every replica was paused")
 
-	resumed := time.Now()
-	e.resumeAll(t)
-	var r retryRun
-	select {
-	case r = <-runs:
-	case <-time.After(30 * time.Second): // half the deferral: only a wake runs it in time
-		t.Fatal("the deferred message did not run within 30s of the resume; its deferral is a minute")
-	}
+	r, latency := resumeAndRun(t, e, runs)
 	require.Equal(t, topic, r.topic)
 	require.True(t, r.found, "the message did not find its row")
 	require.NotEmpty(t, func() string { dd, _ := r.dec.Database("main"); return dd.Replica }(), "outcome %s", r.dec.Outcome)
 	require.Zero(t, r.attempt, "a deferral counted as a failed attempt")
 	require.Eventually(t, func() bool { return e.results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.results(t))
 	require.Equal(t, int64(1), e.results(t)["waited"], "held once")
-	t.Logf("resume → handler start %v", r.at.Sub(resumed))
+	t.Logf("resume → handler start %v", latency)
 }
