@@ -72,17 +72,23 @@ func WithTokenSource(ctx context.Context, src TokenSource) context.Context {
 	if src == nil {
 		return ctx
 	}
-	if s, ok := ctx.Value(sessionKey{}).(*session); ok {
-		s.merge(src.Token())
+	v := sourceValue(ctx, src)
+	if v == nil {
 		return ctx
 	}
-	return context.WithValue(ctx, tokenKey{}, sourceValue(ctx, src))
+	return context.WithValue(ctx, tokenKey{}, v)
 }
 
 // sourceValue is the tokenKey value that carries src on top of ctx's
 // token: src itself when there is nothing to merge it with, so that no
-// allocation but the context's is needed.
+// allocation but the context's is needed. Inside a WithSession context it
+// merges src's token into the session at once and returns nil: nothing
+// is to be added to ctx.
 func sourceValue(ctx context.Context, src TokenSource) any {
+	if s, ok := ctx.Value(sessionKey{}).(*session); ok {
+		s.merge(src.Token())
+		return nil
+	}
 	if prev := ctx.Value(tokenKey{}); prev != nil {
 		return &lazyToken{prev: prev, src: src}
 	}
@@ -112,14 +118,9 @@ type SourceContext struct {
 // nothing.
 func (c *SourceContext) Init(parent context.Context, src TokenSource) {
 	c.Context, c.value = parent, nil
-	if src == nil {
-		return
+	if src != nil {
+		c.value = sourceValue(parent, src)
 	}
-	if s, ok := parent.Value(sessionKey{}).(*session); ok {
-		s.merge(src.Token())
-		return
-	}
-	c.value = sourceValue(parent, src)
 }
 
 // Value answers TokenFrom's key with the token source and leaves every
