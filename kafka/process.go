@@ -12,6 +12,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/position"
 )
 
 // minDeferDelay keeps a deferral that asks for no delay from spinning.
@@ -36,7 +37,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafkago.Message, w MessageW
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
 		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
-			if !c.untilDue(ctx, *msg, time.UnixMilli(due), &mt, ps) {
+			if !c.untilDue(ctx, *msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
 				return false
 			}
 		}
@@ -78,12 +79,17 @@ func (c *Consumer) process(ctx context.Context, msg *kafkago.Message, w MessageW
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			woken, ok := c.holdDeferred(ctx, time.Now().Add(delay), &mt)
-			if !ok {
-				return false
+			var held bool
+			if mt.verify != nil {
+				// The position alone does not say a Verifier will vouch
+				// for the token: waking on it could route again at once,
+				// again and again.
+				held = sleep(ctx, delay)
+			} else {
+				held = c.holdDeferred(ctx, time.Now().Add(delay), mt.tok, mt.err, ps)
 			}
-			if woken {
-				ps.add(ctx, ResultWoken)
+			if !held {
+				return false
 			}
 			continue
 		}
@@ -157,41 +163,38 @@ func (c *Consumer) call(ctx context.Context, msg *kafkago.Message) (err error) {
 // now+delay), so waiting here for the head costs the messages behind it
 // little; a message behind the head waits for it even when its own token
 // is caught up.
-func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, mt *msgToken, ps *partState) bool {
+func (c *Consumer) untilDue(ctx context.Context, msg kafkago.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
 	if !hasHeader(msg.Headers, HeaderDeferred) {
 		return sleep(ctx, time.Until(due))
 	}
 	// Past its due time the message is routed once and, if still behind,
-	// deferred again with a new due time: no loop, so even a token that
-	// a Verifier vouches for may wake it on its position.
-	woken, ok := c.holdDeferred(ctx, due, &msgToken{tok: mt.tok, err: mt.err})
-	if woken {
-		ps.add(ctx, ResultWoken)
-	}
-	return ok
+	// deferred again with a new due time: no loop, so even a token that a
+	// Verifier vouches for may wake on its position.
+	return c.holdDeferred(ctx, due, tok, tokErr, ps)
 }
 
 // holdDeferred holds a message deferred for lag until deadline, or until
-// a replica has replayed its token (consume.Router.WaitCaughtUp: exactly
-// the replicas routing would choose) if that comes first, and reports
-// whether the catch-up ended it (woken) and whether ctx is still live.
-// A message without a readable token, or whose token a Verifier must
-// vouch for, sleeps until deadline: its catch-up cannot be waited for, and
-// routing it again at once could loop.
-func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, mt *msgToken) (woken, ok bool) {
-	if mt.err != nil || mt.tok.IsZero() || mt.verify != nil {
-		return false, sleep(ctx, time.Until(deadline))
+// a replica has replayed tok (consume.Router.WaitCaughtUp: exactly the
+// replicas routing would choose) if that comes first, which counts as
+// ResultWoken. A message without a readable token sleeps until deadline:
+// its catch-up cannot be waited for. It returns false if ctx ended first.
+func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) bool {
+	if tokErr != nil || tok.IsZero() {
+		return sleep(ctx, time.Until(deadline))
 	}
 	if !time.Now().Before(deadline) {
-		return false, ctx.Err() == nil
+		return ctx.Err() == nil
 	}
 	dctx, cancel := context.WithDeadline(ctx, deadline)
-	err := c.cfg.Router.WaitCaughtUp(dctx, mt.tok)
+	err := c.cfg.Router.WaitCaughtUp(dctx, tok)
 	cancel()
-	if ctx.Err() != nil {
-		return false, false
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err == nil:
+		ps.add(ctx, ResultWoken)
 	}
-	return err == nil, true
+	return true
 }
 
 // republish writes msg to the retry topic, due at due, and waits for the
