@@ -23,6 +23,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/latency"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
@@ -417,27 +418,25 @@ type stats struct {
 	cpuRatio                float64 // plain's CPU / this CPU, per message
 }
 
-// summarize returns the zero stats for a variant that did not run.
+// summarize returns the zero stats for a variant that did not run. Its
+// medians and quartiles follow the project's one percentile rule.
 func summarize(runs, plain []result) stats {
-	n := len(runs)
-	if n == 0 {
+	if len(runs) == 0 {
 		return stats{}
 	}
-	rates, cpus := make([]float64, n), make([]time.Duration, n)
-	ratios, cpuRatios := make([]float64, n), make([]float64, n)
+	rates, cpus := make([]float64, len(runs)), make([]time.Duration, len(runs))
+	ratios, cpuRatios := make([]float64, len(runs)), make([]float64, len(runs))
 	for i, r := range runs {
 		rates[i], cpus[i] = r.rate, r.cpu
 		if plain[i].rate > 0 && r.cpu > 0 {
 			ratios[i], cpuRatios[i] = r.rate/plain[i].rate, float64(plain[i].cpu)/float64(r.cpu)
 		}
 	}
-	for _, xs := range [][]float64{rates, ratios, cpuRatios} {
-		slices.Sort(xs)
-	}
-	slices.Sort(cpus)
 	return stats{
-		rate: rates[n/2], slowest: rates[0], fastest: rates[n-1], cpu: cpus[n/2],
-		ratio: ratios[n/2], ratioQ1: ratios[n/4], ratioQ3: ratios[(3*n)/4], cpuRatio: cpuRatios[n/2],
+		rate: latency.Percentile(rates, 0.5), slowest: slices.Min(rates), fastest: slices.Max(rates),
+		cpu:   latency.Percentile(cpus, 0.5),
+		ratio: latency.Percentile(ratios, 0.5), ratioQ1: latency.Percentile(ratios, 0.25), ratioQ3: latency.Percentile(ratios, 0.75),
+		cpuRatio: latency.Percentile(cpuRatios, 0.5),
 	}
 }
 
