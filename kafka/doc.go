@@ -137,10 +137,12 @@
 // still cannot run it returns a *consume.DeferError, and Mode decides:
 //
 //   - InPlace (default) keeps the message at the head of its partition:
-//     sleep the deferral's delay, route again, until a replica has caught
-//     up or the token is older than the router's MaxAge (then it reads the
-//     primary). Per-key order is kept; the messages behind it in that
-//     partition wait with it.
+//     hold it for the deferral's delay, or until a replica has replayed
+//     its token if that comes first (result woken; a token a Verifier
+//     must vouch for sleeps the delay), route again, until it runs on a
+//     replica or the token is older than the router's MaxAge (then it
+//     reads the primary). Per-key order is kept; the messages behind it in
+//     that partition wait with it.
 //   - RetryTopic republishes the message to RetryTopic with its token, a
 //     due time (HeaderDue) and HeaderDeferred, commits the original and
 //     moves on; the group reads the retry topic too. The worker of a retry
