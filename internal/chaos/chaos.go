@@ -54,7 +54,11 @@
 //     this for rows written on an old primary after a failover (below).
 //   - lost: produced (the enqueue returned nil) and never completed (no
 //     handler run returned nil) by the end of the drain; Kafka dead
-//     letters count as lost.
+//     letters count as lost. After a Redis outage the drain lasts until
+//     asynq's recoverer has brought back the tasks whose state it could
+//     not write (asynqLeaseRecovery); the run notes how many it retried,
+//     and explains each job it gave up on (attempts, and where its task
+//     is in Redis).
 //   - replica share: handler runs that read a replica / all runs.
 //   - primary fallbacks: runs the router promoted to the primary for lag
 //     or unknown replica state (Decision.Fallback), what the cap limits.

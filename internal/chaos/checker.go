@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
@@ -94,6 +96,10 @@ type stream struct {
 	// for its own reasons, such as a lease that expired while Redis was
 	// down): the only reasons a queue may grow a job's retry count.
 	failed map[int64]bool
+	// leaseExpired counts the retries asynq made for an expired lease
+	// (its recoverer, after a Redis outage kept it from writing a task's
+	// state): a job that comes back that way is late, not lost.
+	leaseExpired int
 }
 
 func newStream(name, pipe, policy string) *stream {
@@ -118,6 +124,9 @@ func (s *stream) attempted(id int64, err error) {
 	}
 	s.mu.Lock()
 	s.failed[id] = true
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		s.leaseExpired++
+	}
 	s.mu.Unlock()
 }
 
@@ -187,6 +196,30 @@ func (s *stream) pending() int {
 		}
 	}
 	return n
+}
+
+// leaseExpiredRetries is how many retries asynq made for an expired lease.
+func (s *stream) leaseExpiredRetries() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaseExpired
+}
+
+// unfinished are the produced jobs that have not completed yet, with how
+// many routing attempts each began, in id order.
+func (s *stream) unfinished() (ids []int64, attempts []int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.produced {
+		if _, ok := s.completed[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		attempts = append(attempts, s.attempts[id])
+	}
+	return ids, attempts
 }
 
 // streamResult is what one stream measured.

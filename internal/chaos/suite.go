@@ -177,7 +177,11 @@ type run struct {
 	wedgeFrom, wedgeTo         time.Time
 	stalls                     []time.Duration
 	redisHeld                  int
-	crashesSeen                int
+	// redisStopped is when the fault last stopped redis-server: tasks
+	// whose state asynq could not write then come back only through its
+	// recoverer (see asynqLeaseRecovery), which the drain waits for.
+	redisStopped time.Time
+	crashesSeen  int
 
 	mu       sync.Mutex
 	srvs     []*asynq.Server
@@ -465,6 +469,9 @@ func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
 		}
 	}
 	r.noteWakes()
+	if n := r.ast.leaseExpiredRetries(); n > 0 {
+		r.note("asynq retried %d tasks for an expired lease: its recoverer brought back tasks whose state it could not write while Redis was down", n)
+	}
 	if by, n := r.asynqOverrides(); n > 0 {
 		r.note("the asynq middleware overrode %d routing decisions (caughtup.asynq.overrides): %v", n, by)
 	}
@@ -474,9 +481,16 @@ func (r *run) checkCaughtup(res *scenarioResult, capLimit int) {
 }
 
 // drain waits until every produced job has completed on every stream, or
-// the drain time runs out.
+// the drain time runs out; after a Redis outage, at least until asynq's
+// recoverer has had its chance.
 func (r *run) drain(ctx context.Context, streams []*stream) {
-	deadline := time.Now().Add(r.sl.drain)
+	start := time.Now()
+	deadline := start.Add(r.sl.drain)
+	r.mu.Lock()
+	if !r.redisStopped.IsZero() {
+		deadline = later(deadline, r.redisStopped.Add(asynqLeaseRecovery))
+	}
+	r.mu.Unlock()
 	last := time.Now()
 	for {
 		left := 0
@@ -488,7 +502,8 @@ func (r *run) drain(ctx context.Context, streams []*stream) {
 			return
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			r.event("gave up waiting: %d jobs not completed after %s", left, r.sl.drain)
+			r.event("gave up waiting: %d jobs not completed after %s", left, time.Since(start).Round(time.Second))
+			r.explainUnfinished()
 			return
 		}
 		if time.Since(last) > 10*time.Second {
@@ -621,4 +636,22 @@ func mergeStreams(name, policy string, sts ...*stream) *stream {
 		st.mu.Unlock()
 	}
 	return out
+}
+
+// asynqLeaseRecovery bounds how long after a Redis outage asynq takes to
+// bring back a task whose state change it could not write: the task stays
+// active under its lease (30s), the recoverer takes only leases expired
+// 30s ago, and it looks once a minute, so up to 2 minutes; then the
+// retry's delay and a scheduler tick. asynq's syncer does not shorten
+// this: since v0.25 it retries the write with a context its caller has
+// already cancelled (hibiken/asynq#926 added the cancel), so every retry
+// fails. A Dequeue whose reply the stopping server never sent leaves a
+// task in the same state.
+const asynqLeaseRecovery = 2*time.Minute + 15*time.Second
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
