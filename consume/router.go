@@ -30,9 +30,7 @@ type Router struct {
 	gauges metric.Registration // the tracker's state gauges, until Close
 	log    *slog.Logger
 	spread atomic.Uint32
-	// tallies counts the Tallies made, each one's starting phase.
-	tallies atomic.Uint32
-	pools   map[string]*Database
+	pools  map[string]*Database
 	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
 	sqlDBs map[*pgxpool.Pool]*sql.DB
 
@@ -210,7 +208,7 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 // route decides, waits, verifies (with a Verifier: RouteVerified), applies
 // the cap and records the job (in t, when routed through a Tally).
 func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
-	rc, buf := newRouted(len(tok.Entries), t)
+	rc, buf := newRouted(len(tok.Entries))
 	in := DecideInput{
 		Policy:   policy,
 		Token:    tok,
@@ -219,12 +217,12 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		Now:      r.cfg.Now(),
 		Config:   &r.cfg,
 		NoWait:   r.cfg.WaitBudget < 0,
-		Buf:      buf,
-	}
-	if t != nil {
-		in.Spread = t.spread.Add(1)
-	} else {
-		in.Spread = r.spread.Add(1)
+		// One counter for every worker, so that the jobs in flight at any
+		// moment alternate between the replicas: a counter per Tally saved
+		// an atomic shared between cores, but its workers fell into step,
+		// and with a point query per message throughput dropped.
+		Spread: r.spread.Add(1),
+		Buf:    buf,
 	}
 	// The decision is made in the handler's context's allocation.
 	d := &rc.d

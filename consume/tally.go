@@ -51,23 +51,8 @@ const numCounters = int(counterFuture) + 1
 // offset commit) and when it stops, or the counts are late or lost. A
 // Tally is safe for concurrent use, but meant for one worker goroutine
 // and the one that flushes it.
-//
-// A Tally also allocates its jobs' handler contexts a few at a time (8
-// for jobs of one database): an allocation per job cost about as much as
-// the rest of the decision. Each context still belongs to one job and is
-// never reused; a handler that keeps its context after it returns keeps
-// its batch (about 2.3 KB) in memory.
 type Tally struct {
 	r *Router
-	// spread picks among caught-up replicas for the Tally's jobs. One
-	// counter shared by every worker costs each job a cache line that
-	// moves between cores (about 50 ns a message at a consumer's rate);
-	// a counter per Tally does not, and each Tally starts one step after
-	// the last one made, so that workers that fall into step still
-	// alternate between the replicas instead of reading the same one.
-	spread atomic.Uint32
-	// slab is the batch the Tally's next handler contexts come from.
-	slab atomic.Pointer[routedSlab]
 	// recent holds, per counter, the slots counted last: a worker's jobs
 	// mostly repeat a few decisions (one replica or another), which then
 	// cost a few atomic loads and an add.
@@ -93,7 +78,6 @@ type tallySlot struct {
 // NewTally returns a Tally of r.
 func (r *Router) NewTally() *Tally {
 	t := &Tally{r: r}
-	t.spread.Store(r.tallies.Add(1) - 1)
 	for c := range t.slots {
 		t.slots[c] = make(map[*measurement]*tallySlot)
 	}
@@ -118,21 +102,6 @@ func (t *Tally) add(c counter, set *measurement) {
 	t.next[c]++
 	t.mu.Unlock()
 	s.n.Add(1)
-}
-
-// nextRouted hands out the next context of t's current batch, starting a
-// new batch when it is used up. Each context goes to one job only, and is
-// never reused: handlers may keep theirs.
-func (t *Tally) nextRouted() *routedOne {
-	if s := t.slab.Load(); s != nil {
-		if i := s.next.Add(1) - 1; i < routedBatch {
-			return &s.items[i]
-		}
-	}
-	s := &routedSlab{}
-	s.next.Store(1)
-	t.slab.Store(s)
-	return &s.items[0]
 }
 
 // RouteDecoded is Router.RouteDecoded, counted in t. Like it, it keeps

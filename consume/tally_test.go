@@ -167,31 +167,3 @@ func BenchmarkTallyRoute(b *testing.B) {
 	b.StopTimer()
 	tally.Flush(ctx)
 }
-
-// TestTallySpread: each Tally alternates its jobs between the caught-up
-// replicas, and Tallies whose workers route in step read different
-// replicas at each step, rather than all the same one.
-func TestTallySpread(t *testing.T) {
-	t.Parallel()
-	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000"), rep("r2", 1, "0/3000000"))), func(c *Config) {
-		c.Now = func() time.Time { return t0 }
-	})
-	ctx := context.Background()
-	caught := tok(time.Second, ent("main", 1, "0/1000000"))
-	replicaOf := func(tally *Tally) string {
-		_, d, err := tally.RouteDecoded(ctx, caught, nil, Sticky)
-		require.NoError(t, err)
-		require.Equal(t, OutcomeReplica, d.Outcome)
-		return d.Databases[0].Replica
-	}
-	a, b := r.NewTally(), r.NewTally()
-	var lastA string
-	for step := range 8 {
-		ra, rb := replicaOf(a), replicaOf(b)
-		require.NotEqual(t, ra, rb, "step %d: two Tallies in step read the same replica", step)
-		if step > 0 {
-			require.NotEqual(t, lastA, ra, "step %d: a Tally's consecutive jobs read the same replica", step)
-		}
-		lastA = ra
-	}
-}
