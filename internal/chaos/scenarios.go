@@ -513,8 +513,6 @@ func redisRestart(ctx context.Context, r *run) error {
 	}
 	r.mu.Lock()
 	r.redisHeld = qi.Size
-	r.mu.Unlock()
-	r.mu.Lock()
 	r.redisStopped = time.Now()
 	r.mu.Unlock()
 	if err := r.s.redis.Stop(); err != nil {

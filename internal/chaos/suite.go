@@ -487,11 +487,11 @@ func (r *run) drain(ctx context.Context, streams []*stream) {
 	start := time.Now()
 	deadline := start.Add(r.sl.drain)
 	r.mu.Lock()
-	if !r.redisStopped.IsZero() {
-		deadline = later(deadline, r.redisStopped.Add(asynqLeaseRecovery))
+	if recovered := r.redisStopped.Add(asynqLeaseRecovery); !r.redisStopped.IsZero() && recovered.After(deadline) {
+		deadline = recovered
 	}
 	r.mu.Unlock()
-	last := time.Now()
+	last := start
 	for {
 		left := 0
 		for _, st := range streams {
@@ -648,10 +648,3 @@ func mergeStreams(name, policy string, sts ...*stream) *stream {
 // fails. A Dequeue whose reply the stopping server never sent leaves a
 // task in the same state.
 const asynqLeaseRecovery = 2*time.Minute + 15*time.Second
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}

@@ -12,6 +12,9 @@ import (
 // explains one by one.
 const maxExplained = 10
 
+// listPage is how many tasks asynqTasksByJob asks the Inspector for at once.
+const listPage = 500
+
 // explainUnfinished says, for the jobs the drain gave up on, how far each
 // got: how many routing attempts began, and for asynq where its task is in
 // Redis (the state, an orphaned lease, the retry count, the last error).
@@ -50,7 +53,7 @@ func asynqTasksByJob(insp *asynq.Inspector, queue string) (map[int64]*asynq.Task
 	out := map[int64]*asynq.TaskInfo{}
 	for _, list := range lists {
 		for page := 1; ; page++ {
-			tasks, err := list(queue, asynq.PageSize(500), asynq.Page(page))
+			tasks, err := list(queue, asynq.PageSize(listPage), asynq.Page(page))
 			if err != nil {
 				return out, err
 			}
@@ -59,7 +62,7 @@ func asynqTasksByJob(insp *asynq.Inspector, queue string) (map[int64]*asynq.Task
 					out[p.ID] = t
 				}
 			}
-			if len(tasks) < 500 {
+			if len(tasks) < listPage {
 				break
 			}
 		}
