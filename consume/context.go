@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caughtup/caughtup/enqueue"
@@ -67,17 +68,20 @@ func (c *routed) String() string {
 var noDatabases = []DatabaseDecision{}
 
 // newRouted allocates a routed and, in the same allocation for one or
-// two databases, the buffer for its decision's Databases: 256 bytes for
-// one database, a size class of its own.
-func newRouted(databases int) (*routed, []DatabaseDecision) {
+// two databases, the buffer for its decision's Databases. A Tally's
+// one-database contexts, a consumer's usual case, come from a batch
+// (Tally.nextRouted).
+func newRouted(databases int, t *Tally) (*routed, []DatabaseDecision) {
 	switch databases {
 	case 0:
 		return &routed{}, noDatabases
 	case 1:
-		rc := &struct {
-			routed
-			small [1]DatabaseDecision
-		}{}
+		var rc *routedOne
+		if t != nil {
+			rc = t.nextRouted()
+		} else {
+			rc = &routedOne{}
+		}
 		return &rc.routed, rc.small[:0]
 	case 2:
 		rc := &struct {
@@ -87,6 +91,24 @@ func newRouted(databases int) (*routed, []DatabaseDecision) {
 		return &rc.routed, rc.small[:0]
 	}
 	return &routed{}, make([]DatabaseDecision, 0, databases)
+}
+
+// routedOne is a routed with room for one database's decision.
+type routedOne struct {
+	routed
+	small [1]DatabaseDecision
+}
+
+// routedBatch is how many contexts a Tally allocates at once. An
+// allocation costs about as much as the rest of a decision without
+// waits, so a batch saves most of it; a handler that keeps its context
+// keeps its batch (2.3 KB) alive, not just its own 288 bytes.
+const routedBatch = 8
+
+// routedSlab is a batch of contexts; next hands each out once.
+type routedSlab struct {
+	items [routedBatch]routedOne
+	next  atomic.Int32
 }
 
 // jobToken is the token the job was routed with: the decision's entries

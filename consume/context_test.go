@@ -16,12 +16,44 @@ import (
 
 func TestNewRoutedBuffer(t *testing.T) {
 	t.Parallel()
-	for n := range 5 {
-		rc, buf := newRouted(n)
-		require.NotNil(t, rc)
-		require.NotNil(t, buf)
-		require.Empty(t, buf)
-		require.GreaterOrEqual(t, cap(buf), n)
+	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/9000"))), func(*Config) {})
+	for _, tally := range []*Tally{nil, r.NewTally()} {
+		for n := range 5 {
+			rc, buf := newRouted(n, tally)
+			require.NotNil(t, rc)
+			require.NotNil(t, buf)
+			require.Empty(t, buf)
+			require.GreaterOrEqual(t, cap(buf), n)
+		}
+	}
+}
+
+// TestTallyContextsNotReused: a Tally hands out its handler contexts in
+// batches; every job keeps its own, across batches, so a handler that
+// keeps its context still finds its own decision and child token in it.
+func TestTallyContextsNotReused(t *testing.T) {
+	t.Parallel()
+	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/9000000"))), func(c *Config) {
+		c.Now = func() time.Time { return t0 }
+	})
+	tally := r.NewTally()
+	const jobs = 3*routedBatch + 1
+	ctxs := make([]context.Context, jobs)
+	for i := range ctxs {
+		tok := position.Of(t0.Add(-time.Second), position.Entry{Database: "main", Epoch: ep(1), LSN: position.LSN(1000 + i)})
+		ctx, d, err := tally.RouteDecoded(context.Background(), tok, nil, Sticky)
+		require.NoError(t, err)
+		require.Equal(t, OutcomeReplica, d.Outcome)
+		ctxs[i] = ctx
+	}
+	for i, ctx := range ctxs {
+		d, ok := DecisionFrom(ctx)
+		require.True(t, ok)
+		require.Len(t, d.Databases, 1)
+		require.Equal(t, position.LSN(1000+i), d.Databases[0].Entry.LSN, "job %d's context holds another job's decision", i)
+		for j := range i {
+			require.NotSame(t, ctxs[j], ctx, "jobs %d and %d share a context", j, i)
+		}
 	}
 }
 

@@ -208,7 +208,7 @@ func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr
 // route decides, waits, verifies (with a Verifier: RouteVerified), applies
 // the cap and records the job (in t, when routed through a Tally).
 func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
-	rc, buf := newRouted(len(tok.Entries))
+	rc, buf := newRouted(len(tok.Entries), t)
 	in := DecideInput{
 		Policy:   policy,
 		Token:    tok,
