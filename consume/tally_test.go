@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -141,6 +142,45 @@ func TestTallyConcurrent(t *testing.T) {
 // so that the figure, and cachegrind's instruction count under
 // GOMAXPROCS=1, is the routing's alone.
 func BenchmarkTallyRoute(b *testing.B) {
+	r, toks := tallyBenchRouter(b)
+	tally := r.NewTally()
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := routeCaughtUp(tally, toks[i%len(toks)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.StopTimer()
+	tally.Flush(ctx)
+}
+
+// BenchmarkTallyRouteParallel is BenchmarkTallyRoute from one worker
+// per core, each with its own Tally, as a Kafka Consumer's partitions
+// route: what the workers share (the Router, its spread counter) costs
+// here and not in BenchmarkTallyRoute.
+func BenchmarkTallyRouteParallel(b *testing.B) {
+	r, toks := tallyBenchRouter(b)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		tally := r.NewTally()
+		i := 0
+		for pb.Next() {
+			if err := routeCaughtUp(tally, toks[i%len(toks)]); err != nil {
+				b.Error(err) // not Fatal: this is not the benchmark's goroutine
+				return
+			}
+			i++
+		}
+		tally.Flush(context.Background())
+	})
+}
+
+// tallyBenchRouter is a Router whose two replicas have caught up with
+// every one of the tokens, which differ in their positions.
+func tallyBenchRouter(b *testing.B) (*Router, []position.Token) {
 	now := time.Now()
 	fresh := func(r *ReplicaState) { r.ObservedAt = now }
 	r := unitRouter(b, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", fresh), rep("r2", 1, "0/3000000", fresh))),
@@ -150,20 +190,19 @@ func BenchmarkTallyRoute(b *testing.B) {
 		toks[i] = position.Of(now, ent("main", 1, "0/2000000"))
 		toks[i].Entries[0].LSN -= position.LSN(i)
 	}
-	tally := r.NewTally()
-	ctx := context.Background()
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		hctx, d, err := tally.RouteDecoded(ctx, toks[i%len(toks)], nil, Delayed)
-		if err != nil || d.Outcome != OutcomeReplica {
-			b.Fatal(d.Outcome, err)
-		}
-		if _, err := Pool(hctx, "main"); err != nil {
-			b.Fatal(err)
-		}
-		i++
+	return r, toks
+}
+
+// routeCaughtUp routes tok through tally, which must send it to a
+// replica, and gets the handler's pool.
+func routeCaughtUp(tally *Tally, tok position.Token) error {
+	hctx, d, err := tally.RouteDecoded(context.Background(), tok, nil, Delayed)
+	if err != nil {
+		return err
 	}
-	b.StopTimer()
-	tally.Flush(ctx)
+	if d.Outcome != OutcomeReplica {
+		return fmt.Errorf("routed to %s, not a replica", d.Outcome)
+	}
+	_, err = Pool(hctx, "main")
+	return err
 }
