@@ -486,6 +486,9 @@ func TestPoliciesPerTaskType(t *testing.T) {
 	ctx := e.write(t, ctxT(t), 1)
 	require.NoError(t, e.cluster.WaitReplicasCaughtUp(ctx))
 	tok, _ := enqueue.TokenFrom(ctx)
+	// The replicas have the write; the router must have seen it too, or
+	// a sticky task that comes first (map order) goes to the primary.
+	require.NoError(t, e.router.WaitCaughtUp(ctx, tok))
 	mw := e.middleware(caughtupasynq.MiddlewareConfig{
 		Policies: map[string]consume.Policy{"report:": consume.Always, "email:": consume.Sticky, "email:digest": consume.Delayed},
 	})
