@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caughtup/caughtup/internal/testsvc"
@@ -706,7 +707,7 @@ func (n *Node) PauseReplay(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = conn.Close(context.Background()) }()
-	if _, err := conn.Exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
+	if err := RequestReplayPause(ctx, conn); err != nil {
 		return fmt.Errorf("pgtest: %s: pause replay: %w", n.name, err)
 	}
 	for {
@@ -721,6 +722,29 @@ func (n *Node) PauseReplay(ctx context.Context) error {
 			return fmt.Errorf("pgtest: %s: replay still %q: %w", n.name, state, err)
 		}
 	}
+}
+
+// Execer runs a statement: a *pgx.Conn or a *pgxpool.Pool.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// RequestReplayPause asks the replica db is connected to to pause replay
+// at its next record (pg_wal_replay_pause), and returns once the server
+// has answered, even if ctx ends meanwhile (up to 30 s). A request
+// abandoned on its way can still run on the server after a later
+// ResumeReplay and leave replay paused for the tests that come next: a
+// test that pauses and resumes replay at random and is stopped in the
+// middle of a request (replicatest.ToggleReplay) did that. A ctx that has
+// already ended sends nothing.
+func RequestReplayPause(ctx context.Context, db Execer) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_, err := db.Exec(ctx, "SELECT pg_wal_replay_pause()")
+	return err
 }
 
 // ResumeReplay undoes PauseReplay.

@@ -57,7 +57,7 @@ func New(t testing.TB) *DB {
 // then waits for the pause state (on an idle cluster the next record could
 // be 15 s away: the periodic running-xacts record).
 func (d *DB) PauseReplay(ctx context.Context) error {
-	if _, err := d.Replica.Exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
+	if err := pgtest.RequestReplayPause(ctx, d.Replica); err != nil {
 		return err
 	}
 	if err := d.FlushWAL(ctx); err != nil {
