@@ -818,7 +818,9 @@ func (e *fleetEnv) pauseReplicas(ctx context.Context, pause bool) error {
 				_, errs[i] = c.Exec(ctx, "SELECT pg_wal_replay_resume()")
 				return
 			}
-			if _, errs[i] = c.Exec(ctx, "SELECT pg_wal_replay_pause()"); errs[i] != nil {
+			// Not abandoned midway, which would close the connection the
+			// resume needs.
+			if errs[i] = pgtest.RequestReplayPause(ctx, c); errs[i] != nil {
 				return
 			}
 			for state := ""; state != "paused"; {
