@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -111,6 +112,47 @@ func TestPauseReplayHidesNewRows(t *testing.T) {
 	require.NoError(t, r1.ResumeReplay(ctx))
 	require.NoError(t, r1.WaitReplay(ctx, target))
 	require.Equal(t, 1, count(ctx, t, replica, "SELECT count(*) FROM t"))
+}
+
+// givingUp is a connection whose caller gives up while its statement is
+// on its way to the server, as on a loaded machine: it ends the caller's
+// context, then sends the statement with it.
+type givingUp struct {
+	pgtest.Execer
+	cancel context.CancelFunc
+}
+
+func (g givingUp) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	g.cancel()
+	return g.Execer.Exec(ctx, sql, args...)
+}
+
+// TestRequestReplayPauseOutlivesItsContext: a pause request is either
+// never sent (its context had ended) or answered before it returns, so
+// that a resume after it is the last word on the replica.
+func TestRequestReplayPauseOutlivesItsContext(t *testing.T) {
+	c, db, ctx := setup(t)
+	r1 := c.Replicas()[0]
+	replica := pools(ctx, t, []*pgtest.Node{r1}, db)[0]
+	t.Cleanup(func() { _ = r1.ResumeReplay(context.Background()) })
+	state := func() string {
+		var s string
+		require.NoError(t, replica.QueryRow(ctx, "SELECT pg_get_wal_replay_pause_state()").Scan(&s))
+		return s
+	}
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, pgtest.RequestReplayPause(ended, replica), context.Canceled)
+	require.Equal(t, "not paused", state(), "a context already ended sends nothing")
+
+	mid, cancel := context.WithCancel(ctx)
+	defer cancel()
+	require.NoError(t, pgtest.RequestReplayPause(mid, givingUp{replica, cancel}))
+	require.Error(t, mid.Err())
+	require.NotEqual(t, "not paused", state(), "the request was answered before it returned")
+	require.NoError(t, r1.ResumeReplay(ctx))
+	require.Equal(t, "not paused", state(), "the resume after it is the last word")
 }
 
 // Stops and kills a replica of the shared cluster; it restores it, and runs
