@@ -6,10 +6,12 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 
@@ -531,4 +533,30 @@ func TestResubscriptionOverlap(t *testing.T) {
 	s.none(t)
 	require.Equal(t, int64(2), s.metrics.sum(t, "caughtup.feed.duplicates"), "sequence 1, then 2, live after the stored 2")
 	require.Equal(t, int64(1), s.metrics.sum(t, "caughtup.feed.rejected", reason("replayed")), "sequence 1 again, after 2 arrived live")
+}
+
+// TestPublishWhileSending: pollers publish at about the pace the
+// sending goroutine sends, so that it often wakes to find nothing pending
+// (a wake-up for an observation it has already sent) while the next
+// Publish writes; under -race, any access to the pending observations
+// outside the lock shows here. Every observation is published.
+func TestPublishWhileSending(t *testing.T) {
+	t.Parallel()
+	p, m := startPublisher(t, feed.PublisherConfig{Feed: feedName(t), Name: "a", Insecure: true})
+	const pollers, polls = 3, 200
+	var wg sync.WaitGroup
+	for w := range pollers {
+		wg.Go(func() {
+			for i := range polls {
+				if !assert.NoError(t, p.Publish(replica(fmt.Sprintf("r%d", w), position.LSN(i+1)))) {
+					return
+				}
+				// The pollers' schedule, not a wait for a condition.
+				time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, p.Flush(testContext(t)))
+	require.Equal(t, int64(pollers*polls), m.sum(t, "caughtup.feed.published")+m.sum(t, "caughtup.feed.publish.dropped"))
 }

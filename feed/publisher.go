@@ -334,8 +334,11 @@ func (p *Publisher) run() {
 	for range p.wake {
 		for {
 			p.mu.Lock()
-			batch := p.pending
-			if len(batch) > 0 {
+			// The batch is the pending map itself, swapped for a new one;
+			// an empty one stays Publish's, and is not to be read unlocked.
+			var batch map[nodeID]Observation
+			if len(p.pending) > 0 {
+				batch = p.pending
 				p.pending = make(map[nodeID]Observation, len(batch))
 			}
 			gen, closed := p.gen, p.closed
