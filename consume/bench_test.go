@@ -88,8 +88,7 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 	var catchup, resume []time.Duration
 	waitedSamples := 0
 	for b.Loop() {
-		_, err := ctl.Exec(ctx, "SELECT pg_wal_replay_pause()")
-		require.NoError(b, err)
+		require.NoError(b, pgtest.RequestReplayPause(ctx, ctl))
 		_, tok := e.write(b)
 		target := tok.Entries[0].LSN
 

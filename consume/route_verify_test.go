@@ -187,8 +187,7 @@ func TestRouteVerifiedWaitsForTheCommit(t *testing.T) {
 	// Pause every replica past the insert, before the commit. A pause
 	// takes effect at the next record replayed: make one.
 	for i, n := range c.Replicas() {
-		_, err := e.replicas[i].Exec(ctx, "SELECT pg_wal_replay_pause()")
-		require.NoError(t, err)
+		require.NoError(t, pgtest.RequestReplayPause(ctx, e.replicas[i]))
 		flush()
 		require.NoError(t, n.PauseReplay(ctx))
 	}

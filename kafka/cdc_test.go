@@ -19,6 +19,7 @@ import (
 	"github.com/caughtup/caughtup/cdc"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/kafkatest"
+	"github.com/caughtup/caughtup/internal/pgtest"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
@@ -147,8 +148,7 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	}
 	for i, n := range e.c.Replicas() {
 		// A pause takes effect at the next record replayed: make one.
-		_, err := e.replicas[i].Exec(ctx, `SELECT pg_wal_replay_pause()`)
-		require.NoError(t, err)
+		require.NoError(t, pgtest.RequestReplayPause(ctx, e.replicas[i]))
 		flush()
 		require.NoError(t, n.PauseReplay(ctx))
 	}

@@ -86,6 +86,9 @@
 // # Replication lag on demand
 //
 // PauseReplay/ResumeReplay stop and restart WAL replay on one replica.
+// Code that pauses replay on a connection of its own sends the request
+// with RequestReplayPause, which never leaves it in flight to land after
+// a later resume.
 // HoldQuery opens a snapshot on a replica; a VACUUM on the primary that
 // removes rows the snapshot can still see then stalls that replica's replay
 // until the hold is released or max_standby_streaming_delay (30 s unless
