@@ -20,7 +20,7 @@ CHAOSFLAGS ?=
 all: test
 
 # Installs the PostgreSQL server, redis-server, Java 17 and Maven when they
-# are missing, and resolves the Kafka harness's jars (internal/kafkatest).
+# are missing, and resolves the Kafka harness's jars (testkit/kafkatest).
 deps:
 	@scripts/install-deps
 
@@ -49,9 +49,9 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/
 
 demo: deps
-	$(GO) run ./cmd/caughtup demo
+	$(GO) run ./cmd/caughtup-demo
 
-# The fault scenarios on real PostgreSQL, Redis and Kafka (internal/chaos);
+# The fault scenarios on real PostgreSQL, Redis and Kafka (chaos/internal/lab);
 # KAFKA_BROKERS=host:port,... uses an existing Kafka cluster instead of the
 # broker the suite starts. CHAOSFLAGS='-run diverged -v' runs a subset.
 chaos: deps
@@ -60,10 +60,10 @@ chaos: deps
 chaos-short: deps
 	$(GO) run ./chaos -short $(CHAOSFLAGS)
 
-# The fleet simulation (internal/chaos, FleetMain): N routers on the
+# The fleet simulation (chaos/fleet): N routers on the
 # position feed or polling by themselves against the real cluster and
 # Redis; prints a table. Not part of make chaos: it loads the machine for
 # minutes. FLEETFLAGS='-feed 10,100 -local ""' runs some rows.
 FLEETFLAGS ?=
 fleet: deps
-	$(GO) run ./fleet $(FLEETFLAGS)
+	$(GO) run ./chaos/fleet $(FLEETFLAGS)

@@ -13,8 +13,8 @@ import (
 
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/conformance"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/conformance"
 )
 
 // driver runs the conformance suite through asynq: NewTask and the

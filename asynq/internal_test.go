@@ -17,8 +17,8 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/metrictest"
 )
 
 var epoch = position.Epoch{SystemID: 0x6f1e2d3c4b5a6978, Timeline: 1}

@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // TestMain shares one primary with two streaming replicas and one

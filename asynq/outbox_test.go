@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // TestOutboxPublisherDedupesByEventID: a batch the relay publishes twice

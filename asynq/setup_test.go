@@ -21,8 +21,8 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/metrictest"
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/testkit/metrictest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 func ctxT(t testing.TB) context.Context {

@@ -16,8 +16,8 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // BenchmarkWakeLatency measures how soon deferred tasks run once replay

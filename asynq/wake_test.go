@@ -12,7 +12,7 @@ import (
 
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/metrictest"
+	"github.com/caughtup/caughtup/testkit/metrictest"
 )
 
 // slowDeferrals makes every deferral a minute long, so that a task that

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/fault"
-	"github.com/caughtup/caughtup/internal/replicatest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/fault"
+	"github.com/caughtup/caughtup/testkit/replicatest"
 )
 
 // openChange is a transaction that has made its change but may not have

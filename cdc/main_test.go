@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
-	"github.com/caughtup/caughtup/internal/replicatest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
+	"github.com/caughtup/caughtup/testkit/replicatest"
 )
 
 // TestMain shares one primary and one streaming replica between the

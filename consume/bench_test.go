@@ -11,9 +11,9 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"golang.org/x/time/rate"
 
-	"github.com/caughtup/caughtup/internal/latency"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/latency"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // BenchmarkRoute is the whole in-process path for a caught-up job:

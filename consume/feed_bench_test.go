@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/latency"
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/testkit/latency"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // BenchmarkFeedInterval measures what the publishers' interval costs and

@@ -12,8 +12,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/metrictest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/metrictest"
 )
 
 // The router's side of the feed without services: a tracker with pollers

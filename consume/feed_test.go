@@ -19,9 +19,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/metrictest"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/metrictest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // Integration tests of the feed: the real cluster, a real redis-server,

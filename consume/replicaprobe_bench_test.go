@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // probedReplica is what BenchmarkFeedInterval and BenchmarkWaitLoad

@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/latency"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/latency"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // BenchmarkRestartWindow measures the window a ReplicaGuard closes: how

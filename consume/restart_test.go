@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // guardedPool is a pool on replica n with a ReplicaGuard installed.

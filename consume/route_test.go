@@ -12,8 +12,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // The tests on the shared cluster pause its replicas, so they do not run

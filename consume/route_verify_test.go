@@ -14,8 +14,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // verdicts is a Verifier answering per replica name, recording its calls.

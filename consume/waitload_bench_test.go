@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // BenchmarkWaitLoad measures what waiting jobs cost a replica and how soon

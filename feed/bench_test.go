@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/latency"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // BenchmarkPublishDeliver measures Publish → OnObservation on loopback

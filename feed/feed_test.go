@@ -16,8 +16,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 var epoch = position.Epoch{SystemID: 7412345678901234567, Timeline: 1}

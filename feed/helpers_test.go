@@ -18,8 +18,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/metrictest"
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/testkit/metrictest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // deadline bounds every wait for an event: generous, because the machine

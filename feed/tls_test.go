@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/feed"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // pki is a throwaway CA with one server and one client certificate.

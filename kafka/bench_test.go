@@ -23,9 +23,9 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/latency"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // Throughput and per-message cost are measured here, never asserted in

@@ -18,10 +18,10 @@ import (
 
 	"github.com/caughtup/caughtup/cdc"
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/kafkatest"
-	"github.com/caughtup/caughtup/internal/pgtest"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/kafkatest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // The tests in this file consume real Debezium change events: the Debezium

@@ -10,9 +10,9 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/conformance"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/conformance"
 )
 
 // driver runs the conformance suite over one topic (plus its retry and

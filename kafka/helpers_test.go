@@ -12,8 +12,8 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/fault"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/testkit/fault"
 )
 
 // testConfig fills in what every test consumer uses: quick fetches,

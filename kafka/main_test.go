@@ -14,12 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/caughtup/caughtup/internal/kafkatest"
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/testkit/kafkatest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // Tests run against a real Apache Kafka 4 broker (single node, KRaft),
-// started once per test binary by internal/kafkatest, or against the
+// started once per test binary by testkit/kafkatest, or against the
 // cluster KAFKA_BROKERS names (comma-separated host:port). Every test
 // creates its own uniquely named topics and groups, so they share the
 // broker. KAFKA_REPLICATION_FACTOR sets the topics' replication factor

@@ -13,10 +13,10 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 func TestOutboxPublisherRefusesUnsafeWriters(t *testing.T) {

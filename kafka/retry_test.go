@@ -14,8 +14,8 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/fault"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/testkit/fault"
 )
 
 func header(msg kafkago.Message, key string) string {

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/fault"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/testkit/fault"
 )
 
 // retryRun is one handler run as the wake tests see it.

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/latency"
+	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // preload commits n events, perTx per transaction, with one multi-row

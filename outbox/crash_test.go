@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/fault"
+	"github.com/caughtup/caughtup/testkit/fault"
 )
 
 var errCrash = errors.New("relay process killed")

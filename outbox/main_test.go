@@ -16,9 +16,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/pgtest"
-	"github.com/caughtup/caughtup/internal/replicatest"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
+	"github.com/caughtup/caughtup/testkit/replicatest"
 )
 
 func TestMain(m *testing.M) {

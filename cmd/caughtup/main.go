@@ -1,13 +1,13 @@
 // Command caughtup is the operator's tool for caughtup: decode and encode
-// tokens, watch replica positions during a lag incident, and run the demo
-// and the chaos suite.
+// tokens, watch replica positions during a lag incident, and publish
+// replica positions to a position feed. The demo (cmd/caughtup-demo) and
+// the chaos suite (chaos/) are separate commands: this binary links no
+// test harness.
 //
 //	caughtup token decode 'v1;...'
 //	caughtup token encode --database main --system-id 7301... --timeline 1 --lsn 0/16B3740
 //	caughtup watch --primary postgres://... --replica postgres://...
 //	caughtup feed --primary postgres://... --replica r1=postgres://... --redis redis://redis:6379/0
-//	caughtup demo
-//	caughtup chaos
 package main
 
 import (
@@ -41,8 +41,6 @@ func commands() []command {
 		{"token", "decode and encode caughtup tokens", runToken},
 		{"watch", "live replica positions, lag and tracker health", runWatch},
 		{"feed", "publish replica positions to a position feed for a fleet of routers", runFeed},
-		{"demo", "the profile-update demo on embedded services", runDemo},
-		{"chaos", "run the chaos scenarios and print their tables", runChaos},
 	}
 }
 

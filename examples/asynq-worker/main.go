@@ -40,7 +40,7 @@ import (
 	caughtupasynq "github.com/caughtup/caughtup/asynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/examplesvc"
+	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
 func main() { examplesvc.Main("asynq-worker", run) }

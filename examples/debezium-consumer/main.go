@@ -50,8 +50,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/examplesvc"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
 func main() { examplesvc.Main("debezium-consumer", run) }

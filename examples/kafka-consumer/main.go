@@ -45,8 +45,8 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/examplesvc"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
 func main() { examplesvc.Main("kafka-consumer", run) }

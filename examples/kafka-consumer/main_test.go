@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/caughtup/caughtup/internal/examplesvc/exampletest"
+	"github.com/caughtup/caughtup/testkit/examplesvc/exampletest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

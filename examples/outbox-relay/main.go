@@ -42,10 +42,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/examplesvc"
 	caughtupkafka "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
 // config says which services to use; zero values start throwaway ones

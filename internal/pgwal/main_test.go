@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/caughtup/caughtup/internal/pgtest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) {
