@@ -10,6 +10,11 @@
 //	...
 //	d.Hold()  // new connections hang until Release (or their context ends)
 //	d.Cut()   // every live connection is reset, as a crashed peer would
+//
+// Where the client cannot take a dialer (PgBouncer, HAProxy, a DSN given
+// to another program), a Proxy listens in the server's place and applies
+// the same faults from the other end; its SetTarget moves where new
+// connections go, as a DNS name or a virtual IP moves.
 package fault
 
 import (
