@@ -121,7 +121,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	began := time.Now()
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if _, err := pgBinDir(); err != nil {
+	v, err := ServerVersion(ctx)
+	if err != nil {
 		return nil, err
 	}
 	sb, err := newSandbox("pgtest-")
@@ -138,7 +139,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	for _, r := range c.replicas {
 		ports = append(ports, fmt.Sprintf("%s :%d", r.name, r.Port()))
 	}
-	c.logf("cluster up in %v: primary :%d, %s (dir %s)", time.Since(began).Round(time.Millisecond), c.primary.Port(), strings.Join(ports, ", "), sb.Root())
+	c.logf("PostgreSQL %s cluster up in %v: primary :%d, %s (dir %s; binaries from %s)", v, time.Since(began).Round(time.Millisecond), c.primary.Port(), strings.Join(ports, ", "), sb.Root(), v.Origin)
 	return c, nil
 }
 
@@ -185,7 +186,7 @@ func (c *Cluster) build(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = r.cloneFrom(ctx, p, true)
+			errs[i] = r.cloneFrom(ctx, p)
 		}()
 	}
 	wg.Wait()
@@ -389,7 +390,7 @@ func (c *Cluster) WaitReplicasCaughtUp(ctx context.Context) error {
 // no replica is ahead of the one promoted and all of them can follow it.
 // Then pg_promote(wait => true) runs on replica, and every other replica is
 // re-pointed at it (primary_conninfo rewritten, configuration reloaded; a
-// restart, and then a fresh pg_basebackup, if that does not get it streaming
+// restart, and then a fresh base backup, if that does not get it streaming
 // on the new timeline). Stopped replicas are only re-pointed, and follow the
 // new primary when started. The old primary stays stopped and leaves Nodes().
 func (c *Cluster) Promote(ctx context.Context, replica *Node) error {

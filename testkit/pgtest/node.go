@@ -320,26 +320,22 @@ func (n *Node) shutdownForClose() {
 	n.afterExit(false)
 }
 
-// cloneFrom makes this node a streaming replica of src with pg_basebackup
-// and starts it (on a new port if it has none yet).
-func (n *Node) cloneFrom(ctx context.Context, src *Node, createSlot bool) error {
-	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(src.Port()), "-U", "postgres",
-		"-D", n.dataDir, "-X", "stream", "-c", "fast", "-R", "--no-sync", "-S", n.name}
-	if createSlot {
-		args = append(args, "-C")
-	}
+// cloneFrom makes this node a streaming replica of src from a base backup
+// (baseBackup, through the slot named after the node) and starts it (on a
+// new port if it has none yet).
+func (n *Node) cloneFrom(ctx context.Context, src *Node) error {
 	t0 := time.Now()
-	out, err := runService(ctx, n.dir, "pg_basebackup", args...)
-	if err != nil {
+	if err := baseBackup(ctx, src, n.dataDir, n.name); err != nil {
 		if n.c.isClosed() {
 			return errClosed
 		}
-		return fmt.Errorf("pgtest: pg_basebackup for %s failed: %v: %s; %s", n.name, err, testsvc.TailLines(string(out), 15), installHint)
+		return fmt.Errorf("pgtest: making %s: %w", n.name, err)
 	}
-	n.c.logf("pg_basebackup %s took %v", n.name, time.Since(t0).Round(time.Millisecond))
+	n.c.logf("base backup of %s for %s took %v", src.name, n.name, time.Since(t0).Round(time.Millisecond))
 	if err := n.writeStandbyConf(src); err != nil {
 		return err
 	}
+	var err error
 	n.opMu.Lock()
 	if n.Port() == 0 {
 		err = n.startFresh(ctx)
@@ -477,14 +473,14 @@ func (n *Node) follow(ctx context.Context, primary *Node, tli uint32) error {
 			}
 		}
 	}
-	n.c.logf("%s cannot follow %s (%v); rebuilding with pg_basebackup", n.name, primary.name, err)
+	n.c.logf("%s cannot follow %s (%v); rebuilding it from a base backup", n.name, primary.name, err)
 	if err := n.Stop(ctx); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(n.dataDir); err != nil {
 		return fmt.Errorf("pgtest: %w", err)
 	}
-	return n.cloneFrom(ctx, primary, false)
+	return n.cloneFrom(ctx, primary)
 }
 
 // Follow re-points this replica at primary, the cluster's current

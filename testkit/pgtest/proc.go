@@ -8,9 +8,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -20,56 +18,7 @@ import (
 
 // installHint ends every "could not run PostgreSQL" error so that whoever
 // reads a CI log knows where to look next.
-const installHint = "is postgresql-15 installed? see .ci/run"
-
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
-
-// pgBinDir finds the PostgreSQL server binaries once per process.
-func pgBinDir() (string, error) {
-	binOnce.Do(func() {
-		var tried []string
-		try := func(dir string) bool {
-			if dir == "" {
-				return false
-			}
-			tried = append(tried, dir)
-			for _, prog := range []string{"postgres", "initdb", "pg_basebackup"} {
-				if fi, err := os.Stat(filepath.Join(dir, prog)); err != nil || fi.IsDir() {
-					return false
-				}
-			}
-			binDir = dir
-			return true
-		}
-		if try(os.Getenv("PG_BINDIR")) {
-			return
-		}
-		if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-			if try(strings.TrimSpace(string(out))) {
-				return
-			}
-		}
-		dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-		// Newest major version first; numeric, so 9.6 does not beat 15.
-		sort.Slice(dirs, func(i, j int) bool { return pgMajor(dirs[i]) > pgMajor(dirs[j]) })
-		for _, d := range dirs {
-			if try(d) {
-				return
-			}
-		}
-		binErr = fmt.Errorf("pgtest: PostgreSQL server binaries not found (tried $PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin: %v); %s", tried, installHint)
-	})
-	return binDir, binErr
-}
-
-func pgMajor(binDir string) float64 {
-	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
-	return v
-}
+const installHint = "is postgresql-15 installed (or CAUGHTUP_PG_VERSION set to 16, 17 or 18)? run scripts/install-deps, see .ci/run"
 
 var (
 	credOnce sync.Once
@@ -152,6 +101,12 @@ func serviceCmd(dir string, prog string, args ...string) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
+	return serviceCmdIn(bin, dir, prog, args...)
+}
+
+// serviceCmdIn is serviceCmd for the programs in bin, for ServerVersion,
+// which checks them before they become the harness's.
+func serviceCmdIn(bin, dir string, prog string, args ...string) (*exec.Cmd, error) {
 	c, err := serviceCredential()
 	if err != nil {
 		return nil, err
