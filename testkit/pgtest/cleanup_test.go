@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +37,17 @@ func helperMain(mode string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 3
 	}
-	fmt.Printf("READY %s %s\n", c.Dir(), r.Dir())
+	v, err := pgtest.ServerVersion(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	dirs := c.Dir() + " " + r.Dir()
+	if v.Temporary {
+		// The copy of the binaries must go with the process too.
+		dirs += " " + filepath.Dir(v.Bin)
+	}
+	fmt.Printf("READY %s\n", dirs)
 	// Block until the parent says "go" (or forever, for signals).
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 	if mode == "panic" {
@@ -52,7 +63,13 @@ func TestCleanupWhenTestBinaryDies(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			h := testsvc.StartHelperBinary(t, helperEnv, mode, 60*time.Second)
-			require.Len(t, h.Dirs, 2, "the cluster's and redis's; stderr:\n%s", h.Stderr())
+			v, err := pgtest.ServerVersion(context.Background())
+			require.NoError(t, err)
+			if v.Temporary {
+				require.Len(t, h.Dirs, 3, "the cluster's, redis's and the binaries' copy; stderr:\n%s", h.Stderr())
+			} else {
+				require.Len(t, h.Dirs, 2, "the cluster's and redis's; stderr:\n%s", h.Stderr())
+			}
 			before := testsvc.ProcessesIn(h.Dirs)
 			// kill: primary + replica postmasters and their children, redis.
 			require.GreaterOrEqual(t, len(before), 3, "processes in %v", h.Dirs)
