@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/latency"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
@@ -27,7 +28,7 @@ func BenchmarkRoute(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, d, err := r.Route(ctx, header, Delayed); err != nil || d.Outcome != OutcomeReplica {
+		if _, d, err := r.Route(ctx, hjob(header, Delayed)); err != nil || d.Outcome != OutcomeReplica {
 			b.Fatal(d.Outcome, err)
 		}
 	}
@@ -48,7 +49,7 @@ func BenchmarkRouteSDKMetrics(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, d, err := r.Route(ctx, header, Delayed); err != nil || d.Outcome != OutcomeReplica {
+			if _, d, err := r.Route(ctx, hjob(header, Delayed)); err != nil || d.Outcome != OutcomeReplica {
 				b.Error(d.Outcome, err)
 				return
 			}
@@ -83,7 +84,6 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 	require.NoError(b, err)
 	defer probe.Close(context.Background())
 	b.Cleanup(func() { _ = c.Replicas()[0].ResumeReplay(context.Background()) })
-	poller := r.tr.replicas[0][0]
 
 	var catchup, resume []time.Duration
 	waitedSamples := 0
@@ -99,10 +99,10 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			_, d, err := r.RouteToken(ctx, tok, Delayed)
+			_, d, err := r.Route(ctx, Job{Token: tok, Policy: Delayed})
 			done <- result{d, err, time.Now()}
 		}()
-		waitUntil(b, r, "the job waits", func(*Snapshot) bool { return poller.waiters.Load() > 0 })
+		waitUntil(b, r, "the job waits", func(*replay.Snapshot) bool { return watchers(r, 0) > 0 })
 		passed := make(chan time.Time, 1)
 		go func() {
 			for {
@@ -125,7 +125,7 @@ func BenchmarkCatchUpLatency(b *testing.B) {
 		pass := <-passed
 		if res.err != nil {
 			rs := r.Snapshot().Database("main").Replicas[0]
-			b.Fatalf("sample %d: %v; token %v; passed %v before return; replica %+v; waiters %d", len(catchup), res.err, target, res.at.Sub(pass), rs, poller.waiters.Load())
+			b.Fatalf("sample %d: %v; token %v; passed %v before return; replica %+v; waiters %d", len(catchup), res.err, target, res.at.Sub(pass), rs, watchers(r, 0))
 		}
 		require.False(b, pass.IsZero())
 		if res.d.Outcome != OutcomeReplicaWaited {
@@ -173,7 +173,7 @@ func BenchmarkTrackerQueries(b *testing.B) {
 						b.Error(err)
 						return
 					}
-					if _, d, err := r.RouteToken(ctx, tok, Delayed); err != nil || d.Outcome != OutcomeReplica {
+					if _, d, err := r.Route(ctx, Job{Token: tok, Policy: Delayed}); err != nil || d.Outcome != OutcomeReplica {
 						b.Errorf("outcome %s: %v", d.Outcome, err)
 						return
 					}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // CaughtUp reports whether, in snapshot s at time now, every database tok
@@ -22,14 +23,14 @@ import (
 // the job again puts it on a replica. cfg must have its defaults applied
 // (Router.Config does); nil means all defaults. CaughtUp is pure: no I/O,
 // no clock, no allocation.
-func CaughtUp(tok position.Token, s *Snapshot, now time.Time, cfg *Config) bool {
+func CaughtUp(tok position.Token, s *replay.Snapshot, now time.Time, cfg *Config) bool {
 	if tok.IsZero() {
 		return false
 	}
 	if cfg == nil {
 		cfg = &defaultConfig
 	}
-	cutoff := now.Add(-cfg.StalenessBound)
+	cutoff := now.Add(-cfg.Tracker.StalenessBound)
 	for _, e := range tok.Entries {
 		var dd DatabaseDecision
 		decideDatabase(&dd, e, s.Database(e.Database), cutoff, 0)
@@ -45,7 +46,7 @@ func CaughtUp(tok position.Token, s *Snapshot, now time.Time, cfg *Config) bool 
 // it without polling, use WaitCaughtUp, or check a Snapshot with the
 // function CaughtUp and wait on its Changed channel.
 func (r *Router) CaughtUp(tok position.Token) bool {
-	return CaughtUp(tok, r.tr.snapshot(), r.cfg.Now(), &r.cfg)
+	return CaughtUp(tok, r.tr.Snapshot(), r.cfg.Now(), &r.cfg)
 }
 
 // WaitCaughtUp returns nil once a replica has replayed tok for every
@@ -57,7 +58,7 @@ func (r *Router) CaughtUp(tok position.Token) bool {
 // the deadline after which the caller does something else, such as
 // routing the job anyway.
 func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
-	snap := r.tr.snapshot()
+	snap := r.tr.Snapshot()
 	if CaughtUp(tok, snap, r.cfg.Now(), &r.cfg) {
 		return nil
 	}
@@ -66,18 +67,18 @@ func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
 	watched := time.Now()
 	for {
 		select {
-		case <-snap.changed:
+		case <-snap.Changed():
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		snap = r.tr.snapshot()
+		snap = r.tr.Snapshot()
 		if CaughtUp(tok, snap, r.cfg.Now(), &r.cfg) {
 			return nil
 		}
 		// Watch speeds up the replicas that answered when it was called;
 		// a long wait looks again now and then, so that a replica that
 		// recovers meanwhile is sped up too.
-		if time.Since(watched) >= r.cfg.PollInterval {
+		if time.Since(watched) >= r.cfg.Tracker.PollInterval {
 			next := r.Watch(tok)
 			stop()
 			stop, watched = next, time.Now()
@@ -88,19 +89,12 @@ func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
 // Watch makes the tracker poll the replicas of the databases tok names
 // every WaitPollInterval instead of every PollInterval, until stop is
 // called, so that a caller waiting for tok (on Snapshot.Changed) learns
-// within a few milliseconds that a replica passed it. It speeds up the
-// replicas whose last query succeeded when Watch is called; failing,
-// diverged and promoted ones keep the slow pace, so that watching never
-// turns into a reconnect storm. The load is shared: however many callers
-// watch (and jobs wait in Route), a replica is polled at most once per
-// WaitPollInterval per Router. stop is idempotent.
+// within a few milliseconds that a replica passed it (replay.Tracker.Watch).
+// stop is idempotent.
 func (r *Router) Watch(tok position.Token) (stop func()) {
-	s := r.tr.snapshot()
 	var undo []func()
-	for i := range s.Databases {
-		if _, ok := tok.Entry(s.Databases[i].Name); ok {
-			undo = append(undo, r.watchDatabase(s, i))
-		}
+	for _, e := range tok.Entries {
+		undo = append(undo, r.tr.Watch(e.Database))
 	}
 	var once sync.Once
 	return func() {
@@ -110,118 +104,4 @@ func (r *Router) Watch(tok position.Token) (stop func()) {
 			}
 		})
 	}
-}
-
-// watchDatabase speeds up polling of database db's replicas that answered
-// their last query in s, until the returned function is called.
-func (r *Router) watchDatabase(s *Snapshot, db int) func() {
-	ds := &s.Databases[db]
-	var idx []int
-	for j := range ds.Replicas {
-		if ds.Replicas[j].Err == nil {
-			idx = append(idx, j)
-		}
-	}
-	return r.tr.watch(db, idx)
-}
-
-// CatchUp is when the tracker first saw a token caught up (FirstCaughtUp).
-type CatchUp struct {
-	// Observed is when the observation that showed a replica past the
-	// token was made: its query sent, or its feed message received. The
-	// replica may have passed the token after this, while the query ran.
-	Observed time.Time
-	// Read is when that observation's result had been read: the replica
-	// had passed the token by then, and a router could know it. It is
-	// after the moment the replica passed the token by at most the time
-	// since the previous observation of that replica (WaitPollInterval
-	// while someone waits on it) plus the query's duration.
-	Read time.Time
-}
-
-// FirstCaughtUp finds the first of snaps (oldest first, as a follower of
-// Router.Snapshot and Snapshot.Changed records them) in which tok is
-// caught up, and returns when the tracker saw it: for each database, the
-// observation with the earliest Read among the replicas Decide could
-// route tok to; across tok's databases, the latest. It returns false if
-// tok is caught up in none of them.
-//
-// It measures the latency of work that could not run at once: from "the
-// tracker saw a replica past the job's token" (Read) to, say, the
-// handler's start. That leaves out how long the tracker took to notice
-// (bounded as CatchUp.Read says); measured from Observed instead, the
-// latency includes the query's duration, and may count time from before
-// the replica passed the token. Each snapshot is judged at its own
-// newest observation time, so the result does not depend on when the
-// follower looked. A follower that falls behind skips snapshots
-// (Router.Snapshot returns the newest); the replica's state in the next
-// one it sees may come from a later observation if the replica was
-// polled again in between (WaitPollInterval later while someone waits on
-// it), which makes the catch-up look that much later.
-//
-// cfg must have its defaults applied; nil means all defaults.
-func FirstCaughtUp(tok position.Token, snaps []*Snapshot, cfg *Config) (CatchUp, bool) {
-	for _, s := range snaps {
-		if at, ok := caughtUpAt(tok, s, newestObservation(s), cfg); ok {
-			return at, true
-		}
-	}
-	return CatchUp{}, false
-}
-
-// caughtUpAt is CaughtUp with the observation that makes tok caught up in
-// s (see FirstCaughtUp).
-func caughtUpAt(tok position.Token, s *Snapshot, now time.Time, cfg *Config) (CatchUp, bool) {
-	if !CaughtUp(tok, s, now, cfg) {
-		return CatchUp{}, false
-	}
-	if cfg == nil {
-		cfg = &defaultConfig
-	}
-	cutoff := now.Add(-cfg.StalenessBound)
-	var at CatchUp
-	for _, e := range tok.Entries {
-		ds := s.Database(e.Database)
-		// Decide picks among the caught-up replicas by Spread; every
-		// spread from 0 to len-1 names each of them at least once.
-		var first CatchUp
-		for spread := range len(ds.Replicas) {
-			var dd DatabaseDecision
-			decideDatabase(&dd, e, ds, cutoff, uint32(spread))
-			r := &ds.Replicas[dd.replica]
-			if first.Read.IsZero() || r.replayedBy.Before(first.Read) {
-				// ObservedAt is the newest observation's; the one that
-				// moved Replayed was made no later than it was read.
-				first = CatchUp{Observed: r.ObservedAt, Read: r.replayedBy}
-				if first.Observed.After(first.Read) {
-					first.Observed = first.Read
-				}
-			}
-		}
-		if first.Read.After(at.Read) {
-			at = first
-		}
-	}
-	return at, true
-}
-
-// newestObservation is the latest ObservedAt in s: the snapshot was
-// published right after the observation that made it.
-func newestObservation(s *Snapshot) time.Time {
-	var t time.Time
-	if s == nil {
-		return t
-	}
-	for i := range s.Databases {
-		ds := &s.Databases[i]
-		if ds.Primary.ObservedAt.After(t) {
-			t = ds.Primary.ObservedAt
-		}
-		for j := range ds.Replicas {
-			if o := ds.Replicas[j].ObservedAt; o.After(t) {
-				t = o
-			}
-		}
-	}
-	return t
 }

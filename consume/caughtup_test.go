@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -20,12 +21,12 @@ func TestCaughtUp(t *testing.T) {
 	hist := position.History{{Timeline: 1, Switchpoint: lsn("0/5000000")}}
 	main := dbState("main", 1, nil, rep("r1", 1, "0/3000000"), rep("r2", 1, "0/2000000"))
 	other := dbState("other", 1, nil, rep("o1", 1, "0/1000000"))
-	held := func(r *ReplicaState) { r.RestartFloor = lsn("0/4000000") }
+	held := func(r *replay.ReplicaState) { r.RestartFloor = lsn("0/4000000") }
 
 	cases := []struct {
 		name string
 		tok  position.Token
-		s    *Snapshot
+		s    *replay.Snapshot
 		want bool
 	}{
 		{"below the furthest replica", tok(0, ent("main", 1, "0/2800000")), snap(main), true},
@@ -56,7 +57,7 @@ func TestCaughtUp(t *testing.T) {
 		{"newer timeline than the replica", tok(0, ent("main", 2, "0/5100000")), snap(dbState("main", 2, hist, rep("r1", 1, "0/5000000"))), false},
 		{"diverged standby", tok(0, ent("main", 1, "0/4000000")), snap(dbState("main", 2, hist, rep("old", 1, "0/5800000"))), false},
 		{"primary unknown, replica decides", tok(0, ent("main", 1, "0/2800000")),
-			snap(DatabaseState{Name: "main", Primary: PrimaryState{Err: errors.New("down")}, Replicas: main.Replicas}), true},
+			snap(replay.DatabaseState{Name: "main", Primary: replay.PrimaryState{Err: errors.New("down")}, Replicas: main.Replicas}), true},
 		{"token age does not matter", tok(time.Hour, ent("main", 1, "0/2800000")), snap(main), true},
 	}
 	for _, tc := range cases {
@@ -86,61 +87,10 @@ func TestCaughtUpDoesNotAllocate(t *testing.T) {
 	require.Zero(t, testing.AllocsPerRun(100, func() { CaughtUp(tk, s, t0, &cfg) }))
 }
 
-// TestFirstCaughtUp: the first snapshot in which the token is caught up
-// names the time of the observation that showed it, whatever came
-// between, and judges staleness by the snapshot's own time.
-func TestFirstCaughtUp(t *testing.T) {
-	t.Parallel()
-	// at: observed at t0+d, read 2ms later.
-	at := func(d time.Duration) func(*ReplicaState) {
-		return func(r *ReplicaState) { r.ObservedAt, r.replayedBy = t0.Add(d), t0.Add(d+2*time.Millisecond) }
-	}
-	want := func(d time.Duration) CatchUp {
-		return CatchUp{Observed: t0.Add(d), Read: t0.Add(d + 2*time.Millisecond)}
-	}
-	tk := tok(0, ent("main", 1, "0/3000000"))
-	s1 := snap(dbState("main", 1, nil, rep("r1", 1, "0/2000000", at(0)), rep("r2", 1, "0/1000000", at(time.Millisecond))))
-	// r2 passes the token in an observation made at +10ms.
-	s2 := snap(dbState("main", 1, nil, rep("r1", 1, "0/2000000", at(0)), rep("r2", 1, "0/3000000", at(10*time.Millisecond))))
-	// r1 passes it too at +15ms; r2's +10ms remains the first.
-	s3 := snap(dbState("main", 1, nil, rep("r1", 1, "0/3500000", at(15*time.Millisecond)), rep("r2", 1, "0/3000000", at(10*time.Millisecond))))
-
-	got, ok := FirstCaughtUp(tk, []*Snapshot{s1, s2, s3}, nil)
-	require.True(t, ok)
-	require.Equal(t, want(10*time.Millisecond), got)
-	// A follower that skipped s2 still finds r2's observation.
-	got, ok = FirstCaughtUp(tk, []*Snapshot{s1, s3}, nil)
-	require.True(t, ok)
-	require.Equal(t, want(10*time.Millisecond), got)
-
-	_, ok = FirstCaughtUp(tk, []*Snapshot{s1}, nil)
-	require.False(t, ok)
-	_, ok = FirstCaughtUp(position.Token{}, []*Snapshot{s3}, nil)
-	require.False(t, ok)
-
-	// A replica past the token but silent for longer than the staleness
-	// bound, in a snapshot made of newer observations, is unknown.
-	silent := snap(dbState("main", 1, nil, rep("r1", 1, "0/9000000", at(0)), rep("r2", 1, "0/1000000", at(5*time.Second))))
-	_, ok = FirstCaughtUp(tk, []*Snapshot{silent}, nil)
-	require.False(t, ok)
-
-	// Two databases: the later of the two catch-ups.
-	tk2 := tok(0, ent("main", 1, "0/3000000"), ent("other", 1, "0/100"))
-	s4 := snap(
-		dbState("main", 1, nil, rep("r1", 1, "0/3000000", at(20*time.Millisecond))),
-		dbState("other", 1, nil, rep("o1", 1, "0/200", at(30*time.Millisecond))),
-	)
-	got, ok = FirstCaughtUp(tk2, []*Snapshot{s4}, nil)
-	require.True(t, ok)
-	require.Equal(t, want(30*time.Millisecond), got)
-}
-
 // TestWaitCaughtUp on the real cluster: with every replica paused a
 // written token is not caught up, WaitCaughtUp watches both replicas
 // (polled fast) and ends with its context; after resume it returns as
 // soon as the tracker sees a replica past the token, and the watch ends.
-// FirstCaughtUp, over the snapshots a follower recorded, names the
-// observation that showed it.
 func TestWaitCaughtUp(t *testing.T) {
 	c := pgtest.Shared(t)
 	e := setup(t, c)
@@ -157,7 +107,7 @@ func TestWaitCaughtUp(t *testing.T) {
 	// A follower records every snapshot it sees.
 	var (
 		mu    sync.Mutex
-		snaps []*Snapshot
+		snaps []*replay.Snapshot
 	)
 	follow, stopFollow := context.WithCancel(context.Background())
 	followed := make(chan struct{})
@@ -178,7 +128,7 @@ func TestWaitCaughtUp(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { done <- r.WaitCaughtUp(context.Background(), tk) }()
-	waitUntil(t, r, "the wait watches both replicas", func(*Snapshot) bool { return waiting(r) == 2 })
+	waitUntil(t, r, "the wait watches both replicas", func(*replay.Snapshot) bool { return waiting(r) == 2 })
 	resumed := time.Now()
 	resumeAll(t, c)
 	require.NoError(t, <-done)
@@ -190,12 +140,18 @@ func TestWaitCaughtUp(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	at, ok := FirstCaughtUp(tk, snaps, &r.cfg)
-	require.True(t, ok, "the follower saw the token caught up")
-	require.True(t, at.Read.After(resumed), "caught up %v before the resume", resumed.Sub(at.Read))
-	require.False(t, at.Observed.After(at.Read))
-	t.Logf("resume → caught up (tracker observation sent %v, read %v), → WaitCaughtUp returned %v; %d snapshots followed",
-		at.Observed.Sub(resumed), at.Read.Sub(resumed), returned.Sub(resumed), len(snaps))
+	// The follower saw the catch-up, in a snapshot made after the resume.
+	var at time.Time
+	for _, s := range snaps {
+		if now := newestObservation(s); CaughtUp(tk, s, now, &r.cfg) {
+			at = now
+			break
+		}
+	}
+	require.False(t, at.IsZero(), "the follower saw the token caught up")
+	require.True(t, at.After(resumed), "caught up %v before the resume", resumed.Sub(at))
+	t.Logf("resume → caught up (tracker observation %v), → WaitCaughtUp returned %v; %d snapshots followed",
+		at.Sub(resumed), returned.Sub(resumed), len(snaps))
 
 	// Watch is idempotent to stop and speeds up only while held.
 	stop := r.Watch(tk)
@@ -203,4 +159,22 @@ func TestWaitCaughtUp(t *testing.T) {
 	stop()
 	stop()
 	require.Zero(t, waiting(r))
+}
+
+// newestObservation is the latest ObservedAt in s: the snapshot was
+// published right after the observation that made it.
+func newestObservation(s *replay.Snapshot) time.Time {
+	var t time.Time
+	for i := range s.Databases {
+		ds := &s.Databases[i]
+		if ds.Primary.ObservedAt.After(t) {
+			t = ds.Primary.ObservedAt
+		}
+		for j := range ds.Replicas {
+			if o := ds.Replicas[j].ObservedAt; o.After(t) {
+				t = o
+			}
+		}
+	}
+	return t
 }

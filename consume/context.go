@@ -198,21 +198,3 @@ func childToken(tok position.Token, d *Decision, now time.Time) position.Token {
 	}
 	return out
 }
-
-type sourceKey struct{}
-
-// WithSource names where the jobs routed with ctx come from ("asynq
-// email:send", "kafka user-events"): warnings about what those jobs
-// carry (a malformed token) name it and are rate-limited per source, so
-// that one misbehaving producer is easy to find and does not drown the
-// others. Adapters call it only when there is something to warn about,
-// since it costs an allocation.
-func WithSource(ctx context.Context, source string) context.Context {
-	return context.WithValue(ctx, sourceKey{}, source)
-}
-
-// sourceFrom returns the source WithSource put in ctx, or "".
-func sourceFrom(ctx context.Context) string {
-	s, _ := ctx.Value(sourceKey{}).(string)
-	return s
-}

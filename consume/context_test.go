@@ -41,7 +41,7 @@ func TestTallyContextsNotReused(t *testing.T) {
 	ctxs := make([]context.Context, jobs)
 	for i := range ctxs {
 		tok := position.Of(t0.Add(-time.Second), position.Entry{Database: "main", Epoch: ep(1), LSN: position.LSN(1000 + i)})
-		ctx, d, err := tally.RouteDecoded(context.Background(), tok, nil, Sticky)
+		ctx, d, err := tally.Route(context.Background(), Job{Token: tok, TokenErr: nil, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomeReplica, d.Outcome)
 		ctxs[i] = ctx
@@ -70,7 +70,7 @@ func TestRoutedContext(t *testing.T) {
 	type key struct{}
 	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
 	jobTok := position.Of(t0.Add(-time.Second), ent("main", 1, "0/100"))
-	hctx, d, err := r.RouteToken(parent, jobTok, Delayed)
+	hctx, d, err := r.Route(parent, Job{Token: jobTok, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, OutcomeReplica, d.Outcome)
 	got, ok := DecisionFrom(hctx)
@@ -109,7 +109,7 @@ func TestRoutedContext(t *testing.T) {
 	require.Equal(t, "v", detached.Value(key{}))
 
 	// No token: no child token, and the decision still travels.
-	hctx, d, err = r.Route(context.Background(), "", Delayed)
+	hctx, d, err = r.Route(context.Background(), hjob("", Delayed))
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
 	_, ok = enqueue.TokenFrom(hctx)
@@ -148,7 +148,7 @@ func TestRouteKeepsNothingOfTheToken(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			entries := slices.Clone(tc.tok.Entries)
 			routed := position.Token{Entries: entries, CapturedAt: tc.tok.CapturedAt}
-			hctx, d, err := r.RouteToken(context.Background(), routed, tc.policy)
+			hctx, d, err := r.Route(context.Background(), Job{Token: routed, Policy: tc.policy})
 			require.NoError(t, err)
 			require.Equal(t, tc.outcome, d.Outcome)
 			want := childToken(tc.tok, &d, t0)

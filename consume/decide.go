@@ -8,6 +8,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // Decision says where a job runs, or why it does not run now.
@@ -34,9 +35,13 @@ type Decision struct {
 	// (the producer's clock is ahead of the consumer's): the token's age
 	// is then unknown. Zero otherwise.
 	ClockSkew time.Duration
-	// Waited is how long the Router waited for a replica (zero from
-	// Decide itself).
+	// Waited is how long the Router waited for a replica, or held the job
+	// for a replica or the cap (zero from Decide itself).
 	Waited time.Duration
+	// Held: the cap refused the job, which could neither be deferred nor
+	// refused (Job.Hold), and the Router held it until a replica served
+	// it or the cap admitted it.
+	Held bool
 	// Databases has one entry per database in the token, in the token's
 	// order. A database that is not listed is read from the primary. It
 	// may alias DecideInput.Buf.
@@ -94,7 +99,7 @@ type DecideInput struct {
 	// reads the primary (ReasonMalformedToken).
 	TokenErr error
 	// Snapshot is the tracker's state; nil knows no database.
-	Snapshot *Snapshot
+	Snapshot *replay.Snapshot
 	// Now is the decision time, comparable with the snapshot's times.
 	Now time.Time
 	// Config must have its defaults applied; nil means all defaults.
@@ -108,6 +113,12 @@ type DecideInput struct {
 	// Capped: the fallback cap refused this job a promotion; Decide turns
 	// a Fallback decision into a deferral or OutcomeCapped.
 	Capped bool
+	// NoDefer: the job cannot be deferred (Job.NoDefer); DeferBy: a
+	// deferral must end by then (Job.DeferBy). A job that could otherwise
+	// be deferred reads the primary instead (ReasonCannotDefer), and one
+	// the cap refuses is refused (OutcomeCapped).
+	NoDefer bool
+	DeferBy time.Time
 	// Spread picks among caught-up replicas (index Spread mod count);
 	// pass a rotating counter to spread load while keeping Decide pure.
 	Spread uint32
@@ -180,7 +191,7 @@ func decide(in *DecideInput, d *Decision) {
 	}
 
 	var behind, epoch, other int
-	cutoff := in.Now.Add(-cfg.StalenessBound)
+	cutoff := in.Now.Add(-cfg.Tracker.StalenessBound)
 	for i, e := range in.Token.Entries {
 		d.Databases = append(d.Databases, DatabaseDecision{})
 		dd := &d.Databases[len(d.Databases)-1]
@@ -218,6 +229,8 @@ func decide(in *DecideInput, d *Decision) {
 				return
 			case !ageKnown:
 				promote = ReasonUnknownAge
+			case !in.canDefer(deferDelay(age, cfg)):
+				promote = ReasonCannotDefer
 			default:
 				d.Delay = deferDelay(age, cfg)
 				d.setAll(outcomeWait, OutcomeDeferred, ReasonReplicaBehind, ActionDefer)
@@ -241,7 +254,7 @@ func decide(in *DecideInput, d *Decision) {
 	}
 	switch {
 	case fallback != ReasonNone && in.Capped:
-		if pol == Delayed && ageKnown && age < cfg.MaxAge {
+		if pol == Delayed && ageKnown && age < cfg.MaxAge && in.canDefer(deferDelay(age, cfg)) {
 			d.Delay = deferDelay(age, cfg)
 			d.setAll(OutcomePrimary, OutcomeDeferred, ReasonCapped, ActionDefer)
 			return
@@ -264,6 +277,11 @@ func decide(in *DecideInput, d *Decision) {
 	case in.Waited:
 		d.Outcome = OutcomeReplicaWaited
 	}
+}
+
+// canDefer reports whether the job may be deferred for delay.
+func (in *DecideInput) canDefer(delay time.Duration) bool {
+	return !in.NoDefer && (in.DeferBy.IsZero() || !in.Now.Add(delay).After(in.DeferBy))
 }
 
 // setAll gives the job an outcome and relabels the databases that caused
@@ -308,14 +326,14 @@ const maxCandidates = 64
 
 // decideDatabase fills dd (zero) for one token entry; replicas observed
 // before cutoff are stale.
-func decideDatabase(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32) {
+func decideDatabase(dd *DatabaseDecision, e position.Entry, db *replay.DatabaseState, cutoff time.Time, spread uint32) {
 	decideDatabaseAfter(dd, e, db, cutoff, spread, 0)
 }
 
 // decideDatabaseAfter is decideDatabase where, besides, replicas that have
 // not replayed past after (non-zero: a Verifier found one there without
 // the job's writes) are behind.
-func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseState, cutoff time.Time, spread uint32, after position.LSN) {
+func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *replay.DatabaseState, cutoff time.Time, spread uint32, after position.LSN) {
 	dd.Database, dd.Entry, dd.replica, dd.Outcome = e.Database, e, -1, OutcomePrimary
 	if db == nil {
 		dd.Reason = ReasonUnknownDatabase
@@ -354,8 +372,8 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseSta
 	notCmp := position.Comparable
 	for i := range db.Replicas {
 		r := &db.Replicas[i]
-		if !r.usable(cutoff) {
-			if r.Err == nil && r.stale(cutoff) {
+		if !r.Usable(cutoff) {
+			if r.Err == nil && r.Stale(cutoff) {
 				stale++
 			}
 			continue
@@ -363,7 +381,7 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseSta
 		// A diverged standby holds WAL the primary's history lacks:
 		// neither read (it may show rows the primary never had) nor
 		// waited on (it never reaches the primary's timeline).
-		if histKnown && diverged(r.Replayed, p) {
+		if histKnown && p.Diverged(r.Replayed) {
 			divergent++
 			continue
 		}
@@ -378,7 +396,7 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseSta
 		}
 		c := e.Compare(r.Replayed, rh)
 		switch {
-		case c.Status == position.CaughtUp && r.held():
+		case c.Status == position.CaughtUp && r.Held():
 			// Restarted: it may show less than it had replayed until it
 			// passes RestartFloor.
 			behind = true
@@ -388,7 +406,7 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseSta
 			// writes; every replica replays the same WAL, so this one
 			// lacks them too until it passes after.
 			behind = true
-			held = held && r.held()
+			held = held && r.Held()
 			minBehind = min(minBehind, uint64(after-r.Replayed.LSN)+1)
 		case c.Status == position.CaughtUp:
 			if i < maxCandidates {
@@ -397,13 +415,13 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *DatabaseSta
 			}
 		case c.Status == position.Behind:
 			behind = true
-			held = held && r.held()
+			held = held && r.Held()
 			minBehind = min(minBehind, c.BytesBehind)
 		case c.Reason == position.NewerTimeline:
 			// Not yet following the promotion the entry was written
 			// after; it may within the wait.
 			behind = true
-			held = held && r.held()
+			held = held && r.Held()
 		default:
 			notCmp = c.Reason
 		}

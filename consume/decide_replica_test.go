@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // Diverged standbys and restarted replicas in Decide: a standby left on
@@ -19,8 +20,8 @@ func TestDecideReplicaConditions(t *testing.T) {
 	// divergent: on timeline 1, past the switchpoint of timeline 2.
 	divergent := rep("old", 1, "0/5800000")
 	following := rep("new", 2, "0/6000000")
-	heldBelow := func(floor string) func(*ReplicaState) {
-		return func(r *ReplicaState) { r.RestartFloor = lsn(floor) }
+	heldBelow := func(floor string) func(*replay.ReplicaState) {
+		return func(r *replay.ReplicaState) { r.RestartFloor = lsn(floor) }
 	}
 	oldTok := tok(0, ent("main", 1, "0/4000000"))  // shared history
 	lateTok := tok(0, ent("main", 1, "0/5400000")) // past the switchpoint: not in the new history

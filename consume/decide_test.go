@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 const sysID = 0x6f1e2d3c4b5a6978
@@ -23,8 +24,8 @@ func ep(tli uint32) position.Epoch { return position.Epoch{SystemID: sysID, Time
 func lsn(s string) position.LSN { return position.MustParseLSN(s) }
 
 // rep is a healthy replica in recovery, observed just now.
-func rep(name string, tli uint32, at string, mods ...func(*ReplicaState)) ReplicaState {
-	r := ReplicaState{
+func rep(name string, tli uint32, at string, mods ...func(*replay.ReplicaState)) replay.ReplicaState {
+	r := replay.ReplicaState{
 		Name:         name,
 		Replayed:     position.Replayed{Epoch: ep(tli), LSN: lsn(at)},
 		InRecovery:   true,
@@ -38,10 +39,10 @@ func rep(name string, tli uint32, at string, mods ...func(*ReplicaState)) Replic
 	return r
 }
 
-func dbState(name string, primaryTLI uint32, hist position.History, replicas ...ReplicaState) DatabaseState {
-	return DatabaseState{
+func dbState(name string, primaryTLI uint32, hist position.History, replicas ...replay.ReplicaState) replay.DatabaseState {
+	return replay.DatabaseState{
 		Name: name,
-		Primary: PrimaryState{
+		Primary: replay.PrimaryState{
 			Epoch: ep(primaryTLI), History: hist, HistoryKnown: primaryTLI == 1 || hist != nil,
 			InsertLSN: lsn("0/9000000"), ObservedAt: t0.Add(-20 * time.Millisecond),
 		},
@@ -49,7 +50,7 @@ func dbState(name string, primaryTLI uint32, hist position.History, replicas ...
 	}
 }
 
-func snap(dbs ...DatabaseState) *Snapshot { return &Snapshot{Databases: dbs} }
+func snap(dbs ...replay.DatabaseState) *replay.Snapshot { return &replay.Snapshot{Databases: dbs} }
 
 func ent(db string, tli uint32, at string) position.Entry {
 	return position.Entry{Database: db, Epoch: ep(tli), LSN: lsn(at), Source: position.SourcePrimary}
@@ -61,12 +62,12 @@ func tok(age time.Duration, entries ...position.Entry) position.Token {
 }
 
 var (
-	stale     = func(r *ReplicaState) { r.ObservedAt = t0.Add(-2 * time.Second) }
-	failing   = func(r *ReplicaState) { r.Err = errors.New("connection refused") }
-	unhealthy = func(r *ReplicaState) { r.Healthy = false }
-	promoted  = func(r *ReplicaState) { r.InRecovery = false }
-	noEpoch   = func(r *ReplicaState) { r.Replayed.Epoch = position.Epoch{} }
-	nullLSN   = func(r *ReplicaState) { r.Replayed.LSN = 0 }
+	stale     = func(r *replay.ReplicaState) { r.ObservedAt = t0.Add(-2 * time.Second) }
+	failing   = func(r *replay.ReplicaState) { r.Err = errors.New("connection refused") }
+	unhealthy = func(r *replay.ReplicaState) { r.Healthy = false }
+	promoted  = func(r *replay.ReplicaState) { r.InRecovery = false }
+	noEpoch   = func(r *replay.ReplicaState) { r.Replayed.Epoch = position.Epoch{} }
+	nullLSN   = func(r *replay.ReplicaState) { r.Replayed.LSN = 0 }
 )
 
 type wantDB struct {
@@ -180,15 +181,15 @@ func TestDecide(t *testing.T) {
 		{
 			name: "primary unknown: replicas still decide",
 			in: DecideInput{Policy: Sticky, Token: caught,
-				Snapshot: snap(DatabaseState{Name: "main", Primary: PrimaryState{Err: errors.New("down")}, Replicas: main.Replicas})},
+				Snapshot: snap(replay.DatabaseState{Name: "main", Primary: replay.PrimaryState{Err: errors.New("down")}, Replicas: main.Replicas})},
 			action: ActionRun, outcome: OutcomeReplica, reason: ReasonNone,
 			dbs: []wantDB{{"main", "r1", OutcomeReplica, ReasonNone}},
 		},
 		{
 			name: "primary unknown, replica of another system",
 			in: DecideInput{Policy: Delayed, Token: caught,
-				Snapshot: snap(DatabaseState{Name: "main", Primary: PrimaryState{Err: errors.New("down")},
-					Replicas: []ReplicaState{rep("r1", 1, "0/9000000", func(r *ReplicaState) { r.Replayed.Epoch.SystemID = 7 })}})},
+				Snapshot: snap(replay.DatabaseState{Name: "main", Primary: replay.PrimaryState{Err: errors.New("down")},
+					Replicas: []replay.ReplicaState{rep("r1", 1, "0/9000000", func(r *replay.ReplicaState) { r.Replayed.Epoch.SystemID = 7 })}})},
 			action: ActionRun, outcome: OutcomePrimaryEpoch, reason: ReasonEpoch,
 			dbs: []wantDB{{"main", "", OutcomePrimaryEpoch, ReasonEpoch}},
 		},
@@ -209,7 +210,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "never observed",
 			in: DecideInput{Policy: Sticky, Token: caught,
-				Snapshot: snap(dbState("main", 1, nil, ReplicaState{Name: "r1"}))},
+				Snapshot: snap(dbState("main", 1, nil, replay.ReplicaState{Name: "r1"}))},
 			action: ActionRun, outcome: OutcomePrimary, reason: ReasonTrackerStale, fallback: true,
 			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonTrackerStale}},
 		},
@@ -451,8 +452,8 @@ func TestDecideSpreadsAcrossCaughtUpReplicas(t *testing.T) {
 
 func TestDecideStalenessBoundary(t *testing.T) {
 	t.Parallel()
-	cfg := Config{StalenessBound: time.Second}.WithDefaults()
-	s := snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", func(r *ReplicaState) { r.ObservedAt = t0.Add(-time.Second) })))
+	cfg := Config{Tracker: replay.TrackerConfig{StalenessBound: time.Second}}.WithDefaults()
+	s := snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", func(r *replay.ReplicaState) { r.ObservedAt = t0.Add(-time.Second) })))
 	tk := tok(0, ent("main", 1, "0/1"))
 	d := Decide(DecideInput{Policy: Sticky, Token: tk, Snapshot: s, Now: t0, Config: &cfg})
 	require.Equal(t, OutcomeReplica, d.Outcome, "exactly at the bound is still fresh")
@@ -547,8 +548,8 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorIs(t, Config{}.WithDefaults().Validate(), ErrInvalidConfig)
 	cfg := Config{}.WithDefaults()
 	require.Equal(t, Delayed, cfg.DefaultPolicy)
-	require.Equal(t, time.Second, cfg.StalenessBound)
-	require.Equal(t, 3*time.Second, Config{PollInterval: time.Second}.WithDefaults().StalenessBound)
+	require.Equal(t, time.Second, cfg.Tracker.StalenessBound)
+	require.Equal(t, 3*time.Second, Config{Tracker: replay.TrackerConfig{PollInterval: time.Second}}.WithDefaults().Tracker.StalenessBound)
 }
 
 func TestDeferErrorIs(t *testing.T) {
@@ -587,7 +588,7 @@ func TestReplicasNamesPools(t *testing.T) {
 		t.Cleanup(p.Close)
 		pools = append(pools, p)
 	}
-	got := Replicas(pools...)
+	got := replay.Replicas(pools...)
 	require.Equal(t, []string{"db1:5433", "db2:5432", "replica-2"}, []string{got[0].Name, got[1].Name, got[2].Name})
 	require.Same(t, pools[2], got[2].Pool)
 }
@@ -673,7 +674,7 @@ func TestDeferralBoundedUnderClockSkew(t *testing.T) {
 				attempts++
 				require.Less(t, attempts, 1000, "tolerance %v, skew %v: never stops deferring", tol, skew)
 				// The tracker keeps observing the replica, which stays behind.
-				s := snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", func(r *ReplicaState) { r.ObservedAt = now })))
+				s := snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", func(r *replay.ReplicaState) { r.ObservedAt = now })))
 				d = Decide(DecideInput{Policy: Delayed, Token: tk, Snapshot: s, Now: now, Config: &cfg, NoWait: true})
 				if d.Action != ActionDefer {
 					break

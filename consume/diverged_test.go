@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -78,7 +79,7 @@ func TestDivergedStandbyAfterFailover(t *testing.T) {
 	target.Store(int64(r1.Port()))
 	e.primary.Reset()
 	require.NoError(t, old.Exec(ctx, "", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", e.db))
-	var ds *DatabaseState
+	var ds *replay.DatabaseState
 	require.Eventually(t, func() bool {
 		ds = r.Snapshot().Database("main")
 		return ds.Primary.Err == nil && ds.Primary.Epoch.Timeline == 2 && ds.Primary.HistoryKnown &&
@@ -93,7 +94,7 @@ func TestDivergedStandbyAfterFailover(t *testing.T) {
 	// A timeline-1 token of the shared history reads r3, never r2 (which
 	// would show row B as well).
 	for range 8 {
-		hctx, d, err := r.RouteToken(ctx, tokA, Sticky)
+		hctx, d, err := r.Route(ctx, Job{Token: tokA, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomeReplica, d.Outcome, "%+v", d)
 		require.Equal(t, "r3", d.Databases[0].Replica)
@@ -101,7 +102,7 @@ func TestDivergedStandbyAfterFailover(t *testing.T) {
 		require.False(t, found(t, DB(hctx, "main"), idB))
 	}
 	// Past the switchpoint: the primary, as before.
-	_, d, err := r.RouteToken(ctx, tokB, Delayed)
+	_, d, err := r.Route(ctx, Job{Token: tokB, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimaryEpoch, d.Outcome)
 	require.Equal(t, position.PastSwitchpoint, d.Databases[0].Incomparable)
@@ -110,7 +111,7 @@ func TestDivergedStandbyAfterFailover(t *testing.T) {
 	e.primary.Reset()
 	idC, tokC := e.write(t)
 	require.Equal(t, uint32(2), tokC.Entries[0].Epoch.Timeline)
-	hctx, d, err := r.RouteToken(ctx, tokC, Delayed)
+	hctx, d, err := r.Route(ctx, Job{Token: tokC, Policy: Delayed})
 	require.NoError(t, err)
 	require.Contains(t, []Outcome{OutcomeReplica, OutcomeReplicaWaited}, d.Outcome)
 	require.Equal(t, "r3", d.Databases[0].Replica)
@@ -123,17 +124,17 @@ func TestDivergedStandbyAfterFailover(t *testing.T) {
 		return r.Snapshot().Database("main").Replicas[2].Err != nil
 	}, 30*time.Second, 10*time.Millisecond)
 	idD, tokD := e.write(t)
-	hctx, d, err = r.RouteToken(ctx, tokD, Delayed)
+	hctx, d, err = r.Route(ctx, Job{Token: tokD, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimary, d.Outcome, "%+v", d)
 	require.Equal(t, ReasonDivergedStandby, d.Reason)
 	require.Zero(t, d.Waited, "no wait on a diverged standby")
 	require.Same(t, e.primary, DB(hctx, "main"))
 	require.True(t, found(t, DB(hctx, "main"), idD))
-	_, d, err = r.RouteToken(ctx, tokA, Delayed)
+	_, d, err = r.Route(ctx, Job{Token: tokA, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, ReasonDivergedStandby, d.Reason, "old-timeline tokens do not read it either")
-	require.Zero(t, r.tr.replicas[0][1].waiters.Load(), "nobody waits on r2")
+	require.Zero(t, watchers(r, 1), "nobody waits on r2")
 
 	// The diverged gauge says so.
 	var rm metricdata.ResourceMetrics

@@ -181,7 +181,7 @@
 //
 //	pub, err := consume.NewPublisher(ctx, consume.PublisherConfig{
 //		Databases: dbs, // the same names as the routers'
-//		Feed:      feed.PublisherConfig{Client: rdb, Name: "worker-7", Keys: keys},
+//		Feed:      feed.SenderConfig{Client: rdb, Name: "worker-7", Keys: keys},
 //	})
 //	router, err := consume.NewRouter(ctx, consume.Config{
 //		Databases:   dbs,

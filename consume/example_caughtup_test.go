@@ -6,6 +6,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // CaughtUp says whether a replica has replayed a token, by the same rule
@@ -16,10 +17,10 @@ import (
 func ExampleCaughtUp() {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	epoch := position.Epoch{SystemID: 0x6f1e2d3c4b5a6978, Timeline: 1}
-	snap := &consume.Snapshot{Databases: []consume.DatabaseState{{
+	snap := &replay.Snapshot{Databases: []replay.DatabaseState{{
 		Name:    "main",
-		Primary: consume.PrimaryState{Epoch: epoch, HistoryKnown: true, ObservedAt: now},
-		Replicas: []consume.ReplicaState{{
+		Primary: replay.PrimaryState{Epoch: epoch, HistoryKnown: true, ObservedAt: now},
+		Replicas: []replay.ReplicaState{{
 			Name:       "replica-a",
 			Replayed:   position.Replayed{Epoch: epoch, LSN: position.MustParseLSN("0/3000000")},
 			InRecovery: true, Healthy: true, ObservedAt: now,

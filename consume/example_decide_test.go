@@ -6,6 +6,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // Decide is a pure function: give it a tracker snapshot, a token and the
@@ -13,17 +14,17 @@ import (
 func ExampleDecide() {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	epoch := position.Epoch{SystemID: 0x6f1e2d3c4b5a6978, Timeline: 1}
-	replica := func(name, replayed string) consume.ReplicaState {
-		return consume.ReplicaState{
+	replica := func(name, replayed string) replay.ReplicaState {
+		return replay.ReplicaState{
 			Name:       name,
 			Replayed:   position.Replayed{Epoch: epoch, LSN: position.MustParseLSN(replayed)},
 			InRecovery: true, Healthy: true, ObservedAt: now,
 		}
 	}
-	snap := &consume.Snapshot{Databases: []consume.DatabaseState{{
+	snap := &replay.Snapshot{Databases: []replay.DatabaseState{{
 		Name:     "main",
-		Primary:  consume.PrimaryState{Epoch: epoch, HistoryKnown: true, ObservedAt: now},
-		Replicas: []consume.ReplicaState{replica("replica-a", "0/3000000"), replica("replica-b", "0/1000000")},
+		Primary:  replay.PrimaryState{Epoch: epoch, HistoryKnown: true, ObservedAt: now},
+		Replicas: []replay.ReplicaState{replica("replica-a", "0/3000000"), replica("replica-b", "0/1000000")},
 	}}}
 	cfg := consume.Config{}.WithDefaults()
 	decide := func(policy consume.Policy, at string, noWait bool) consume.Decision {

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // A handler written against database/sql (as with GORM, sqlx, ent, bun or
@@ -20,7 +22,7 @@ func ExampleSQLDB() {
 	primary, _ := pgxpool.New(ctx, "postgres://app@primary/app")
 	replica, _ := pgxpool.New(ctx, "postgres://app@replica/app")
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases: map[string]consume.Database{"main": {Primary: primary, Replicas: consume.Replicas(replica)}},
+		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(replica)}},
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -43,7 +45,8 @@ func ExampleSQLDB() {
 	// What a queue adapter does per job: route with the job's token, run
 	// the handler with the context Route returns.
 	header := "v1;…" // the job's caughtup-token header (position.HeaderName)
-	jobCtx, _, err := router.Route(ctx, header, consume.Delayed)
+	tok, decodeErr := position.DecodeHeaders(header)
+	jobCtx, _, err := router.Route(ctx, consume.Job{Token: tok, TokenErr: decodeErr, Policy: consume.Delayed})
 	var de *consume.DeferError
 	if errors.As(err, &de) {
 		log.Printf("no replica has the job's writes yet; run it again in %v", de.Delay)

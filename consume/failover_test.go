@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -27,14 +28,14 @@ func TestKilledReplicaIsExcluded(t *testing.T) {
 	c := privateCluster(t)
 	e := setup(t, c)
 	const poll, bound = 50 * time.Millisecond, 300 * time.Millisecond
-	r := e.router(t, func(c *Config) { c.StalenessBound = bound })
+	r := e.router(t, func(c *Config) { c.Tracker.StalenessBound = bound })
 	_, tok := e.write(t)
 	seen(t, r, tok)
 	ctx := ctxT(t)
 
 	used := map[string]int{}
 	for range 10 {
-		_, d, err := r.RouteToken(ctx, tok, Sticky)
+		_, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 		require.NoError(t, err)
 		used[d.Databases[0].Replica]++
 	}
@@ -45,12 +46,12 @@ func TestKilledReplicaIsExcluded(t *testing.T) {
 	// Excluded once its query fails or its last observation is older
 	// than the bound; either publishes a snapshot (a failed query) or
 	// is seen at the next one the other nodes' polls publish.
-	waitUntil(t, r, "the killed replica is excluded", func(s *Snapshot) bool {
-		return !s.Database("main").Replicas[1].usable(time.Now().Add(-bound))
+	waitUntil(t, r, "the killed replica is excluded", func(s *replay.Snapshot) bool {
+		return !s.Database("main").Replicas[1].Usable(time.Now().Add(-bound))
 	})
 	t.Logf("killed replica excluded %v after the kill (expected within one interval %v + staleness %v)", time.Since(killed), poll, bound)
 	for range 10 {
-		_, d, err := r.RouteToken(ctx, tok, Sticky)
+		_, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, "r1", d.Databases[0].Replica)
 	}
@@ -59,7 +60,7 @@ func TestKilledReplicaIsExcluded(t *testing.T) {
 	// the primary, never the dead replica.
 	require.NoError(t, c.Replicas()[0].PauseReplay(ctx))
 	_, tok2 := e.write(t)
-	_, d, err := r.RouteToken(ctx, tok2, Sticky)
+	_, d, err := r.Route(ctx, Job{Token: tok2, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimary, d.Outcome)
 	require.Equal(t, ReasonReplicaBehind, d.Reason)
@@ -99,7 +100,7 @@ func TestPromotedReplicaIsExcluded(t *testing.T) {
 
 	// The tracker sees the new epoch with its history, the promoted node
 	// out of recovery, and the other replica following timeline 2.
-	ds := waitUntil(t, r, "the tracker sees the promotion", func(s *Snapshot) bool {
+	ds := waitUntil(t, r, "the tracker sees the promotion", func(s *replay.Snapshot) bool {
 		ds := s.Database("main")
 		return ds.Primary.Err == nil && ds.Primary.Epoch == position.Epoch{SystemID: sys, Timeline: 2} &&
 			ds.Primary.HistoryKnown &&
@@ -114,7 +115,7 @@ func TestPromotedReplicaIsExcluded(t *testing.T) {
 	// A timeline-1 token within the shared history reads the replica
 	// that follows timeline 2, never the promoted node.
 	for range 6 {
-		hctx, d, err := r.RouteToken(ctx, before, Sticky)
+		hctx, d, err := r.Route(ctx, Job{Token: before, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomeReplica, d.Outcome, "%+v", d)
 		require.Equal(t, "r2", d.Databases[0].Replica)
@@ -127,7 +128,7 @@ func TestPromotedReplicaIsExcluded(t *testing.T) {
 	e.primary.Reset()
 	id2, after := e.write(t)
 	require.Equal(t, uint32(2), after.Entries[0].Epoch.Timeline)
-	hctx, d, err := r.RouteToken(ctx, after, Delayed)
+	hctx, d, err := r.Route(ctx, Job{Token: after, Policy: Delayed})
 	require.NoError(t, err)
 	require.Contains(t, []Outcome{OutcomeReplica, OutcomeReplicaWaited}, d.Outcome)
 	require.Equal(t, "r2", d.Databases[0].Replica)
@@ -139,7 +140,7 @@ func TestPromotedReplicaIsExcluded(t *testing.T) {
 	replayed := r.Snapshot().Database("main").Replicas[1].Replayed.LSN
 	require.Greater(t, replayed, sp, "the new timeline has records past the switchpoint")
 	lost := position.New("main", position.Epoch{SystemID: sys, Timeline: 1}, replayed, position.SourcePrimary, time.Now())
-	hctx, d, err = r.RouteToken(ctx, lost, Delayed)
+	hctx, d, err = r.Route(ctx, Job{Token: lost, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimaryEpoch, d.Outcome)
 	require.Equal(t, position.PastSwitchpoint, d.Databases[0].Incomparable)

@@ -13,12 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/latency"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // BenchmarkFeedInterval measures what the publishers' interval costs and
-// buys, to choose DefaultFeedInterval. For each interval two Publishers
+// buys, to choose replay.DefaultFeedInterval. For each interval two Publishers
 // poll one replica and the primary and a Router takes its positions from
 // their feed; it prints a table and asserts nothing about time.
 //
@@ -58,7 +59,7 @@ func BenchmarkFeedInterval(b *testing.B) {
 	}
 	key, err := feed.GenerateKey("k1")
 	require.NoError(b, err)
-	dbs := map[string]Database{"main": {Primary: e.primary, Replicas: []Replica{{Name: "r1", Pool: e.replicas[0]}}}}
+	dbs := map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: e.replicas[0]}}}}
 
 	type row struct {
 		label          string
@@ -73,7 +74,6 @@ func BenchmarkFeedInterval(b *testing.B) {
 		secs := time.Since(t0).Seconds()
 		rw.qps = float64(pr.statusQueries(b)-c0) / secs
 		rw.redisCmds = float64(redisCalls()-r0) / secs
-		poller := r.tr.replicas[0][0]
 		for range 300 {
 			require.NoError(b, node.PauseReplay(ctx))
 			_, tok := e.write(b)
@@ -82,13 +82,13 @@ func BenchmarkFeedInterval(b *testing.B) {
 			var d Decision
 			wg.Go(func() {
 				var err error
-				_, d, err = r.RouteToken(ctx, tok, Delayed)
+				_, d, err = r.Route(ctx, Job{Token: tok, Policy: Delayed})
 				returned = time.Now()
 				if err != nil {
 					b.Errorf("route: %v", err)
 				}
 			})
-			for poller.waiters.Load() == 0 {
+			for watchers(r, 0) == 0 {
 				time.Sleep(100 * time.Microsecond)
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -106,23 +106,24 @@ func BenchmarkFeedInterval(b *testing.B) {
 			interval time.Duration
 			insecure bool
 		}{{5 * time.Millisecond, false}, {10 * time.Millisecond, false}, {20 * time.Millisecond, false},
-			{50 * time.Millisecond, false}, {DefaultFeedInterval, true}} {
+			{50 * time.Millisecond, false}, {replay.DefaultFeedInterval, true}} {
 			name := fmt.Sprintf("bench-%v-%v", tc.interval, tc.insecure)
 			keys := feed.Keyring{Keys: []feed.Key{key}}
 			if tc.insecure {
 				keys = feed.Keyring{}
 			}
-			var pubs []*Publisher
+			var pubs []*replay.Publisher
 			for _, pn := range []string{"a", "b"} {
-				p, err := NewPublisher(ctx, PublisherConfig{Databases: dbs, PollInterval: tc.interval,
-					Feed: feed.PublisherConfig{Client: rdb, Feed: name, Name: pn, Keys: keys, Insecure: tc.insecure}})
+				p, err := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{PollInterval: tc.interval,
+					Feed: feed.SenderConfig{Client: rdb, Feed: name, Name: pn, Keys: keys, Insecure: tc.insecure}})
 				require.NoError(b, err)
 				pubs = append(pubs, p)
 			}
 			r, err := NewRouter(ctx, Config{Databases: dbs, WaitBudget: time.Minute,
-				Feed: &FeedConfig{Client: rdb, Name: name, Keys: keys, Insecure: tc.insecure}})
+				Tracker: replay.TrackerConfig{Feed: &replay.FeedConfig{Client: rdb, Name: name, Keys: keys, Insecure: tc.insecure}},
+			})
 			require.NoError(b, err)
-			for s := r.Feed(); !s.Active || s.LocalNodes > 0; s = r.Feed() {
+			for s := r.Tracker().Feed(); !s.Active || s.LocalNodes > 0; s = r.Tracker().Feed() {
 				time.Sleep(time.Millisecond)
 			}
 			label := fmt.Sprintf("feed, 2 publishers every %v", tc.interval)
@@ -130,7 +131,7 @@ func BenchmarkFeedInterval(b *testing.B) {
 				label += ", unsigned"
 			}
 			rw := measure(label, r)
-			if f := r.Feed(); f.Fallbacks > 0 {
+			if f := r.Tracker().Feed(); f.Fallbacks > 0 {
 				rw.label += fmt.Sprintf(" (%d fallbacks)", f.Fallbacks)
 			}
 			rows = append(rows, rw)
@@ -141,7 +142,7 @@ func BenchmarkFeedInterval(b *testing.B) {
 		}
 		r, err := NewRouter(ctx, Config{Databases: dbs, WaitBudget: time.Minute})
 		require.NoError(b, err)
-		rows = append(rows, measure(fmt.Sprintf("no feed: 1 router polling every %v (waiting: %v)", DefaultPollInterval, DefaultWaitPollInterval), r))
+		rows = append(rows, measure(fmt.Sprintf("no feed: 1 router polling every %v (waiting: %v)", replay.DefaultPollInterval, replay.DefaultWaitPollInterval), r))
 		require.NoError(b, r.Close())
 	}
 	var tb strings.Builder

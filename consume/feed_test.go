@@ -20,12 +20,13 @@ import (
 
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/metrictest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // Integration tests of the feed: the real cluster, a real redis-server,
-// the consume Publisher and Routers on its feed. Waits are on conditions
+// the consume replay.Publisher and Routers on its feed. Waits are on conditions
 // with generous deadlines; nothing asserts on time.
 
 // feedDeadline bounds every wait for a condition.
@@ -67,26 +68,31 @@ func newFleetEnv(t *testing.T, c *pgtest.Cluster, redisAddr string) *fleetEnv {
 }
 
 // databases is the cluster's replicas named r1, r2, … as routers name them.
-func (f *fleetEnv) databases() map[string]Database {
-	reps := make([]Replica, len(f.replicas))
+func (f *fleetEnv) databases() map[string]replay.Database {
+	reps := make([]replay.Replica, len(f.replicas))
 	for i, p := range f.replicas {
-		reps[i] = Replica{Name: fmt.Sprintf("r%d", i+1), Pool: p}
+		reps[i] = replay.Replica{Name: fmt.Sprintf("r%d", i+1), Pool: p}
 	}
-	return map[string]Database{"main": {Primary: f.primary, Replicas: reps}}
+	return map[string]replay.Database{"main": {Primary: f.primary, Replicas: reps}}
 }
 
-// publisher starts a Publisher of the test's feed, closed at cleanup.
-func (f *fleetEnv) publisher(t *testing.T, name string, mods ...func(*PublisherConfig)) *Publisher {
+// publisher starts a replay.Publisher of the test's feed, closed at cleanup.
+func (f *fleetEnv) publisher(t *testing.T, name string, mods ...func(*replay.PublisherConfig)) *replay.Publisher {
 	t.Helper()
-	cfg := PublisherConfig{
-		Databases: f.databases(),
-		Feed:      feed.PublisherConfig{Client: f.rdb, Feed: f.name, Name: name, Keys: f.keys},
-		Logger:    testLogger(t),
+	return f.publisherOf(t, name, f.databases(), mods...)
+}
+
+// publisherOf is publisher for the databases dbs.
+func (f *fleetEnv) publisherOf(t *testing.T, name string, dbs map[string]replay.Database, mods ...func(*replay.PublisherConfig)) *replay.Publisher {
+	t.Helper()
+	cfg := replay.PublisherConfig{
+		Feed:   feed.SenderConfig{Client: f.rdb, Feed: f.name, Name: name, Keys: f.keys},
+		Logger: testLogger(t),
 	}
 	for _, m := range mods {
 		m(&cfg)
 	}
-	p, err := NewPublisher(ctxT(t), cfg)
+	p, err := replay.NewPublisher(ctxT(t), dbs, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	return p
@@ -98,7 +104,7 @@ func (f *fleetEnv) feedRouter(t *testing.T, mods ...func(*Config)) *Router {
 	return f.router(t, append([]func(*Config){func(c *Config) {
 		c.Databases = f.databases()
 		c.MeterProvider = f.mp
-		c.Feed = &FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
+		c.Tracker.Feed = &replay.FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
 	}}, mods...)...)
 }
 
@@ -106,7 +112,7 @@ func (f *fleetEnv) feedRouter(t *testing.T, mods ...func(*Config)) *Router {
 func waitOnFeed(t *testing.T, r *Router) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		s := r.Feed()
+		s := r.Tracker().Feed()
 		return s.Active && s.LocalNodes == 0
 	}, feedDeadline, time.Millisecond, "router never took every node from the feed")
 }
@@ -119,7 +125,7 @@ func waitOffFeed(t *testing.T, r *Router) {
 		n += 1 + len(db.Replicas)
 	}
 	require.Eventually(t, func() bool {
-		s := r.Feed()
+		s := r.Tracker().Feed()
 		return !s.Active && s.LocalNodes == n
 	}, feedDeadline, time.Millisecond, "router never fell back to its own polls")
 }
@@ -127,7 +133,7 @@ func waitOffFeed(t *testing.T, r *Router) {
 func (f *fleetEnv) switches(t *testing.T, direction, state string) int64 {
 	t.Helper()
 	return metrictest.Sum(t, f.reader, "caughtup.consume.feed.switches",
-		attribute.String(attrFeedDirection, direction), attribute.String(attrFeedState, state))
+		attribute.String("caughtup.feed.direction", direction), attribute.String("caughtup.feed.state", state))
 }
 
 func (f *fleetEnv) metric(t *testing.T, name string, kv ...attribute.KeyValue) int64 {
@@ -177,7 +183,7 @@ func routeInBackground(t *testing.T, r *Router, tok position.Token, id int64, la
 				return
 			default:
 			}
-			hctx, d, err := r.RouteToken(context.Background(), tok, Sticky)
+			hctx, d, err := r.Route(context.Background(), Job{Token: tok, Policy: Sticky})
 			if err != nil {
 				if j.failed.Add(1) == 1 {
 					t.Logf("route: %v", err)
@@ -203,7 +209,7 @@ func routeInBackground(t *testing.T, r *Router, tok position.Token, id int64, la
 func jobRead(t *testing.T, r *Router, policy Policy, tok position.Token, id int64) (Decision, bool) {
 	t.Helper()
 	for {
-		hctx, d, err := r.RouteToken(ctxT(t), tok, policy)
+		hctx, d, err := r.Route(ctxT(t), Job{Token: tok, Policy: policy})
 		if err != nil {
 			require.ErrorIs(t, err, ErrDeferred)
 			continue
@@ -223,9 +229,9 @@ func TestFeedRoutesWithoutStaleReads(t *testing.T) {
 	waitOnFeed(t, r)
 	// On the feed the router holds no connection to any node.
 	require.Eventually(t, func() bool {
-		n := r.tr.primarys[0].pool.Stat().TotalConns()
-		for _, p := range r.tr.replicas[0] {
-			n += p.pool.Stat().TotalConns()
+		n := 0
+		for _, st := range r.Tracker().Stat() {
+			n += st.Conns
 		}
 		return n == 0
 	}, feedDeadline, time.Millisecond)
@@ -251,7 +257,7 @@ func TestFeedRoutesWithoutStaleReads(t *testing.T) {
 		}
 	}
 	t.Logf("300 jobs under random replay pauses on the feed: %d on a replica, %d on the primary, 0 stale; feed %+v",
-		replica, primary, r.Feed())
+		replica, primary, r.Tracker().Feed())
 	require.Positive(t, replica, "the feed let jobs use the replicas")
 }
 
@@ -274,11 +280,11 @@ func TestFeedWakesWaitingJobs(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		hctx, d, err := r.RouteToken(context.Background(), tok, Delayed)
+		hctx, d, err := r.Route(context.Background(), Job{Token: tok, Policy: Delayed})
 		done <- result{hctx, d, err}
 	}()
-	require.Eventually(t, func() bool { return r.tr.replicas[0][0].waiters.Load() > 0 }, feedDeadline, time.Millisecond)
-	before, q0 := r.Feed(), replicaQueries(r)
+	require.Eventually(t, func() bool { return watchers(r, 0) > 0 }, feedDeadline, time.Millisecond)
+	before, q0 := r.Tracker().Feed(), replicaQueries(r)
 	seq0 := r.Snapshot().Seq
 	// Feed messages keep arriving while it waits.
 	require.Eventually(t, func() bool { return r.Snapshot().Seq > seq0+10 }, feedDeadline, time.Millisecond)
@@ -292,7 +298,7 @@ func TestFeedWakesWaitingJobs(t *testing.T) {
 	require.NoError(t, res.err)
 	require.Equal(t, OutcomeReplicaWaited, res.d.Outcome)
 	require.True(t, found(t, DB(res.hctx, "main"), id), "the replica it woke for has the row")
-	after, q1 := r.Feed(), replicaQueries(r)
+	after, q1 := r.Tracker().Feed(), replicaQueries(r)
 	if after.Fallbacks == before.Fallbacks && after.Active {
 		// On the feed throughout: the wait cost the replicas nothing.
 		require.Equal(t, q0, q1, "the router queried the replicas while on the feed")
@@ -354,7 +360,7 @@ func TestFeedFallbackAndBack(t *testing.T) {
 	waitOnFeed(t, r)
 	routesRight("Redis back")
 	// Every switch away from the feed was followed by one back.
-	toLocal := f.metric(t, "caughtup.consume.feed.switches", attribute.String(attrFeedDirection, "to_local"))
+	toLocal := f.metric(t, "caughtup.consume.feed.switches", attribute.String("caughtup.feed.direction", "to_local"))
 	require.EqualValues(t, 3, toLocal)
 	require.EqualValues(t, 1, f.switches(t, "to_local", "silent"))
 	_ = pub
@@ -378,12 +384,12 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	id, tok := f.write(t)
 	claim := tok.Entries[0].LSN + 1<<20 // "caught up", and more
 	snap := r.Snapshot().Database("main")
-	incs := make([]Incarnation, len(snap.Replicas))
+	incs := make([]replay.Incarnation, len(snap.Replicas))
 	for i, rs := range snap.Replicas {
 		incs[i] = rs.Incarnation
 	}
 	epoch := tok.Entries[0].Epoch
-	claims := func(pub *feed.Publisher, n int, inc func(i int) Incarnation) {
+	claims := func(pub *feed.Sender, n int, inc func(i int) replay.Incarnation) {
 		for range n {
 			for i := range incs {
 				in := inc(i)
@@ -394,10 +400,10 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 			}
 		}
 	}
-	attacker := func(keys feed.Keyring, insecure bool) *feed.Publisher {
+	attacker := func(keys feed.Keyring, insecure bool) *feed.Sender {
 		// TTL 1ms: their stored values are gone before any resubscription
 		// could read them again.
-		p, err := feed.NewPublisher(feed.PublisherConfig{Client: f.rdb, Feed: f.name, Name: "attacker", Keys: keys,
+		p, err := feed.NewSender(feed.SenderConfig{Client: f.rdb, Feed: f.name, Name: "attacker", Keys: keys,
 			Insecure: insecure, TTL: time.Millisecond, Logger: testLogger(t)})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
@@ -407,7 +413,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	require.NoError(t, err)
 	otherKey, err := feed.GenerateKey("k9")
 	require.NoError(t, err)
-	current := func(i int) Incarnation { return incs[i] }
+	current := func(i int) replay.Incarnation { return incs[i] }
 
 	// Jobs keep being routed while the messages arrive; the token is past
 	// every paused replica, so a replica read would be stale.
@@ -427,7 +433,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	// Authentic but impossible: past the primary's insert position.
 	claims(attacker(f.keys, false), n, current)
 	// Authentic, of an earlier run of each replica: superseded.
-	claims(attacker(f.keys, false), n, func(i int) Incarnation {
+	claims(attacker(f.keys, false), n, func(i int) replay.Incarnation {
 		in := incs[i]
 		in.PostmasterStart = in.PostmasterStart.Add(-time.Hour)
 		return in
@@ -459,10 +465,10 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	}
 	// The impossible claims were held, then found impossible (or dropped
 	// unverified): none was merged as a position.
-	impossible := f.metric(t, "caughtup.consume.tracker.observations.rejected", attribute.String(attrReason, rejectedImpossible))
+	impossible := f.metric(t, "caughtup.consume.tracker.observations.rejected", attribute.String(attrReason, "impossible"))
 	unverified := f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "unverified"))
 	require.Eventually(t, func() bool {
-		impossible = f.metric(t, "caughtup.consume.tracker.observations.rejected", attribute.String(attrReason, rejectedImpossible))
+		impossible = f.metric(t, "caughtup.consume.tracker.observations.rejected", attribute.String(attrReason, "impossible"))
 		unverified = f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "unverified"))
 		return impossible+unverified >= 2*n
 	}, feedDeadline, time.Millisecond)
@@ -529,7 +535,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 		require.NoError(t, f.rdb.Publish(ctx, feed.ChannelName(f.name), b).Err())
 	}
 	// Authentic, sent now, of r1's earlier run, claiming the row.
-	crafted, err := feed.NewPublisher(feed.PublisherConfig{Client: f.rdb, Feed: f.name, Name: "pub-a", Keys: f.keys,
+	crafted, err := feed.NewSender(feed.SenderConfig{Client: f.rdb, Feed: f.name, Name: "pub-a", Keys: f.keys,
 		TTL: time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)
 	defer crafted.Close()
@@ -548,10 +554,8 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	// A publisher that swaps the replicas' names: its "r1" is r2 (which
 	// has the row) and its "r2" is r1 (which lacks it).
 	s1 := superseded()
-	f.publisher(t, "pub-swapped", func(pc *PublisherConfig) {
-		pc.Databases = map[string]Database{"main": {Primary: f.primary, Replicas: []Replica{
-			{Name: "r1", Pool: f.replicas[1]}, {Name: "r2", Pool: f.replicas[0]}}}}
-	})
+	f.publisherOf(t, "pub-swapped", map[string]replay.Database{"main": {Primary: f.primary, Replicas: []replay.Replica{
+		{Name: "r1", Pool: f.replicas[1]}, {Name: "r2", Pool: f.replicas[0]}}}})
 	require.Eventually(t, func() bool {
 		return superseded()-s1+f.metric(t, "caughtup.consume.feed.observations.rejected", attribute.String(attrReason, "mismatch")) >= 2*n
 	}, feedDeadline, time.Millisecond)
@@ -560,7 +564,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	require.Zero(t, jobs.stale.Load(), "a job was routed onto r1, which lacks its row")
 	rs := r.Snapshot().Database("main").Replicas[0]
 	require.Less(t, rs.HighestReplayed, tok.Entries[0].LSN, "r1 was believed past its paused position")
-	t.Logf("%d jobs routed during the replays and the swapped publisher, none onto r1; feed %+v", jobs.routed.Load(), r.Feed())
+	t.Logf("%d jobs routed during the replays and the swapped publisher, none onto r1; feed %+v", jobs.routed.Load(), r.Tracker().Feed())
 }
 
 // fallbackJobs routes n Sticky jobs whose token no replica can have
@@ -575,7 +579,7 @@ func fallbackJobs(t *testing.T, r *Router, n int) (admitted []admission, capped 
 	tok.Entries[0].LSN += 1 << 40
 	for range n {
 		before := time.Now()
-		_, d, err := r.RouteToken(context.Background(), tok, Sticky)
+		_, d, err := r.Route(context.Background(), Job{Token: tok, Policy: Sticky})
 		after := time.Now()
 		if err != nil {
 			require.ErrorIs(t, err, ErrCapped)
@@ -715,24 +719,24 @@ func TestFeedConfigValidation(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
-	base := func(fc *FeedConfig) Config {
-		return Config{Databases: map[string]Database{"main": {Primary: &pgxpool.Pool{}}}, Feed: fc}.WithDefaults()
+	base := func(fc *replay.FeedConfig) Config {
+		return Config{Databases: map[string]replay.Database{"main": {Primary: &pgxpool.Pool{}}}, Tracker: replay.TrackerConfig{Feed: fc}}.WithDefaults()
 	}
-	require.ErrorIs(t, base(&FeedConfig{}).Validate(), ErrInvalidConfig)
-	err := base(&FeedConfig{Client: rdb}).Validate()
+	require.ErrorIs(t, base(&replay.FeedConfig{}).Validate(), ErrInvalidConfig)
+	err := base(&replay.FeedConfig{Client: rdb}).Validate()
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.ErrorContains(t, err, "Insecure")
-	require.NoError(t, base(&FeedConfig{Client: rdb, Insecure: true}).Validate())
+	require.NoError(t, base(&replay.FeedConfig{Client: rdb, Insecure: true}).Validate())
 	k, err := feed.GenerateKey("k1")
 	require.NoError(t, err)
-	cfg := base(&FeedConfig{Client: rdb, Keys: feed.Keyring{Keys: []feed.Key{k}}})
+	cfg := base(&replay.FeedConfig{Client: rdb, Keys: feed.Keyring{Keys: []feed.Key{k}}})
 	require.NoError(t, cfg.Validate())
-	require.Equal(t, DefaultStalenessBound/2, cfg.Feed.SilenceBound)
-	require.Equal(t, DefaultFeedMaxDelay, cfg.Feed.MaxDelay)
-	require.Equal(t, feed.DefaultFeed, cfg.Feed.Name)
-	require.ErrorContains(t, base(&FeedConfig{Client: rdb, Insecure: true, SilenceBound: 2 * time.Second}).Validate(), "SilenceBound")
-	require.ErrorIs(t, base(&FeedConfig{Client: rdb, Insecure: true, Name: "{bad}"}).Validate(), feed.ErrInvalidConfig)
-	require.ErrorIs(t, base(&FeedConfig{Client: rdb, Keys: feed.Keyring{Keys: []feed.Key{{ID: "k", Secret: []byte("short")}}}}).Validate(), ErrInvalidConfig)
+	require.Equal(t, replay.DefaultStalenessBound/2, cfg.Tracker.Feed.SilenceBound)
+	require.Equal(t, replay.DefaultFeedMaxDelay, cfg.Tracker.Feed.MaxDelay)
+	require.Equal(t, feed.DefaultFeed, cfg.Tracker.Feed.Name)
+	require.ErrorContains(t, base(&replay.FeedConfig{Client: rdb, Insecure: true, SilenceBound: 2 * time.Second}).Validate(), "SilenceBound")
+	require.ErrorIs(t, base(&replay.FeedConfig{Client: rdb, Insecure: true, Name: "{bad}"}).Validate(), feed.ErrInvalidConfig)
+	require.ErrorIs(t, base(&replay.FeedConfig{Client: rdb, Keys: feed.Keyring{Keys: []feed.Key{{ID: "k", Secret: []byte("short")}}}}).Validate(), ErrInvalidConfig)
 }
 
 // TestFeedInsecureIsLogged: a router that believes unsigned messages says
@@ -742,12 +746,12 @@ func TestFeedInsecureIsLogged(t *testing.T) {
 	f := newFleetEnv(t, pgtest.Shared(t), "")
 	var logs syncBuffer
 	r := f.feedRouter(t, func(c *Config) {
-		c.Feed.Keys, c.Feed.Insecure = feed.Keyring{}, true
+		c.Tracker.Feed.Keys, c.Tracker.Feed.Insecure = feed.Keyring{}, true
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	})
 	require.Contains(t, logs.String(), "WITHOUT checking")
 	// It works with an unsigned publisher.
-	f.publisher(t, "pub-insecure", func(pc *PublisherConfig) { pc.Feed.Keys, pc.Feed.Insecure = feed.Keyring{}, true })
+	f.publisher(t, "pub-insecure", func(pc *replay.PublisherConfig) { pc.Feed.Keys, pc.Feed.Insecure = feed.Keyring{}, true })
 	waitOnFeed(t, r)
 }
 
@@ -761,15 +765,15 @@ func TestFeedKeyRotation(t *testing.T) {
 	k2, err := feed.GenerateKey("k2")
 	require.NoError(t, err)
 	both := feed.Keyring{Keys: []feed.Key{f.keys.Keys[0], k2}}
-	old := f.publisher(t, "pub-old", func(pc *PublisherConfig) { pc.Feed.Keys = both }) // signs with k1, the first
-	r := f.feedRouter(t, func(c *Config) { c.Feed.Keys = both })
+	old := f.publisher(t, "pub-old", func(pc *replay.PublisherConfig) { pc.Feed.Keys = both }) // signs with k1, the first
+	r := f.feedRouter(t, func(c *Config) { c.Tracker.Feed.Keys = both })
 	waitOnFeed(t, r)
-	f.publisher(t, "pub-new", func(pc *PublisherConfig) { pc.Feed.Keys = feed.Keyring{Keys: both.Keys, Current: "k2"} })
+	f.publisher(t, "pub-new", func(pc *replay.PublisherConfig) { pc.Feed.Keys = feed.Keyring{Keys: both.Keys, Current: "k2"} })
 	received := func() int64 { return metrictest.Sum(t, f.reader, "caughtup.feed.received") }
 	n0 := received()
 	require.NoError(t, old.Close())
 	require.Eventually(t, func() bool { return received() > n0+100 }, feedDeadline, time.Millisecond)
-	s := r.Feed()
+	s := r.Tracker().Feed()
 	require.True(t, s.Active)
 	require.Zero(t, metrictest.Sum(t, f.reader, "caughtup.feed.rejected"), "nothing rejected during the rotation")
 	id, tok := f.write(t)
@@ -781,9 +785,9 @@ func TestFeedKeyRotation(t *testing.T) {
 // replicaQueries sums the polls the router's tracker sent to replicas.
 func replicaQueries(r *Router) uint64 {
 	var n uint64
-	for _, rps := range r.tr.replicas {
-		for _, p := range rps {
-			n += p.queries.Load()
+	for _, st := range r.Tracker().Stat() {
+		if st.Replica != "" {
+			n += st.Queries
 		}
 	}
 	return n

@@ -13,7 +13,7 @@ import (
 // the log samples. Each kind of warning lets its first warnFirst lines
 // through, then one per warnInterval. What a producer is at fault for (a
 // malformed token, a capture time in the future) is sampled per source
-// (WithSource), so that one misbehaving producer is easy to find and does
+// (Job.Source), so that one misbehaving producer is easy to find and does
 // not drown the others; jobs without a source share one sampler.
 const (
 	warnFirst    = 3
@@ -66,9 +66,9 @@ func (w *warnings) sampler(k warnKey) *rate.Sometimes {
 // reason is degraded or unknown state. tokErr is the token's decode
 // error, which the malformed-token warning carries (a
 // position.DecodeError prints a bounded, escaped excerpt of the text).
-func (r *Router) logDecision(ctx context.Context, d *Decision, tokErr error) {
+func (r *Router) logDecision(ctx context.Context, d *Decision, tokErr error, jobSource string) {
 	if d.ClockSkew > 0 {
-		r.warnClockSkew(ctx, d)
+		r.warnClockSkew(ctx, d, jobSource)
 	}
 	warn := false
 	switch d.Reason {
@@ -84,7 +84,7 @@ func (r *Router) logDecision(ctx context.Context, d *Decision, tokErr error) {
 	}
 	source := ""
 	if d.Reason == ReasonMalformedToken {
-		source = sourceFrom(ctx)
+		source = jobSource
 	}
 	emit := func() {
 		attrs := make([]slog.Attr, 0, 10+len(d.Databases))
@@ -134,11 +134,10 @@ func (r *Router) logDecision(ctx context.Context, d *Decision, tokErr error) {
 
 // warnClockSkew logs, sampled per source, a token captured further in
 // the future than Config.ClockSkewTolerance.
-func (r *Router) warnClockSkew(ctx context.Context, d *Decision) {
+func (r *Router) warnClockSkew(ctx context.Context, d *Decision, source string) {
 	if !r.log.Enabled(ctx, slog.LevelWarn) {
 		return
 	}
-	source := sourceFrom(ctx)
 	r.warns.sampler(warnKey{skew: true, source: source}).Do(func() {
 		attrs := []slog.Attr{
 			slog.String("db.system.name", "postgresql"),

@@ -48,16 +48,13 @@ func TestMalformedTokenWarnings(t *testing.T) {
 	start := time.Now()
 	for _, src := range sources {
 		ctx := context.Background()
-		if src != "" {
-			ctx = WithSource(ctx, src)
-		}
 		for i := range 20 {
 			var d Decision
 			var err error
 			if i%2 == 0 {
-				_, d, err = r.Route(ctx, bad, Delayed)
+				_, d, err = r.Route(ctx, withSource(hjob(bad, Delayed), src))
 			} else {
-				_, d, err = r.RouteDecoded(ctx, position.Token{}, decodeErr, Delayed)
+				_, d, err = r.Route(ctx, Job{TokenErr: decodeErr, Policy: Delayed, Source: src})
 			}
 			require.NoError(t, err)
 			require.Equal(t, ReasonMalformedToken, d.Reason)
@@ -97,18 +94,15 @@ func TestClockSkewWarning(t *testing.T) {
 	start := time.Now()
 	for _, src := range sources {
 		ctx := context.Background()
-		if src != "" {
-			ctx = WithSource(ctx, src)
-		}
 		for range 10 {
-			_, d, err := r.RouteToken(ctx, position.Of(t0.Add(time.Hour), ent("main", 1, "0/4000000")), Delayed)
+			_, d, err := r.Route(ctx, Job{Token: position.Of(t0.Add(time.Hour), ent("main", 1, "0/4000000")), Policy: Delayed, Source: src})
 			require.NoError(t, err, "not deferred")
 			require.Equal(t, OutcomePrimary, d.Outcome)
 			require.Equal(t, ReasonUnknownAge, d.Reason)
 			require.Equal(t, time.Hour, d.ClockSkew)
 		}
 		// Within the tolerance: aged from 0, deferred, not counted.
-		_, d, err := r.RouteToken(ctx, position.Of(t0.Add(time.Second), ent("main", 1, "0/4000000")), Delayed)
+		_, d, err := r.Route(ctx, Job{Token: position.Of(t0.Add(time.Second), ent("main", 1, "0/4000000")), Policy: Delayed, Source: src})
 		require.ErrorIs(t, err, ErrDeferred)
 		require.Zero(t, d.ClockSkew)
 	}
@@ -135,4 +129,9 @@ func TestWarnSourcesBounded(t *testing.T) {
 	require.Same(t, none, w.sampler(warnKey{reason: ReasonMalformedToken, source: "one too many"}))
 	require.NotSame(t, none, w.sampler(warnKey{reason: ReasonMalformedToken, source: "7"}), "known sources keep theirs")
 	require.Len(t, w.m, maxWarnSources+1)
+}
+
+func withSource(j Job, source string) Job {
+	j.Source = source
+	return j
 }

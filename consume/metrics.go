@@ -11,6 +11,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // ScopeName is the instrumentation scope of every instrument this package
@@ -24,7 +25,9 @@ const (
 	attrReason   = "caughtup.reason"
 	attrDatabase = "caughtup.database"
 	attrReplica  = "caughtup.replica"
-	attrSource   = "caughtup.source" // logs only: WithSource
+	attrSource   = "caughtup.source" // logs only: Job.Source
+	attrBudget   = "caughtup.budget"
+	attrResult   = "caughtup.result"
 )
 
 // metrics holds a Router's instruments.
@@ -38,9 +41,8 @@ const (
 // Sets are built on first use because Decide produces few of the
 // combinations the enums allow.
 //
-// The state gauges (replica lag, lag time, tracker staleness) are
-// observable: the Router registers their callback (gauges) and
-// unregisters it on Close.
+// The tracker's instruments (replica lag, staleness, queries, restarts)
+// are replay's.
 type metrics struct {
 	meter metric.Meter
 
@@ -50,11 +52,6 @@ type metrics struct {
 	crossEpoch metric.Int64Counter
 	future     metric.Int64Counter
 	wait       metric.Float64Histogram
-	queries    queryCounter
-
-	lagBytes  metric.Int64ObservableGauge
-	lagTime   metric.Float64ObservableGauge
-	staleness metric.Float64ObservableGauge
 
 	decisionSets attrSets // policy × outcome × reason
 	missingSets  attrSets // reason
@@ -117,20 +114,6 @@ func (s *attrSets) get(slot int) *measurement {
 		return m
 	}
 	return s.sets[slot].Load()
-}
-
-// queryCounter counts the tracker's queries
-// (caughtup.consume.tracker.queries); the zero value counts nothing.
-type queryCounter struct {
-	inst metric.Int64Counter
-	set  *measurement
-}
-
-// Add counts n queries.
-func (c queryCounter) Add(n uint64) {
-	if c.inst != nil {
-		c.inst.Add(context.Background(), int64(n), c.set.add...)
-	}
 }
 
 const (
@@ -196,7 +179,7 @@ func reasonAttrs(r Reason) []attribute.KeyValue {
 
 // newMetrics creates the instruments for the databases of cfg. The
 // gauges report nothing until gauges registers their callback.
-func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metrics, error) {
+func newMetrics(mp metric.MeterProvider, databases map[string]replay.Database) (*metrics, error) {
 	meter := mp.Meter(ScopeName)
 	m := &metrics{meter: meter}
 	var err error
@@ -231,28 +214,6 @@ func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metric
 		metric.WithDescription("Jobs whose token was captured more than Config.ClockSkewTolerance ahead of the consumer's clock (producer clock ahead); their age counts as unknown, so they are not deferred.")); err != nil {
 		return nil, err
 	}
-	queries, err := meter.Int64Counter("caughtup.consume.tracker.queries",
-		metric.WithUnit("{query}"),
-		metric.WithDescription("Queries the tracker has sent; independent of the job rate except while jobs wait."))
-	if err != nil {
-		return nil, err
-	}
-	m.queries = queryCounter{inst: queries, set: newMeasurement()}
-	if m.lagBytes, err = meter.Int64ObservableGauge("caughtup.consume.replica.lag",
-		metric.WithUnit("By"),
-		metric.WithDescription("WAL bytes between the primary's insert position and the replica's replay, as last observed.")); err != nil {
-		return nil, err
-	}
-	if m.lagTime, err = meter.Float64ObservableGauge("caughtup.consume.replica.lag.time",
-		metric.WithUnit("s"),
-		metric.WithDescription("Age of the replica's last replayed transaction while received WAL waits to be replayed; 0 once all received WAL is replayed.")); err != nil {
-		return nil, err
-	}
-	if m.staleness, err = meter.Float64ObservableGauge("caughtup.consume.tracker.staleness",
-		metric.WithUnit("s"),
-		metric.WithDescription("Age of the tracker's last successful observation of each node (no caughtup.replica: the primary).")); err != nil {
-		return nil, err
-	}
 
 	m.decisionSets = newAttrSets(numPolicies*numOutcomes*numReasons, func(slot int) []attribute.KeyValue {
 		return decisionAttrs(Policy(slot/(numOutcomes*numReasons)), Outcome(slot/numReasons%numOutcomes), Reason(slot%numReasons))
@@ -284,48 +245,6 @@ func newMetrics(mp metric.MeterProvider, databases map[string]Database) (*metric
 		m.dbs = append(m.dbs, dm)
 	}
 	return m, nil
-}
-
-// gauges registers the callback of the state gauges, which reads tr's
-// snapshot; the Router unregisters it on Close, so that a router made
-// after it on the same MeterProvider is the only one reporting them.
-func (m *metrics) gauges(tr *tracker) (metric.Registration, error) {
-	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		s := tr.snapshot()
-		now := tr.cfg.Now()
-		for i := range s.Databases {
-			ds := &s.Databases[i]
-			dm := m.database(ds.Name)
-			if !ds.Primary.ObservedAt.IsZero() {
-				set := newMeasurement(attribute.String(attrDatabase, ds.Name))
-				if dm != nil {
-					set = dm.primary
-				}
-				o.ObserveFloat64(m.staleness, now.Sub(ds.Primary.ObservedAt).Seconds(), set.observe...)
-			}
-			for j := range ds.Replicas {
-				r := &ds.Replicas[j]
-				if r.ObservedAt.IsZero() {
-					continue
-				}
-				var set *measurement
-				if dm != nil && j < len(dm.nodes) && dm.replicas[j] == r.Name {
-					set = dm.nodes[j]
-				} else {
-					set = newMeasurement(attribute.String(attrDatabase, ds.Name), attribute.String(attrReplica, r.Name))
-				}
-				o.ObserveFloat64(m.staleness, now.Sub(r.ObservedAt).Seconds(), set.observe...)
-				if r.Err != nil || !r.InRecovery {
-					continue
-				}
-				if r.LagKnown {
-					o.ObserveInt64(m.lagBytes, int64(min(r.LagBytes, 1<<62)), set.observe...)
-				}
-				o.ObserveFloat64(m.lagTime, r.TimeLag.Seconds(), set.observe...)
-			}
-		}
-		return nil
-	}, m.lagBytes, m.lagTime, m.staleness)
 }
 
 // database returns the attribute sets of a configured database, or nil.

@@ -17,6 +17,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -37,9 +38,9 @@ func TestMetricSlots(t *testing.T) {
 }
 
 // metricsDatabases configures ci without replicas and main with r1, r2.
-var metricsDatabases = map[string]Database{
+var metricsDatabases = map[string]replay.Database{
 	"ci":   {},
-	"main": {Replicas: []Replica{{Name: "r1"}, {Name: "r2"}}},
+	"main": {Replicas: []replay.Replica{{Name: "r1"}, {Name: "r2"}}},
 }
 
 // syncMetrics records decisions into synchronous instruments with
@@ -240,11 +241,7 @@ func TestMetricsContract(t *testing.T) {
 	s := snap(dbState("main", 1, nil, rep("r1", 1, "0/1"), rep("r2", 1, "0/1")))
 	s.Databases[0].Replicas[0].LagKnown = true
 	r := unitRouter(t, s, func(c *Config) { c.MeterProvider = mp; c.Now = func() time.Time { return t0 } })
-	reg, err := r.met.gauges(r.tr)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = reg.Unregister() })
 	ctx := context.Background()
-	r.met.queries.Add(1)
 	for _, d := range []Decision{
 		{Policy: Delayed, Action: ActionRun, Outcome: OutcomeReplicaWaited, Waited: time.Millisecond,
 			Databases: []DatabaseDecision{{Database: "main", Replica: "r1", replica: 0, Outcome: OutcomeReplicaWaited}}},
@@ -302,9 +299,8 @@ func TestMetricsContract(t *testing.T) {
 		}
 	}
 	const (
-		sum   = "metricdata.Sum[int64]"
-		hist  = "metricdata.Histogram[float64]"
-		gauge = "metricdata.Gauge[float64]"
+		sum  = "metricdata.Sum[int64]"
+		hist = "metricdata.Histogram[float64]"
 	)
 	require.Equal(t, map[string]inst{
 		"caughtup.consume.decisions":          {"{decision}", sum, []string{"caughtup.outcome,caughtup.policy,caughtup.reason,db.system.name"}},
@@ -313,10 +309,6 @@ func TestMetricsContract(t *testing.T) {
 		"caughtup.consume.tokens.missing":     {"{token}", sum, []string{"caughtup.reason,db.system.name"}},
 		"caughtup.consume.tokens.cross_epoch": {"{token}", sum, []string{"caughtup.database,caughtup.reason,db.system.name"}},
 		"caughtup.consume.tokens.future":      {"{token}", sum, []string{"db.system.name"}},
-		"caughtup.consume.tracker.queries":    {"{query}", sum, []string{"db.system.name"}},
-		"caughtup.consume.replica.lag":        {"By", "metricdata.Gauge[int64]", []string{"caughtup.database,caughtup.replica,db.system.name"}},
-		"caughtup.consume.replica.lag.time":   {"s", gauge, []string{"caughtup.database,caughtup.replica,db.system.name"}},
-		"caughtup.consume.tracker.staleness":  {"s", gauge, []string{"caughtup.database,caughtup.replica,db.system.name", "caughtup.database,db.system.name"}},
 	}, got)
 }
 
@@ -366,12 +358,12 @@ func TestMetricsAcrossRouters(t *testing.T) {
 	ctx := ctxT(t)
 	route := func(r *Router, n int) {
 		for range n {
-			_, d, err := r.RouteToken(ctx, tok, Sticky)
+			_, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 			require.NoError(t, err)
 			require.Equal(t, OutcomeReplica, d.Outcome)
 		}
 	}
-	lagKnown := func(s *Snapshot) bool {
+	lagKnown := func(s *replay.Snapshot) bool {
 		for _, rs := range s.Database("main").Replicas {
 			if !rs.LagKnown {
 				return false

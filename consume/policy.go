@@ -211,8 +211,14 @@ const (
 	// is unknown there or the replica did not answer); the database
 	// reads the primary.
 	ReasonUnverified
+	// ReasonCannotDefer: no replica could serve the job, which a Delayed
+	// policy would defer, but the job cannot be deferred (Job.NoDefer, or
+	// its deferral would end after Job.DeferBy: an asynq task on its last
+	// attempt or near its deadline); it reads the primary under the
+	// fallback cap.
+	ReasonCannotDefer
 
-	numReasons = int(ReasonUnverified) + 1
+	numReasons = int(ReasonCannotDefer) + 1
 )
 
 var reasonNames = [numReasons]string{
@@ -232,6 +238,7 @@ var reasonNames = [numReasons]string{
 	ReasonDivergedStandby:  "diverged_standby",
 	ReasonReplicaRestarted: "replica_restarted",
 	ReasonUnverified:       "unverified",
+	ReasonCannotDefer:      "cannot_defer",
 }
 
 // String is the reason's name in metrics and logs ("replica_behind", …).
@@ -253,7 +260,7 @@ func (r Reason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 func (r Reason) fallback() bool {
 	switch r {
 	case ReasonReplicaBehind, ReasonDeadline, ReasonUnknownAge, ReasonNoHealthyReplica, ReasonTrackerStale,
-		ReasonDivergedStandby, ReasonReplicaRestarted, ReasonUnverified:
+		ReasonDivergedStandby, ReasonReplicaRestarted, ReasonUnverified, ReasonCannotDefer:
 		return true
 	}
 	return false

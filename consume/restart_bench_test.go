@@ -16,7 +16,7 @@ import (
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
-// BenchmarkRestartWindow measures the window a ReplicaGuard closes: how
+// BenchmarkRestartWindow measures the window a replay.Guard closes: how
 // much less than it had replayed a replica killed under write load shows
 // when it accepts connections again, and for how long. Per restart: the
 // replica's replay position just before SIGKILL; then, polling a fresh

@@ -9,15 +9,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
-// guardedPool is a pool on replica n with a ReplicaGuard installed.
-func guardedPool(t *testing.T, n *pgtest.Node, db string, cfg ReplicaGuardConfig) (*pgxpool.Pool, *ReplicaGuard) {
+// guardedPool is a pool on replica n with a replay.Guard installed.
+func guardedPool(t *testing.T, n *pgtest.Node, db string, cfg replay.GuardConfig) (*pgxpool.Pool, *replay.Guard) {
 	t.Helper()
-	g, err := NewReplicaGuard(cfg)
+	g, err := replay.NewGuard(cfg)
 	require.NoError(t, err)
 	pc, err := pgxpool.ParseConfig(n.DSN(db))
 	require.NoError(t, err)
@@ -40,7 +40,7 @@ func readRow(ctx context.Context, pool *pgxpool.Pool, id int64) (bool, error) {
 // showing less than it had replayed (held below the row by
 // recovery_min_apply_delay, as a slow or stuck replay would); the handler
 // reads after that. Without a guard that read is stale, with no error.
-// With a ReplicaGuard on the replica's pool it never is: the new
+// With a replay.Guard on the replica's pool it never is: the new
 // connection is held, then refused, until the replica has replayed what
 // the tracker had seen. The tracker, meanwhile, sees the restart and routes
 // no new job to the replica until it passes its old position.
@@ -50,14 +50,14 @@ func TestReplicaRestartWindow(t *testing.T) {
 	c := privateCluster(t)
 	e := setup(t, c)
 	node := c.Replicas()[0]
-	guarded, guard := guardedPool(t, node, e.db, ReplicaGuardConfig{HoldTimeout: 300 * time.Millisecond})
+	guarded, guard := guardedPool(t, node, e.db, replay.GuardConfig{HoldTimeout: 300 * time.Millisecond})
 	plain := e.replicas[0]
 	// A restartpoint, so that the restarted replica still has the table.
 	require.NoError(t, node.Exec(ctx, "", "CHECKPOINT"))
 
-	oneReplica := func(pool *pgxpool.Pool, g *ReplicaGuard) func(*Config) {
+	oneReplica := func(pool *pgxpool.Pool, g *replay.Guard) func(*Config) {
 		return func(cfg *Config) {
-			cfg.Databases = map[string]Database{"main": {Primary: e.primary, Replicas: []Replica{{Name: "r1", Pool: pool, Guard: g}}}}
+			cfg.Databases = map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: pool, Guard: g}}}}
 		}
 	}
 	withGuard := e.router(t, oneReplica(guarded, guard))
@@ -71,10 +71,10 @@ func TestReplicaRestartWindow(t *testing.T) {
 	id, tok := e.write(t)
 	seen(t, withGuard, tok)
 	seen(t, without, tok)
-	hGuard, d, err := withGuard.RouteToken(ctx, tok, Sticky)
+	hGuard, d, err := withGuard.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, "r1", d.Databases[0].Replica)
-	hPlain, d, err := without.RouteToken(ctx, tok, Sticky)
+	hPlain, d, err := without.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, "r1", d.Databases[0].Replica)
 
@@ -111,7 +111,7 @@ func TestReplicaRestartWindow(t *testing.T) {
 	stale, failed, last := attempt(hGuard)
 	require.Zero(t, stale, "no stale read through the guard")
 	require.Positive(t, failed)
-	require.ErrorIs(t, last, ErrReplicaBehind)
+	require.ErrorIs(t, last, replay.ErrReplicaBehind)
 
 	// The tracker saw the restart: the replica is held (or its epoch
 	// unknown until its WAL receiver runs); no new decision uses it.
@@ -120,7 +120,7 @@ func TestReplicaRestartWindow(t *testing.T) {
 		return rs.Restarts == 1 && rs.Err == nil && rs.RestartFloor >= tok.Entries[0].LSN
 	}, 30*time.Second, 10*time.Millisecond)
 	for _, r := range []*Router{withGuard, without} {
-		_, d, err := r.RouteToken(ctx, tok, Sticky)
+		_, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomePrimary, d.Outcome, "%+v", d)
 	}
@@ -130,53 +130,16 @@ func TestReplicaRestartWindow(t *testing.T) {
 	require.NoError(t, node.SetConf(ctx, map[string]string{"recovery_min_apply_delay": ""}))
 	require.Eventually(t, func() bool {
 		ok, err := readRow(ctx, DB(hGuard, "main"), id)
-		if err != nil && !errors.Is(err, ErrReplicaBehind) {
+		if err != nil && !errors.Is(err, replay.ErrReplicaBehind) {
 			t.Logf("read: %v", err)
 		}
 		return err == nil && ok
 	}, 30*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		rs := withGuard.Snapshot().Database("main").Replicas[0]
-		return rs.RestartFloor == 0 && rs.usable(time.Now().Add(-time.Second))
+		return rs.RestartFloor == 0 && rs.Usable(time.Now().Add(-time.Second))
 	}, 30*time.Second, 10*time.Millisecond)
-	_, d, err = withGuard.RouteToken(ctx, tok, Sticky)
+	_, d, err = withGuard.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, "r1", d.Databases[0].Replica)
-}
-
-// The guard's rule as a pure function.
-func TestGuardAdmit(t *testing.T) {
-	t.Parallel()
-	i1, i2 := inc(0, 1), inc(5000, 5001)
-	st := ReplicaState{Observations: 3, Incarnation: i1, HighestReplayed: lsn("0/3000000")}
-	conn := func(i Incarnation, at string) pgwal.Replica {
-		return pgwal.Replica{InRecovery: true, LSN: lsn(at), PostmasterStart: i.PostmasterStart, RecoveryStart: i.RecoveryStart}
-	}
-	require.True(t, admit(conn(i1, "0/3000000"), &st), "at the highest replay")
-	require.False(t, admit(conn(i1, "0/2FFFFFF"), &st), "below it")
-	require.False(t, admit(conn(i2, "0/3800000"), &st), "a run the tracker has not seen yet")
-	st2 := st
-	st2.Incarnation = i2
-	require.True(t, admit(conn(i1, "0/3000000"), &st2), "the tracker has seen a newer run (this connection is about to die)")
-	require.False(t, admit(conn(i1, "0/3000000"), &ReplicaState{}), "the tracker has not observed the replica")
-	require.True(t, admit(pgwal.Replica{InRecovery: false}, &st), "out of recovery it has everything it replayed")
-}
-
-func TestGuardConfig(t *testing.T) {
-	t.Parallel()
-	_, err := NewReplicaGuard(ReplicaGuardConfig{HoldTimeout: -1})
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	g, err := NewReplicaGuard(ReplicaGuardConfig{})
-	require.NoError(t, err)
-	require.Equal(t, DefaultGuardHoldTimeout, g.cfg.HoldTimeout)
-
-	e := &env{primary: &pgxpool.Pool{}}
-	cfg := Config{Databases: map[string]Database{"main": {Primary: e.primary,
-		Replicas: []Replica{{Name: "r1", Pool: &pgxpool.Pool{}, Guard: g}}}}}.WithDefaults()
-	require.ErrorContains(t, cfg.Validate(), "not installed")
-	g.Install(&pgxpool.Config{})
-	require.NoError(t, cfg.Validate())
-	cfg.Databases["main"] = Database{Primary: e.primary, Replicas: []Replica{
-		{Name: "r1", Pool: &pgxpool.Pool{}, Guard: g}, {Name: "r2", Pool: &pgxpool.Pool{}, Guard: g}}}
-	require.ErrorContains(t, cfg.Validate(), "one ReplicaGuard serves one replica pool")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -32,7 +33,7 @@ func TestRouteCaughtUp(t *testing.T) {
 	header, err := tok.Encode()
 	require.NoError(t, err)
 
-	hctx, d, err := r.Route(ctx, header, Sticky)
+	hctx, d, err := r.Route(ctx, hjob(header, Sticky))
 	require.NoError(t, err)
 	require.Equal(t, OutcomeReplica, d.Outcome)
 	pool := DB(hctx, "main")
@@ -73,19 +74,19 @@ func TestRouteCaughtUp(t *testing.T) {
 	}
 
 	// No token and a malformed one read the primary.
-	hctx, d, err = r.Route(ctx, "", Sticky)
+	hctx, d, err = r.Route(ctx, hjob("", Sticky))
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
 	require.Same(t, e.primary, DB(hctx, "main"))
 	_, ok = enqueue.TokenFrom(hctx)
 	require.False(t, ok)
-	hctx, d, err = r.Route(ctx, "v1;garbage", Delayed)
+	hctx, d, err = r.Route(ctx, hjob("v1;garbage", Delayed))
 	require.NoError(t, err)
 	require.Equal(t, ReasonMalformedToken, d.Reason)
 	require.Same(t, e.primary, DB(hctx, "main"))
 
 	// Always keeps the token for children but reads the primary.
-	hctx, d, err = r.Route(ctx, header, Always)
+	hctx, d, err = r.Route(ctx, hjob(header, Always))
 	require.NoError(t, err)
 	require.Equal(t, ReasonPolicyAlways, d.Reason)
 	require.Same(t, e.primary, DB(hctx, "main"))
@@ -96,7 +97,7 @@ func TestRouteCaughtUp(t *testing.T) {
 	require.NoError(t, reader.Collect(ctx, &rm))
 	byName := map[string]metricdata.Metrics{}
 	for _, sm := range rm.ScopeMetrics {
-		require.Equal(t, ScopeName, sm.Scope.Name)
+		require.Contains(t, []string{ScopeName, replay.ScopeName}, sm.Scope.Name)
 		for _, m := range sm.Metrics {
 			byName[m.Name] = m
 			require.NotEmpty(t, m.Unit, m.Name)
@@ -135,11 +136,11 @@ func TestRouteWaitsForReplay(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		ctx, d, err := r.RouteToken(context.Background(), tok, Delayed)
+		ctx, d, err := r.Route(context.Background(), Job{Token: tok, Policy: Delayed})
 		done <- result{ctx, d, err, time.Now()}
 	}()
 	// The job waits on both replicas, which the tracker now polls fast.
-	waitUntil(t, r, "the job waits on both replicas", func(*Snapshot) bool { return waiting(r) == 2 })
+	waitUntil(t, r, "the job waits on both replicas", func(*replay.Snapshot) bool { return waiting(r) == 2 })
 	select {
 	case res := <-done:
 		t.Fatalf("routed while every replica was paused: %+v", res.d)
@@ -147,10 +148,9 @@ func TestRouteWaitsForReplay(t *testing.T) {
 	}
 	// The waiting job makes the tracker poll the replicas every
 	// WaitPollInterval (nextPoll), and they are polled while it waits.
-	for _, p := range r.tr.replicas[0] {
-		require.Positive(t, p.waiters.Load(), "replica %s is watched while a job waits", p.name)
-		q0 := p.queries.Load()
-		require.Eventually(t, func() bool { return p.queries.Load() > q0+2 }, 10*time.Second, time.Millisecond)
+	for i, st := range replicaStats(r) {
+		require.Positive(t, st.Watchers, "replica %s is watched while a job waits", st.Replica)
+		require.Eventually(t, func() bool { return replicaStats(r)[i].Queries > st.Queries+2 }, 10*time.Second, time.Millisecond)
 	}
 
 	resumed := time.Now()
@@ -166,8 +166,8 @@ func TestRouteWaitsForReplay(t *testing.T) {
 
 	// With nobody waiting the tracker is back to one query per
 	// PollInterval.
-	for _, p := range r.tr.replicas[0] {
-		require.Zero(t, p.waiters.Load(), "replica %s is no longer watched", p.name)
+	for _, st := range replicaStats(r) {
+		require.Zero(t, st.Watchers, "replica %s is no longer watched", st.Replica)
 	}
 }
 
@@ -180,7 +180,7 @@ func TestRouteLagPastBudget(t *testing.T) {
 	id, tok := e.write(t)
 
 	// Delayed: waits the budget, then defers.
-	_, d, err := r.RouteToken(ctx, tok, Delayed)
+	_, d, err := r.Route(ctx, Job{Token: tok, Policy: Delayed})
 	var de *DeferError
 	require.ErrorAs(t, err, &de)
 	require.ErrorIs(t, err, ErrDeferred)
@@ -192,7 +192,7 @@ func TestRouteLagPastBudget(t *testing.T) {
 	require.Zero(t, waiting(r))
 
 	// Sticky: the primary at once.
-	hctx, d, err := r.RouteToken(ctx, tok, Sticky)
+	hctx, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Zero(t, d.Waited, "sticky does not wait")
 	require.Equal(t, OutcomePrimary, d.Outcome)
@@ -203,7 +203,7 @@ func TestRouteLagPastBudget(t *testing.T) {
 	// Delayed past MaxAge: the primary without waiting.
 	old := tok
 	old.CapturedAt = time.Now().Add(-3 * time.Minute)
-	_, d, err = r.RouteToken(ctx, old, Delayed)
+	_, d, err = r.Route(ctx, Job{Token: old, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, ReasonDeadline, d.Reason)
 	require.Zero(t, d.Waited)
@@ -212,10 +212,10 @@ func TestRouteLagPastBudget(t *testing.T) {
 	// the lag it would have waited out counts as no healthy replica here.
 	capped := e.router(t, func(c *Config) {
 		c.WaitBudget = -1
-		c.MaxLagBytes = 1
+		c.Tracker.MaxLagBytes = 1
 		c.PrimaryRate, c.PrimaryBurst = rate.Every(time.Hour), 1
 	})
-	waitUntil(t, capped, "no replica is healthy", func(s *Snapshot) bool {
+	waitUntil(t, capped, "no replica is healthy", func(s *replay.Snapshot) bool {
 		for _, rs := range s.Database("main").Replicas {
 			if rs.Healthy {
 				return false
@@ -223,27 +223,27 @@ func TestRouteLagPastBudget(t *testing.T) {
 		}
 		return true
 	})
-	_, d, err = capped.RouteToken(ctx, tok, Sticky)
+	_, d, err = capped.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimary, d.Outcome, "the burst allows one")
 	require.Equal(t, ReasonNoHealthyReplica, d.Reason)
-	_, d, err = capped.RouteToken(ctx, tok, Sticky)
+	_, d, err = capped.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.ErrorIs(t, err, ErrCapped)
 	require.Equal(t, OutcomeCapped, d.Outcome)
-	_, d, err = capped.RouteToken(ctx, tok, Delayed)
+	_, d, err = capped.Route(ctx, Job{Token: tok, Policy: Delayed})
 	require.ErrorIs(t, err, ErrDeferred)
 	require.NotErrorIs(t, err, ErrCapped)
 	require.Equal(t, OutcomeDeferred, d.Outcome)
 	require.Equal(t, ReasonCapped, d.Reason)
 	// A delayed job that is merely behind defers for lag, cap or not.
-	_, d, err = r.RouteToken(ctx, tok, Delayed)
+	_, d, err = r.Route(ctx, Job{Token: tok, Policy: Delayed})
 	require.ErrorIs(t, err, ErrDeferred)
 	require.Equal(t, ReasonReplicaBehind, d.Reason)
 	// No token and Always are not capped.
-	_, d, err = capped.Route(ctx, "", Sticky)
+	_, d, err = capped.Route(ctx, hjob("", Sticky))
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
-	_, d, err = capped.RouteToken(ctx, tok, Always)
+	_, d, err = capped.Route(ctx, Job{Token: tok, Policy: Always})
 	require.NoError(t, err)
 	require.Equal(t, ReasonPolicyAlways, d.Reason)
 }
@@ -262,7 +262,7 @@ func TestRouteFutureToken(t *testing.T) {
 	id, tok := e.write(t)
 	tok.CapturedAt = time.Now().Add(time.Hour)
 
-	hctx, d, err := r.RouteToken(ctxT(t), tok, Delayed)
+	hctx, d, err := r.Route(ctxT(t), Job{Token: tok, Policy: Delayed})
 	require.NoError(t, err)
 	require.Equal(t, OutcomePrimary, d.Outcome)
 	require.Equal(t, ReasonUnknownAge, d.Reason)
@@ -283,7 +283,7 @@ func TestRouteContextEndsDuringWait(t *testing.T) {
 	// rather than failed.
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	_, d, err := r.RouteToken(ctx, tok, Delayed)
+	_, d, err := r.Route(ctx, Job{Token: tok, Policy: Delayed})
 	require.ErrorIs(t, err, ErrDeferred)
 	require.Equal(t, OutcomeDeferred, d.Outcome)
 
@@ -292,10 +292,10 @@ func TestRouteContextEndsDuringWait(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		_, _, err := r.RouteToken(ctx, tok, Delayed)
+		_, _, err := r.Route(ctx, Job{Token: tok, Policy: Delayed})
 		errc <- err
 	}()
-	waitUntil(t, r, "the job waits", func(*Snapshot) bool { return waiting(r) > 0 })
+	waitUntil(t, r, "the job waits", func(*replay.Snapshot) bool { return waiting(r) > 0 })
 	cancel()
 	require.ErrorIs(t, <-errc, context.Canceled)
 	require.Zero(t, waiting(r))
@@ -315,7 +315,7 @@ func TestRouteDoesNotQuery(t *testing.T) {
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	// NewRouter returns once every node has answered; the next polls are
 	// an hour later.
-	r := e.router(t, func(c *Config) { c.PollInterval = time.Hour; c.MeterProvider = mp })
+	r := e.router(t, func(c *Config) { c.Tracker.PollInterval = time.Hour; c.MeterProvider = mp })
 	queries := func() int64 { return total(sums(t, reader)["caughtup.consume.tracker.queries"]) }
 	q0 := queries()
 	require.GreaterOrEqual(t, q0, int64(3), "one per node at least")
@@ -325,7 +325,7 @@ func TestRouteDoesNotQuery(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for range 2500 {
-				if _, d, err := r.RouteToken(ctx, tok, Delayed); err != nil || d.Outcome != OutcomeReplica {
+				if _, d, err := r.Route(ctx, Job{Token: tok, Policy: Delayed}); err != nil || d.Outcome != OutcomeReplica {
 					t.Errorf("outcome %s: %v", d.Outcome, err)
 					return
 				}

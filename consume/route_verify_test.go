@@ -15,6 +15,7 @@ import (
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -59,7 +60,7 @@ func TestRouteVerified(t *testing.T) {
 
 	t.Run("fresh", func(t *testing.T) {
 		v := &verdicts{by: map[string]Verification{"r1": {Verdict: VerifyFresh}, "r2": {Verdict: VerifyFresh}}}
-		hctx, d, err := r.RouteVerified(ctx, tk, nil, Delayed, v.verify)
+		hctx, d, err := r.Route(ctx, Job{Token: tk, TokenErr: nil, Policy: Delayed, Verify: v.verify})
 		require.NoError(t, err)
 		require.Equal(t, OutcomeReplica, d.Outcome)
 		require.Len(t, v.calls, 1, "one replica chosen, one verification")
@@ -77,7 +78,7 @@ func TestRouteVerified(t *testing.T) {
 			"r2": {Verdict: VerifyBehind, Replayed: lsn("0/2000000")},
 		}}
 		for range 4 { // Spread rotates: r2 is chosen first at least once
-			_, d, err := r.RouteVerified(ctx, tk, nil, Delayed, v.verify)
+			_, d, err := r.Route(ctx, Job{Token: tk, TokenErr: nil, Policy: Delayed, Verify: v.verify})
 			require.NoError(t, err)
 			require.Equal(t, "r1", d.Databases[0].Replica)
 		}
@@ -94,7 +95,7 @@ func TestRouteVerified(t *testing.T) {
 		r1First := 0
 		for _, pol := range []Policy{Delayed, Delayed, Delayed, Delayed, Sticky, Sticky, Sticky, Sticky} {
 			v.calls = nil
-			_, d, err := r.RouteVerified(ctx, tk, nil, pol, v.verify)
+			_, d, err := r.Route(ctx, Job{Token: tk, TokenErr: nil, Policy: pol, Verify: v.verify})
 			if v.calls[0] == "r2" {
 				require.NoError(t, err, "r2 chosen first is fresh")
 				require.Equal(t, "r2", d.Databases[0].Replica)
@@ -120,7 +121,7 @@ func TestRouteVerified(t *testing.T) {
 	t.Run("unknown reads the primary", func(t *testing.T) {
 		cause := errors.New("replica did not answer")
 		v := &verdicts{by: map[string]Verification{"r1": {Err: cause}, "r2": {Err: cause}}}
-		hctx, d, err := r.RouteVerified(ctx, tk, nil, Delayed, v.verify)
+		hctx, d, err := r.Route(ctx, Job{Token: tk, TokenErr: nil, Policy: Delayed, Verify: v.verify})
 		require.NoError(t, err)
 		require.Equal(t, OutcomePrimary, d.Outcome)
 		require.Equal(t, ReasonUnverified, d.Reason)
@@ -136,15 +137,13 @@ func TestRouteVerified(t *testing.T) {
 
 	t.Run("malformed and no token never reach the verifier", func(t *testing.T) {
 		v := &verdicts{}
-		_, d, err := r.RouteVerified(ctx, tk, position.ErrMalformed, Delayed, v.verify)
+		_, d, err := r.Route(ctx, Job{Token: tk, TokenErr: position.ErrMalformed, Policy: Delayed, Verify: v.verify})
 		require.NoError(t, err)
 		require.Equal(t, ReasonMalformedToken, d.Reason)
-		_, d, err = r.RouteVerified(ctx, position.Token{}, nil, Delayed, v.verify)
+		_, d, err = r.Route(ctx, Job{Token: position.Token{}, TokenErr: nil, Policy: Delayed, Verify: v.verify})
 		require.NoError(t, err)
 		require.Equal(t, ReasonNoToken, d.Reason)
 		require.Empty(t, v.calls)
-		_, _, err = r.RouteVerified(ctx, tk, nil, Delayed, nil)
-		require.Error(t, err, "a nil Verifier is refused")
 	})
 
 	// One decision counted per routed job, whatever the rounds.
@@ -215,10 +214,10 @@ func TestRouteVerifiedWaitsForTheCommit(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		hctx, d, err := r.RouteVerified(context.Background(), inside, nil, Delayed, verify)
+		hctx, d, err := r.Route(context.Background(), Job{Token: inside, Policy: Delayed, Verify: verify})
 		done <- result{hctx, d, err}
 	}()
-	waitUntil(t, r, "the job waits on both replicas after verification", func(*Snapshot) bool {
+	waitUntil(t, r, "the job waits on both replicas after verification", func(*replay.Snapshot) bool {
 		return behind.Load() > 0 && waiting(r) == 2
 	})
 	select {

@@ -10,13 +10,12 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // Router routes jobs: one per process, shared by every worker goroutine.
@@ -24,13 +23,12 @@ import (
 // the application's pools.
 type Router struct {
 	cfg    Config
-	tr     *tracker
+	tr     positions
 	gate   *fallbackGate // the per-process cap and the fleet budget (budget.go)
 	met    *metrics
-	gauges metric.Registration // the tracker's state gauges, until Close
 	log    *slog.Logger
 	spread spreadCounter
-	pools  map[string]*Database
+	pools  map[string]*replay.Database
 	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
 	sqlDBs map[*pgxpool.Pool]*sql.DB
 
@@ -50,55 +48,55 @@ type spreadCounter struct {
 	_ [cacheLine - 4]byte
 }
 
+// positions is what the Router needs of its tracker: a *replay.Tracker,
+// or in unit tests a fixed snapshot.
+type positions interface {
+	Snapshot() *replay.Snapshot
+	Watch(database string) (stop func())
+	Close() error
+}
+
+var _ positions = (*replay.Tracker)(nil)
+
 // cacheLine is the size of a cache line on amd64 and most arm64 cores.
 const cacheLine = 64
 
-// NewRouter validates cfg, starts the tracker and waits until every node
-// has been queried once (or ctx ends, or Config.StalenessBound passes:
-// nodes that have not answered by then count as unknown, and jobs fall
-// back to the primary until they do). ctx bounds only this start; the
-// tracker runs until Close.
+// NewRouter validates cfg, starts the tracker (replay.NewTracker) and
+// waits until every node has been queried once (or ctx ends, or the
+// tracker's StalenessBound passes: nodes that have not answered by then
+// count as unknown, and jobs fall back to the primary until they do). ctx
+// bounds only this start; the tracker runs until Close.
 func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	r := newRouter(cfg)
-	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Tracker.MeterProvider == nil {
+		cfg.Tracker.MeterProvider = cfg.MeterProvider
+	}
+	if cfg.Tracker.Logger == nil {
+		cfg.Tracker.Logger = cfg.Logger
+	}
+	r := newRouter(cfg)
 	fail := func(err error) (*Router, error) {
-		if r.tr != nil {
-			r.tr.close()
-		}
-		r.closeSQL()
+		_ = r.Close()
 		return nil, err
 	}
-	met, err := newMetrics(mp, r.cfg.Databases)
-	if err != nil {
+	var err error
+	if r.met, err = newMetrics(cfg.MeterProvider, r.cfg.Databases); err != nil {
 		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
 	}
-	r.met = met
 	if r.gate, err = newFallbackGate(&r.cfg, r.log); err != nil {
 		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
 	}
-	if r.tr, err = newTracker(&r.cfg, r.log, met.queries); err != nil {
+	if r.tr, err = replay.NewTracker(ctx, r.cfg.Databases, r.cfg.Tracker); err != nil {
 		return fail(err)
-	}
-	if r.gauges, err = met.gauges(r.tr); err != nil {
-		return fail(fmt.Errorf("caughtup/consume: registering gauges: %w", err))
-	}
-	bound := time.NewTimer(cfg.StalenessBound)
-	defer bound.Stop()
-	select {
-	case <-r.tr.initDone:
-	case <-bound.C:
-		r.log.Warn("caughtup: not every node answered the tracker in time; jobs read the primary until they do",
-			slog.Duration("waited", cfg.StalenessBound))
-	case <-ctx.Done():
-		_ = r.Close()
-		return nil, ctx.Err()
 	}
 	return r, nil
 }
@@ -109,7 +107,7 @@ func newRouter(cfg Config) *Router {
 	// Copy what the tracker and DB read, so the caller's map and slices
 	// may change afterwards.
 	cfg.Databases = maps.Clone(cfg.Databases)
-	pools := make(map[string]*Database, len(cfg.Databases))
+	pools := make(map[string]*replay.Database, len(cfg.Databases))
 	for name, db := range cfg.Databases {
 		db.Replicas = slices.Clone(db.Replicas)
 		cfg.Databases[name] = db
@@ -144,8 +142,9 @@ func newRouter(cfg Config) *Router {
 func (r *Router) Close() error {
 	var err error
 	r.closeOnce.Do(func() {
-		err = r.gauges.Unregister()
-		r.tr.close()
+		if r.tr != nil {
+			err = r.tr.Close()
+		}
 		err = errors.Join(err, r.closeSQL())
 	})
 	return err
@@ -163,7 +162,14 @@ func (r *Router) closeSQL() error {
 
 // Snapshot returns the tracker's current state. It is shared and
 // immutable: do not modify it.
-func (r *Router) Snapshot() *Snapshot { return r.tr.snapshot() }
+func (r *Router) Snapshot() *replay.Snapshot { return r.tr.Snapshot() }
+
+// Tracker returns the router's tracker (its feed status, Watch), or nil
+// for a router that was not started by NewRouter.
+func (r *Router) Tracker() *replay.Tracker {
+	t, _ := r.tr.(*replay.Tracker)
+	return t
+}
 
 // Config returns the router's configuration with defaults applied. The
 // Databases map is a copy; the pools in it are the application's.
@@ -173,64 +179,50 @@ func (r *Router) Config() Config {
 	return c
 }
 
-// Route decides where a job runs. header is the token's text as carried
-// in position.HeaderName ("" for none); a token that does not decode reads
-// the primary (ReasonMalformedToken) and is counted. policy PolicyDefault
-// means Config.DefaultPolicy.
+// Route decides where job runs, once: the one decision, counted once.
 //
 // On success the returned context carries the pool per database (DB), the
 // decision (DecisionFrom) and, for jobs the handler enqueues, the token
 // merged with the positions of the replicas chosen (enqueue.TokenFrom;
-// merged when first asked for, see enqueue.WithTokenSource).
-// Those positions are what the replicas had replayed when chosen: a lower
-// bound of what the handler's reads will see. Children that must see
-// everything the handler read, including rows replayed in between, need
-// enqueue's AfterReplicaRead on the read's connection. A
-// Delayed job may wait up to Config.WaitBudget inside Route, before the
-// handler takes any snapshot; ctx's deadline shortens that budget.
-// Otherwise Route returns a *DeferError (ErrDeferred, ErrCapped), or ctx's
-// error if ctx is canceled during the wait. It never hands out a replica
-// that is not known to have replayed the token.
-func (r *Router) Route(ctx context.Context, header string, policy Policy) (context.Context, Decision, error) {
-	if header == "" {
-		return r.route(ctx, position.Token{}, nil, policy, nil, nil)
-	}
-	tok, err := position.Decode(header)
-	return r.route(ctx, tok, err, policy, nil, nil)
+// merged when first asked for, see enqueue.WithTokenSource). Those
+// positions are what the replicas had replayed when chosen: a lower bound
+// of what the handler's reads will see. Children that must see everything
+// the handler read, including rows replayed in between, need enqueue's
+// AfterReplicaRead on the read's connection.
+//
+// A Delayed job may wait up to Config.WaitBudget inside Route, before the
+// handler takes any snapshot; ctx's deadline shortens that budget. A job
+// the cap refuses and that may be neither deferred nor refused
+// (Job.Hold) waits inside Route until a replica serves it or the cap
+// admits it. Otherwise Route returns a *DeferError (ErrDeferred,
+// ErrCapped), or ctx's error if ctx ends during a wait. It never hands out
+// a replica that is not known to have replayed the token. The Router
+// keeps nothing of job.Token once it returns (the decision holds copies of
+// its entries), so its entries may be a buffer the caller reuses, as a
+// position.HeaderDecoder's are.
+func (r *Router) Route(ctx context.Context, job Job) (context.Context, Decision, error) {
+	return r.route(ctx, &job, nil)
 }
 
-// RouteToken is Route for a token already decoded (CDC events carry their
-// position directly).
-func (r *Router) RouteToken(ctx context.Context, tok position.Token, policy Policy) (context.Context, Decision, error) {
-	return r.route(ctx, tok, nil, policy, nil, nil)
-}
-
-// RouteDecoded is Route for a token decoded by the caller, typically with
-// position.DecodeHeaders from a message's header values, together with the
-// error of that decoding. A non-nil decodeErr routes the job to the
-// primary as malformed (ReasonMalformedToken) whatever tok holds, and the
-// warning names the error. The Router keeps nothing of tok once it
-// returns (the decision holds copies of its entries), so tok's entries may
-// be a buffer the caller reuses, as a position.HeaderDecoder's are.
-func (r *Router) RouteDecoded(ctx context.Context, tok position.Token, decodeErr error, policy Policy) (context.Context, Decision, error) {
-	if decodeErr != nil {
+// route decides, waits, verifies (with job.Verify), applies the cap,
+// holds (job.Hold) and records the job (in t, when routed through a
+// Tally).
+func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context, Decision, error) {
+	tok, tokErr, verify := job.Token, job.TokenErr, job.Verify
+	if tokErr != nil {
 		tok = position.Token{}
 	}
-	return r.route(ctx, tok, decodeErr, policy, nil, nil)
-}
-
-// route decides, waits, verifies (with a Verifier: RouteVerified), applies
-// the cap and records the job (in t, when routed through a Tally).
-func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, policy Policy, verify Verifier, t *Tally) (context.Context, Decision, error) {
 	rc, buf := newRouted(len(tok.Entries), t)
 	in := DecideInput{
-		Policy:   policy,
+		Policy:   job.Policy,
 		Token:    tok,
 		TokenErr: tokErr,
-		Snapshot: r.tr.snapshot(),
+		Snapshot: r.tr.Snapshot(),
 		Now:      r.cfg.Now(),
 		Config:   &r.cfg,
 		NoWait:   r.cfg.WaitBudget < 0,
+		NoDefer:  job.NoDefer,
+		DeferBy:  job.DeferBy,
 		// One counter for every worker, so that the jobs in flight at any
 		// moment alternate between the replicas: a counter per Tally, or a
 		// random pick per job, saved an atomic shared between cores, but
@@ -264,11 +256,20 @@ func (r *Router) route(ctx context.Context, tok position.Token, tokErr error, po
 		decide(&in, d)
 		d.Waited = w
 	}
+	if d.Action == ActionRefuse && job.Hold {
+		waited = true
+		var err error
+		if *d, err = r.hold(ctx, &in, *d); err != nil {
+			r.log.DebugContext(ctx, "caughtup: hold for a replica or the fallback cap abandoned", slog.Any("error", err),
+				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
+			return ctx, *d, err
+		}
+	}
 	if tokErr == nil && d.Reason == ReasonUnverified {
 		tokErr = verifyErr // for the warning
 	}
 	r.met.recordTo(ctx, d, waited, t)
-	r.logDecision(ctx, d, tokErr)
+	r.logDecision(ctx, d, tokErr, job.Source)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
 		return ctx, *d, &DeferError{Delay: d.Delay, Decision: *d}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -57,14 +58,14 @@ func setup(t testing.TB, c *pgtest.Cluster) *env {
 }
 
 func (e *env) config(t testing.TB, mods ...func(*Config)) Config {
-	reps := make([]Replica, len(e.replicas))
+	reps := make([]replay.Replica, len(e.replicas))
 	for i, p := range e.replicas {
-		reps[i] = Replica{Name: "r" + strconv.Itoa(i+1), Pool: p}
+		reps[i] = replay.Replica{Name: "r" + strconv.Itoa(i+1), Pool: p}
 	}
 	cfg := Config{
-		Databases:    map[string]Database{"main": {Primary: e.primary, Replicas: reps}},
-		PollInterval: 50 * time.Millisecond,
-		Logger:       testLogger(t),
+		Databases: map[string]replay.Database{"main": {Primary: e.primary, Replicas: reps}},
+		Logger:    testLogger(t),
+		Tracker:   replay.TrackerConfig{PollInterval: 50 * time.Millisecond},
 	}
 	for _, m := range mods {
 		m(&cfg)
@@ -132,7 +133,7 @@ func resumeAll(t testing.TB, c *pgtest.Cluster) {
 func seen(t testing.TB, r *Router, tok position.Token) {
 	t.Helper()
 	e := tok.Entries[0]
-	waitUntil(t, r, "every replica is seen at the token", func(s *Snapshot) bool {
+	waitUntil(t, r, "every replica is seen at the token", func(s *replay.Snapshot) bool {
 		ds := s.Database(e.Database)
 		for _, rs := range ds.Replicas {
 			if e.Compare(rs.Replayed, ds.Primary.History).Status != position.CaughtUp {
@@ -147,7 +148,7 @@ func seen(t testing.TB, r *Router, tok position.Token) {
 // one the tracker publishes (one per observation, so at least one per
 // node and PollInterval), until it holds. cond may also look at state
 // other than the snapshot that changes no later than an observation.
-func waitUntil(t testing.TB, r *Router, what string, cond func(*Snapshot) bool) *Snapshot {
+func waitUntil(t testing.TB, r *Router, what string, cond func(*replay.Snapshot) bool) *replay.Snapshot {
 	t.Helper()
 	deadline := time.NewTimer(time.Minute)
 	defer deadline.Stop()
@@ -169,10 +170,8 @@ func waitUntil(t testing.TB, r *Router, what string, cond func(*Snapshot) bool) 
 // publishes a snapshot, so waitUntil sees the count change promptly.
 func waiting(r *Router) int {
 	n := 0
-	for _, rps := range r.tr.replicas {
-		for _, p := range rps {
-			n += int(p.waiters.Load())
-		}
+	for _, st := range r.Tracker().Stat() {
+		n += st.Watchers
 	}
 	return n
 }
@@ -180,13 +179,13 @@ func waiting(r *Router) int {
 // unitRouter is a Router over a fixed snapshot, without a tracker's
 // goroutines or any connection: for what Route does around Decide. The
 // snapshot's databases are configured with nil pools.
-func unitRouter(t testing.TB, s *Snapshot, mods ...func(*Config)) *Router {
+func unitRouter(t testing.TB, s *replay.Snapshot, mods ...func(*Config)) *Router {
 	t.Helper()
-	cfg := Config{Databases: map[string]Database{}, Logger: testLogger(t), PrimaryRate: rate.Inf}
+	cfg := Config{Databases: map[string]replay.Database{}, Logger: testLogger(t), PrimaryRate: rate.Inf}
 	for _, ds := range s.Databases {
-		db := Database{}
+		db := replay.Database{}
 		for _, rs := range ds.Replicas {
-			db.Replicas = append(db.Replicas, Replica{Name: rs.Name})
+			db.Replicas = append(db.Replicas, replay.Replica{Name: rs.Name})
 		}
 		cfg.Databases[ds.Name] = db
 	}
@@ -203,11 +202,17 @@ func unitRouter(t testing.TB, s *Snapshot, mods ...func(*Config)) *Router {
 	require.NoError(t, err)
 	r.gate, err = newFallbackGate(&r.cfg, r.log)
 	require.NoError(t, err)
-	r.tr = &tracker{cfg: &r.cfg}
-	s.changed = make(chan struct{})
-	r.tr.snap.Store(s)
+	r.tr = fixed{s}
 	return r
 }
+
+// fixed is a tracker whose snapshot never changes, for unit tests of the
+// Router around Decide.
+type fixed struct{ s *replay.Snapshot }
+
+func (f fixed) Snapshot() *replay.Snapshot { return f.s }
+func (fixed) Watch(string) func()          { return func() {} }
+func (fixed) Close() error                 { return nil }
 
 // sums is a collection's monotonic int64 sums: per instrument, per
 // attribute set (encoded), the value. It fails on a series reported
@@ -290,3 +295,30 @@ func (c *captured) lines(prefix string) []map[string]string {
 	}
 	return out
 }
+
+// hjob is the Job of a token carried as header text ("" for none), as an
+// adapter decodes it.
+func hjob(header string, p Policy) Job {
+	if header == "" {
+		return Job{Policy: p}
+	}
+	tok, err := position.DecodeHeaders(header)
+	return Job{Token: tok, TokenErr: err, Policy: p}
+}
+
+// replicaStats is what the router's tracker spends on each replica of its
+// first database, in order.
+func replicaStats(r *Router) []replay.NodeStat {
+	var out []replay.NodeStat
+	stats := r.Tracker().Stat()
+	for _, st := range stats {
+		if st.Database == stats[0].Database && st.Replica != "" {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// watchers is how many callers watch replica i of the router's first
+// database.
+func watchers(r *Router, i int) int { return replicaStats(r)[i].Watchers }

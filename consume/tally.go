@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/caughtup/caughtup/position"
 )
 
 // counter names the Router's counters that a Tally batches.
@@ -127,24 +125,10 @@ func (t *Tally) nextRouted() *routedOne {
 	return &s.items[0]
 }
 
-// RouteDecoded is Router.RouteDecoded, counted in t. Like it, it keeps
-// nothing of tok once it returns.
-func (t *Tally) RouteDecoded(ctx context.Context, tok position.Token, decodeErr error, policy Policy) (context.Context, Decision, error) {
-	if decodeErr != nil {
-		tok = position.Token{}
-	}
-	return t.r.route(ctx, tok, decodeErr, policy, nil, t)
-}
-
-// RouteVerified is Router.RouteVerified, counted in t.
-func (t *Tally) RouteVerified(ctx context.Context, tok position.Token, decodeErr error, policy Policy, verify Verifier) (context.Context, Decision, error) {
-	if verify == nil {
-		return ctx, Decision{}, errNoVerifier
-	}
-	if decodeErr != nil {
-		tok = position.Token{}
-	}
-	return t.r.route(ctx, tok, decodeErr, policy, verify, t)
+// Route is Router.Route, counted in t. Like it, it keeps nothing of
+// job.Token once it returns.
+func (t *Tally) Route(ctx context.Context, job Job) (context.Context, Decision, error) {
+	return t.r.route(ctx, &job, t)
 }
 
 // Flush adds what t counted since the last Flush to the router's

@@ -11,6 +11,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // TestTally: jobs routed through a Tally get the Router's decisions, and
@@ -29,22 +30,22 @@ func TestTally(t *testing.T) {
 	caught := tok(time.Second, ent("main", 1, "0/1000000"))
 	other := position.Of(t0, position.Entry{Database: "main", Epoch: position.Epoch{SystemID: 1, Timeline: 1}, LSN: 1})
 
-	route := func(rd func(context.Context, position.Token, error, Policy) (context.Context, Decision, error)) {
-		_, d, err := rd(ctx, caught, nil, Sticky)
+	route := func(rd func(context.Context, Job) (context.Context, Decision, error)) {
+		_, d, err := rd(ctx, Job{Token: caught, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomeReplica, d.Outcome)
-		_, d, err = rd(ctx, position.Token{}, nil, Sticky)
+		_, d, err = rd(ctx, Job{Token: position.Token{}, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomePrimaryNoToken, d.Outcome)
-		_, d, err = rd(ctx, other, nil, Sticky)
+		_, d, err = rd(ctx, Job{Token: other, Policy: Sticky})
 		require.NoError(t, err)
 		require.Equal(t, OutcomePrimaryEpoch, d.Outcome)
 	}
-	route(r.RouteDecoded)
+	route(r.Route)
 	direct := sums(t, reader)
 
 	tally := r.NewTally()
-	route(tally.RouteDecoded)
+	route(tally.Route)
 	require.Equal(t, direct, sums(t, reader), "nothing added before Flush")
 	tally.Flush(ctx)
 	flushed := sums(t, reader)
@@ -64,7 +65,7 @@ func TestTally(t *testing.T) {
 // alternate (more attribute sets than the Tally keeps at hand).
 func TestTallyConcurrent(t *testing.T) {
 	t.Parallel()
-	s := func() *Snapshot {
+	s := func() *replay.Snapshot {
 		return snap(dbState("ci", 1, nil), dbState("main", 1, nil, rep("r1", 1, "0/3000000")))
 	}
 	newRouter := func() (*Router, *sdkmetric.ManualReader) {
@@ -96,7 +97,7 @@ func TestTallyConcurrent(t *testing.T) {
 	for w := range workers {
 		for i := range perWorker {
 			j := jobs[(w+i)%len(jobs)]
-			_, _, err := direct.RouteDecoded(ctx, j.tok, nil, j.policy)
+			_, _, err := direct.Route(ctx, Job{Token: j.tok, TokenErr: nil, Policy: j.policy})
 			require.NoError(t, err)
 		}
 	}
@@ -121,7 +122,7 @@ func TestTallyConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range perWorker {
 				j := jobs[(w+i)%len(jobs)]
-				if _, _, err := tally.RouteDecoded(ctx, j.tok, nil, j.policy); err != nil {
+				if _, _, err := tally.Route(ctx, Job{Token: j.tok, TokenErr: nil, Policy: j.policy}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -182,9 +183,9 @@ func BenchmarkTallyRouteParallel(b *testing.B) {
 // every one of the tokens, which differ in their positions.
 func tallyBenchRouter(b *testing.B) (*Router, []position.Token) {
 	now := time.Now()
-	fresh := func(r *ReplicaState) { r.ObservedAt = now }
+	fresh := func(r *replay.ReplicaState) { r.ObservedAt = now }
 	r := unitRouter(b, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", fresh), rep("r2", 1, "0/3000000", fresh))),
-		func(c *Config) { c.StalenessBound = 24 * time.Hour })
+		func(c *Config) { c.Tracker.StalenessBound = 24 * time.Hour })
 	toks := make([]position.Token, 4096)
 	for i := range toks {
 		toks[i] = position.Of(now, ent("main", 1, "0/2000000"))
@@ -196,7 +197,7 @@ func tallyBenchRouter(b *testing.B) (*Router, []position.Token) {
 // routeCaughtUp routes tok through tally, which must send it to a
 // replica, and gets the handler's pool.
 func routeCaughtUp(tally *Tally, tok position.Token) error {
-	hctx, d, err := tally.RouteDecoded(context.Background(), tok, nil, Delayed)
+	hctx, d, err := tally.Route(context.Background(), Job{Token: tok, TokenErr: nil, Policy: Delayed})
 	if err != nil {
 		return err
 	}

@@ -66,6 +66,15 @@ type Verification struct {
 // ReadAt) and replica the pool the handler would read. It runs on the
 // routing path, once per decision that puts a database on a replica: keep
 // it to a query or two, bounded in time.
+//
+// Routed with a Verifier (Job.Verify), a job gets a replica only once the
+// Verifier calls it fresh. A replica found behind counts as behind for the
+// job, with every replica that has not replayed past it
+// (Verification.Replayed): the job waits for one that has (within its one
+// Config.WaitBudget), is verified again there, and is deferred or reads the
+// primary as the policy says, under the fallback cap. A replica that cannot
+// tell (VerifyUnknown) sends its database to the primary
+// (ReasonUnverified, a warning with the Verifier's error).
 type Verifier func(ctx context.Context, dd DatabaseDecision, replica *pgxpool.Pool) Verification
 
 // EntryCheck is what verification added to the routing of one token
@@ -80,38 +89,8 @@ type EntryCheck struct {
 	Unknown bool
 }
 
-var errNoVerifier = errors.New("caughtup/consume: RouteVerified needs a Verifier; use RouteDecoded for tokens that need none")
-
 // errUnverified stands in for a VerifyUnknown that gave no error.
 var errUnverified = errors.New("caughtup/consume: the Verifier could not confirm the replica (VerifyUnknown without an error)")
-
-// RouteVerified is RouteDecoded for tokens whose positions are necessary
-// but not sufficient: before the handler gets a replica, verify must
-// confirm on it that it shows the job's writes (VerifyFresh). A replica
-// found behind counts as behind for this job, with every replica that has
-// not replayed past it (Verification.Replayed): the job waits for one
-// that has (within the one Config.WaitBudget of the job), verifies again
-// there, and is deferred or reads the primary as the policy says, under
-// the fallback cap, like any job whose replicas are behind. A replica
-// that cannot tell (VerifyUnknown) sends its database to the primary
-// (ReasonUnverified, a warning with the Verifier's error). Metrics and
-// logs are Route's.
-//
-// The handler's context carries the decision as usual, but jobs it
-// enqueues inherit only the positions the replicas read had replayed
-// (DatabaseDecision.ReadAt), never tok itself: tok's positions are not
-// safe tokens without the verification (a database read on the primary
-// passes no position on). Handlers whose children must see the verified
-// writes capture a token after their read (enqueue's AfterReplicaRead).
-func (r *Router) RouteVerified(ctx context.Context, tok position.Token, decodeErr error, policy Policy, verify Verifier) (context.Context, Decision, error) {
-	if verify == nil {
-		return ctx, Decision{}, errNoVerifier
-	}
-	if decodeErr != nil {
-		tok = position.Token{}
-	}
-	return r.route(ctx, tok, decodeErr, policy, verify, nil)
-}
 
 // verified carries a job's first decision d through waiting and
 // verification, until a decision whose replicas v has all called fresh,

@@ -20,11 +20,11 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 		in.NoWait = true
 		return Decide(*in), nil
 	}
-	defer r.watch(in.Snapshot, &d)()
+	defer r.watch(&d)()
 	timer := time.NewTimer(budget)
 	defer timer.Stop()
 	for {
-		snap := r.tr.snapshot()
+		snap := r.tr.Snapshot()
 		in.Snapshot, in.Now = snap, r.cfg.Now()
 		d = Decide(*in)
 		if d.Action != ActionWait {
@@ -32,7 +32,7 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 			return d, nil
 		}
 		select {
-		case <-snap.changed:
+		case <-snap.Changed():
 			continue
 		case <-timer.C:
 		case <-ctx.Done():
@@ -44,7 +44,7 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 			}
 		}
 		in.NoWait = true
-		in.Snapshot, in.Now = r.tr.snapshot(), r.cfg.Now()
+		in.Snapshot, in.Now = r.tr.Snapshot(), r.cfg.Now()
 		d = Decide(*in)
 		d.Waited = time.Since(start)
 		return d, nil
@@ -53,18 +53,13 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 
 // watch speeds up polling of the replicas a waiting decision could be
 // satisfied by: those of the databases still behind that answered their
-// last query. Failing replicas keep the slow pace, so a wait never turns
-// into a reconnect storm.
-func (r *Router) watch(s *Snapshot, d *Decision) func() {
+// last query (replay.Tracker.Watch). Failing replicas keep the slow pace,
+// so a wait never turns into a reconnect storm.
+func (r *Router) watch(d *Decision) func() {
 	var undo []func()
 	for _, dd := range d.Databases {
-		if dd.Outcome != outcomeWait {
-			continue
-		}
-		for i := range s.Databases {
-			if s.Databases[i].Name == dd.Database {
-				undo = append(undo, r.watchDatabase(s, i))
-			}
+		if dd.Outcome == outcomeWait {
+			undo = append(undo, r.tr.Watch(dd.Database))
 		}
 	}
 	return func() {

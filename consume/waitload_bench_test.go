@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -43,16 +44,15 @@ func BenchmarkWaitLoad(b *testing.B) {
 	var rows []row
 	for b.Loop() {
 		rows = rows[:0]
-		for _, interval := range []time.Duration{time.Millisecond, DefaultWaitPollInterval} {
+		for _, interval := range []time.Duration{time.Millisecond, replay.DefaultWaitPollInterval} {
 			r, err := NewRouter(ctx, e.config(b, func(cfg *Config) {
-				cfg.Databases = map[string]Database{"main": {Primary: e.primary, Replicas: []Replica{{Name: "r1", Pool: e.replicas[0]}}}}
-				cfg.PollInterval = DefaultPollInterval
-				cfg.WaitPollInterval = interval
+				cfg.Databases = map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: e.replicas[0]}}}}
+				cfg.Tracker.PollInterval = replay.DefaultPollInterval
+				cfg.Tracker.WaitPollInterval = interval
 				cfg.WaitBudget = time.Minute
 				cfg.Logger = nil
 			}))
 			require.NoError(b, err)
-			poller := r.tr.replicas[0][0]
 			for _, jobs := range []int{1, 50} {
 				// round pauses replay, starts jobs waiting on fresh
 				// tokens, holds the pause for hold (measuring the
@@ -68,7 +68,7 @@ func BenchmarkWaitLoad(b *testing.B) {
 						_, tok := e.write(b)
 						toks[i] = tok.Entries[0].LSN
 						wg.Go(func() {
-							_, d, err := r.RouteToken(ctx, tok, Delayed)
+							_, d, err := r.Route(ctx, Job{Token: tok, Policy: Delayed})
 							returned[i] = time.Now()
 							if err != nil {
 								b.Errorf("route: %v", err)
@@ -76,7 +76,7 @@ func BenchmarkWaitLoad(b *testing.B) {
 							outcomes[i] = d.Outcome
 						})
 					}
-					for poller.waiters.Load() < int32(jobs) {
+					for watchers(r, 0) < jobs {
 						time.Sleep(100 * time.Microsecond)
 					}
 					var qps float64

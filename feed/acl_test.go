@@ -47,7 +47,7 @@ func TestACL(t *testing.T) {
 
 	s := startSubscriber(t, feed.SubscriberConfig{Client: asSub, Feed: name, Keys: ring})
 	s.waitState(t, feed.StateSubscribed)
-	p, _ := startPublisher(t, feed.PublisherConfig{Client: asPub, Feed: name, Name: "a", Keys: ring})
+	p, _ := startPublisher(t, feed.SenderConfig{Client: asPub, Feed: name, Name: "a", Keys: ring})
 	publish(t, p, replica("r1", 7))
 	require.Equal(t, position.LSN(7), s.next(t).Replica.Replayed)
 	late := startSubscriber(t, feed.SubscriberConfig{Client: asSub, Feed: name, Keys: ring})
@@ -68,7 +68,7 @@ func TestACL(t *testing.T) {
 	requireNoPerm(t, asSub.Publish(ctx, feed.ChannelName(name), "forged").Err(), "router PUBLISH")
 	requireNoPerm(t, asSub.Set(ctx, "unrelated", "x", 0).Err(), "router SET elsewhere")
 	requireNoPerm(t, asSub.Get(ctx, "rate:unrelated").Err(), "router outside the budget prefix")
-	router, err := feed.NewPublisher(feed.PublisherConfig{Client: asSub, Feed: name, Name: "posing", Keys: ring, Logger: slog.New(slog.DiscardHandler)})
+	router, err := feed.NewSender(feed.SenderConfig{Client: asSub, Feed: name, Name: "posing", Keys: ring, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	require.NoError(t, router.Publish(replica("r1", 8)))
 	requireNoPerm(t, router.Flush(ctx), "a router posing as a publisher")

@@ -23,7 +23,7 @@ func BenchmarkPublishDeliver(b *testing.B) {
 			}
 			s := startSubscriber(b, feed.SubscriberConfig{Feed: name, Keys: ring, Insecure: !signed})
 			s.waitState(b, feed.StateSubscribed)
-			p, _ := startPublisher(b, feed.PublisherConfig{Feed: name, Name: "bench", Keys: ring, Insecure: !signed})
+			p, _ := startPublisher(b, feed.SenderConfig{Feed: name, Name: "bench", Keys: ring, Insecure: !signed})
 			lat := make([]time.Duration, 0, b.N)
 			o := replica("r1", 0)
 			b.ResetTimer()

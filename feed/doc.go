@@ -15,7 +15,7 @@
 //	keys, _ := feed.ParseKeys(os.Getenv("CAUGHTUP_FEED_KEYS")) // "id:base64secret,…"
 //	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"redis:6379"}})
 //
-//	pub, _ := feed.NewPublisher(feed.PublisherConfig{Client: rdb, Name: "feed-a", Keys: feed.Keyring{Keys: keys}})
+//	pub, _ := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "feed-a", Keys: feed.Keyring{Keys: keys}})
 //	defer pub.Close()
 //	_ = pub.Publish(feed.Observation{Database: "main", Node: "replica-1", Role: feed.RoleReplica,
 //		PolledAt: start, Replica: feed.ReplicaStatus{InRecovery: true, Replayed: lsn, Epoch: epoch}})
@@ -45,8 +45,8 @@
 //
 //	version      1 byte   1; any other value: RejectUnsupportedVersion
 //	key ID       str8     0–64 of [A-Za-z0-9._-]; empty: unsigned
-//	publisher    str8     1–128, the stable name (PublisherConfig.Name)
-//	instance     8 bytes  big-endian, random per Publisher
+//	publisher    str8     1–128, the stable name (SenderConfig.Name)
+//	instance     8 bytes  big-endian, random per Sender
 //	sequence     uvarint  ≥ 1, +1 per message of this instance
 //	sent at      zigzag   µs; the publisher's clock, informational only
 //	TTL          uvarint  ms the value was stored with (SET … PX/EX)
@@ -95,7 +95,7 @@
 // Publishers sign with one key (Keyring.Current); subscribers accept any
 // key of their Keyring. Rotating a key takes no downtime: add the new key
 // to every subscriber and publisher, switch the publishers' Current to it
-// (a rolling restart: a Publisher signs with the Current it was made
+// (a rolling restart: a Sender signs with the Current it was made
 // with, and its redundant peers keep the feed going meanwhile), and
 // remove the old key once no publisher uses it. A subscriber restarted
 // with a new Keyring starts a new replay memory; see Replays.

@@ -40,7 +40,7 @@ func TestRoundTrip(t *testing.T) {
 	s := startSubscriber(t, feed.SubscriberConfig{Feed: name, Keys: feed.Keyring{Keys: []feed.Key{k}}})
 	require.Equal(t, []feed.State{feed.StateSubscribed}, s.waitState(t, feed.StateSubscribed))
 
-	p, pm := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "feed-a", Keys: feed.Keyring{Keys: []feed.Key{k}}})
+	p, pm := startPublisher(t, feed.SenderConfig{Feed: name, Name: "feed-a", Keys: feed.Keyring{Keys: []feed.Key{k}}})
 	r := replica("replica-1", 0x16B374D000)
 	r.PolledAt = time.Now().Add(-5 * time.Millisecond)
 	r.Replica.ReplayTimestamp = time.Date(2025, 6, 1, 12, 0, 0, 123456000, time.UTC)
@@ -93,10 +93,10 @@ func TestSeveralPublishers(t *testing.T) {
 	s.waitState(t, feed.StateSubscribed)
 
 	const n = 200
-	var pubs []*feed.Publisher
+	var pubs []*feed.Sender
 	var pms []*metrics
 	for i := range 3 {
-		p, m := startPublisher(t, feed.PublisherConfig{Feed: name, Name: fmt.Sprintf("feed-%d", i), Keys: feed.Keyring{Keys: []feed.Key{k}}})
+		p, m := startPublisher(t, feed.SenderConfig{Feed: name, Name: fmt.Sprintf("feed-%d", i), Keys: feed.Keyring{Keys: []feed.Key{k}}})
 		pubs, pms = append(pubs, p), append(pms, m)
 	}
 	errs := make(chan error, len(pubs))
@@ -162,7 +162,7 @@ func TestRejects(t *testing.T) {
 	_, err := spy.Receive(ctx)
 	require.NoError(t, err)
 
-	honest, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "honest", Keys: ring})
+	honest, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "honest", Keys: ring})
 	const authentic = 20
 	for i := 1; i <= authentic; i++ {
 		publish(t, honest, replica("r1", position.LSN(i)))
@@ -178,7 +178,7 @@ func TestRejects(t *testing.T) {
 
 	// The bad ones. Each claims a caught-up replica.
 	caughtUp := position.LSN(0xFFFFFFFFFFFFFFFF)
-	inject := func(p *feed.Publisher, n int) {
+	inject := func(p *feed.Sender, n int) {
 		for i := range n {
 			require.NoError(t, p.Publish(replica(fmt.Sprintf("evil-%d", i), caughtUp)))
 		}
@@ -186,10 +186,10 @@ func TestRejects(t *testing.T) {
 	}
 	forged := k1
 	forged.Secret = key(t, "k1").Secret // the right ID, the wrong secret
-	forger, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{forged}}})
-	unsigned, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "unsigned", Insecure: true})
-	stranger, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "stranger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k9")}}})
-	otherFeed, _ := startPublisher(t, feed.PublisherConfig{Feed: name + "x", Name: "other", Keys: ring})
+	forger, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{forged}}})
+	unsigned, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "unsigned", Insecure: true})
+	stranger, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "stranger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k9")}}})
+	otherFeed, _ := startPublisher(t, feed.SenderConfig{Feed: name + "x", Name: "other", Keys: ring})
 	inject(forger, 50)
 	inject(unsigned, 40)
 	inject(stranger, 30)
@@ -278,14 +278,14 @@ func TestStoredForgeries(t *testing.T) {
 	ring := feed.Keyring{Keys: []feed.Key{k1}}
 	plain := client(t, nil)
 
-	honest, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "honest", Keys: ring})
+	honest, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "honest", Keys: ring})
 	obs := replica("r1", 100)
 	publish(t, honest, obs)
 	good := feed.ValueKeyForTest(name, "honest", &obs)
 	authentic, err := plain.Get(ctx, good).Bytes()
 	require.NoError(t, err)
 
-	forger, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
+	forger, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
 	evil := replica("r2", 1<<62)
 	publish(t, forger, evil) // stored under its own key, signed wrongly
 
@@ -327,10 +327,10 @@ func TestKeyRotation(t *testing.T) {
 	ring := func(current string) feed.Keyring {
 		return feed.Keyring{Keys: []feed.Key{oldKey, newKey}, Current: current}
 	}
-	a, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "a", Keys: ring("2025-05")})
-	b, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "b", Keys: ring("2025-05")})
+	a, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "a", Keys: ring("2025-05")})
+	b, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "b", Keys: ring("2025-05")})
 	lsn := position.LSN(0)
-	step := func(ps ...*feed.Publisher) {
+	step := func(ps ...*feed.Sender) {
 		for _, p := range ps {
 			lsn++
 			publish(t, p, replica("r1", lsn))
@@ -340,12 +340,12 @@ func TestKeyRotation(t *testing.T) {
 		step(a, b)
 	}
 	require.NoError(t, a.Close())
-	a, _ = startPublisher(t, feed.PublisherConfig{Feed: name, Name: "a", Keys: ring("2025-06")})
+	a, _ = startPublisher(t, feed.SenderConfig{Feed: name, Name: "a", Keys: ring("2025-06")})
 	for range 10 {
 		step(a, b)
 	}
 	require.NoError(t, b.Close())
-	b, _ = startPublisher(t, feed.PublisherConfig{Feed: name, Name: "b", Keys: ring("2025-06")})
+	b, _ = startPublisher(t, feed.SenderConfig{Feed: name, Name: "b", Keys: ring("2025-06")})
 	for range 10 {
 		step(a, b)
 	}
@@ -368,7 +368,7 @@ func TestKeyRotation(t *testing.T) {
 	require.Equal(t, []string{"2025-05"}, slices.Compact(keyIDs))
 	// A sentinel signed with the old key: once the stale subscriber has
 	// it, it has read everything before it.
-	sentinel, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "sentinel", Keys: ring("2025-05")})
+	sentinel, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "sentinel", Keys: ring("2025-05")})
 	publish(t, sentinel, replica("r1", lsn+1))
 	require.Equal(t, "sentinel", stale.next(t).Publisher.Name)
 	require.Equal(t, int64(30), stale.metrics.sum(t, "caughtup.feed.rejected", reason("unknown_key")))
@@ -390,7 +390,7 @@ func TestRedisRestart(t *testing.T) {
 	s := startSubscriber(t, feed.SubscriberConfig{Client: client(t, opts), Feed: name, Keys: ring,
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 	s.waitState(t, feed.StateSubscribed)
-	p, pm := startPublisher(t, feed.PublisherConfig{Client: client(t, opts), Feed: name, Name: "a", Keys: ring})
+	p, pm := startPublisher(t, feed.SenderConfig{Client: client(t, opts), Feed: name, Name: "a", Keys: ring})
 	publish(t, p, replica("r1", 1))
 	require.Equal(t, position.LSN(1), s.next(t).Replica.Replayed)
 
@@ -441,9 +441,9 @@ func TestSilence(t *testing.T) {
 	require.Equal(t, feed.StateSilent, s.Health().State)
 	require.Positive(t, s.metrics.sum(t, "caughtup.feed.rejected", reason("malformed")))
 
-	forger, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
+	forger, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "forger", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
 	publish(t, forger, replica("r1", 1))
-	p, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "a", Keys: ring})
+	p, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "a", Keys: ring})
 	publish(t, p, replica("r1", 2))
 	require.Equal(t, []feed.State{feed.StateSubscribed}, s.waitState(t, feed.StateSubscribed), "the forgery changed nothing")
 	require.Equal(t, position.LSN(2), s.next(t).Replica.Replayed)
@@ -454,7 +454,7 @@ func TestInsecure(t *testing.T) {
 	name, k := feedName(t), key(t, "k1")
 	_, err := feed.NewSubscriber(feed.SubscriberConfig{Client: client(t, nil), Feed: name, OnObservation: func(feed.Delivery) {}})
 	require.ErrorIs(t, err, feed.ErrInvalidConfig, "no key and no Insecure")
-	_, err = feed.NewPublisher(feed.PublisherConfig{Client: client(t, nil), Feed: name})
+	_, err = feed.NewSender(feed.SenderConfig{Client: client(t, nil), Feed: name})
 	require.ErrorIs(t, err, feed.ErrInvalidConfig, "no key and no Insecure")
 
 	// Migration: subscribers take unsigned and signed messages, but still
@@ -462,9 +462,9 @@ func TestInsecure(t *testing.T) {
 	s := startSubscriber(t, feed.SubscriberConfig{Feed: name, Keys: feed.Keyring{Keys: []feed.Key{k}}, Insecure: true})
 	s.waitState(t, feed.StateSubscribed)
 	require.Contains(t, s.logs.String(), "Insecure: true")
-	unsigned, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "u", Insecure: true})
-	signed, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "s", Keys: feed.Keyring{Keys: []feed.Key{k}}})
-	forger, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "f", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
+	unsigned, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "u", Insecure: true})
+	signed, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "s", Keys: feed.Keyring{Keys: []feed.Key{k}}})
+	forger, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "f", Keys: feed.Keyring{Keys: []feed.Key{key(t, "k1")}}})
 	publish(t, unsigned, replica("r1", 1))
 	require.Empty(t, s.next(t).KeyID)
 	publish(t, forger, replica("r1", 2))
@@ -479,7 +479,7 @@ func TestPublisherBacklog(t *testing.T) {
 	t.Parallel()
 	// A Redis that never answers: the dial hangs (a closed port would
 	// refuse at once; this one is a listening socket nobody accepts on).
-	p, m := startPublisher(t, feed.PublisherConfig{Client: client(t, &redis.Options{Addr: blackhole(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1}),
+	p, m := startPublisher(t, feed.SenderConfig{Client: client(t, &redis.Options{Addr: blackhole(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1}),
 		Feed: feedName(t), Name: "a", Insecure: true, MaxPending: 2, Timeout: 200 * time.Millisecond})
 	require.NoError(t, p.Publish(replica("r1", 1)))
 	require.NoError(t, p.Publish(replica("r1", 2))) // replaces, or follows, the first
@@ -507,7 +507,7 @@ func TestResubscriptionOverlap(t *testing.T) {
 	defer spy.Close()
 	_, err := spy.Receive(ctx)
 	require.NoError(t, err)
-	honest, _ := startPublisher(t, feed.PublisherConfig{Feed: name, Name: "honest", Keys: ring})
+	honest, _ := startPublisher(t, feed.SenderConfig{Feed: name, Name: "honest", Keys: ring})
 	var recorded []string
 	for i := 1; i <= 2; i++ {
 		publish(t, honest, replica("r1", position.LSN(i)))
@@ -542,7 +542,7 @@ func TestResubscriptionOverlap(t *testing.T) {
 // outside the lock shows here. Every observation is published.
 func TestPublishWhileSending(t *testing.T) {
 	t.Parallel()
-	p, m := startPublisher(t, feed.PublisherConfig{Feed: feedName(t), Name: "a", Insecure: true})
+	p, m := startPublisher(t, feed.SenderConfig{Feed: feedName(t), Name: "a", Insecure: true})
 	const pollers, polls = 3, 200
 	var wg sync.WaitGroup
 	for w := range pollers {

@@ -228,7 +228,7 @@ func (s *sub) none(t testing.TB) {
 	}
 }
 
-func startPublisher(t testing.TB, cfg feed.PublisherConfig) (*feed.Publisher, *metrics) {
+func startPublisher(t testing.TB, cfg feed.SenderConfig) (*feed.Sender, *metrics) {
 	t.Helper()
 	m := newMetrics(t)
 	if cfg.Client == nil {
@@ -238,13 +238,13 @@ func startPublisher(t testing.TB, cfg feed.PublisherConfig) (*feed.Publisher, *m
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p, err := feed.NewPublisher(cfg)
+	p, err := feed.NewSender(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, p.Close()) })
 	return p, m
 }
 
-func publish(t testing.TB, p *feed.Publisher, obs ...feed.Observation) {
+func publish(t testing.TB, p *feed.Sender, obs ...feed.Observation) {
 	t.Helper()
 	for _, o := range obs {
 		require.NoError(t, p.Publish(o))

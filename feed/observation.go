@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
@@ -39,7 +40,7 @@ type Observation struct {
 	// UTF-8 without control characters.
 	Database string
 	// Node names the node within its database: the replica's name (as in
-	// consume.Replica.Name), or for the primary any label (it may be
+	// replay.Replica.Name), or for the primary any label (it may be
 	// empty: Role marks it). At most 128 bytes of UTF-8 without control
 	// characters; required for replicas.
 	Node string
@@ -119,3 +120,28 @@ const (
 	// MaxHistory bounds PrimaryStatus.History (one entry per promotion).
 	MaxHistory = 512
 )
+
+// SameState reports whether o and p, two observations of one node, say
+// the same to a router: the same error, or the same values but for the replay
+// timestamp, time lag and poll time, which change with every poll of an
+// idle replica and do not decide routing.
+func (o *Observation) SameState(p *Observation) bool {
+	a, b := o, p
+	if a.Role != b.Role || a.Err != b.Err {
+		return false
+	}
+	if a.Err != "" {
+		return true
+	}
+	switch a.Role {
+	case RolePrimary:
+		x, y := &a.Primary, &b.Primary
+		return x.Epoch == y.Epoch && x.InsertLSN == y.InsertLSN && x.WAL == y.WAL &&
+			x.HistoryKnown == y.HistoryKnown && slices.Equal(x.History, y.History)
+	case RoleReplica:
+		x, y := &a.Replica, &b.Replica
+		return x.InRecovery == y.InRecovery && x.Replayed == y.Replayed && x.Epoch == y.Epoch &&
+			x.Incarnation.Equal(y.Incarnation) && x.RecoveryStart.Equal(y.RecoveryStart)
+	}
+	return false
+}

@@ -136,7 +136,7 @@ type Delivery struct {
 // but Client and OnObservation means its documented default; WithDefaults
 // fills them in.
 type SubscriberConfig struct {
-	// Client is the Redis to subscribe to (see PublisherConfig.Client).
+	// Client is the Redis to subscribe to (see SenderConfig.Client).
 	// Required. The Subscriber never closes it.
 	Client redis.UniversalClient
 

@@ -127,7 +127,7 @@ func TestTLS(t *testing.T) {
 	ring := feed.Keyring{Keys: []feed.Key{k}}
 	s := startSubscriber(t, feed.SubscriberConfig{Client: client(t, tlsOpts(good)), Feed: name, Keys: ring})
 	s.waitState(t, feed.StateSubscribed)
-	pub, _ := startPublisher(t, feed.PublisherConfig{Client: client(t, tlsOpts(good)), Feed: name, Name: "a", Keys: ring})
+	pub, _ := startPublisher(t, feed.SenderConfig{Client: client(t, tlsOpts(good)), Feed: name, Name: "a", Keys: ring})
 	publish(t, pub, replica("r1", 9))
 	require.Equal(t, position.LSN(9), s.next(t).Replica.Replayed)
 	b, err := feed.NewBudget(feed.BudgetConfig{Client: client(t, tlsOpts(good)), Rate: 5, Timeout: 5 * time.Second})

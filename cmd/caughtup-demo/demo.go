@@ -33,11 +33,12 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/outbox"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -229,7 +230,7 @@ func newApp(ctx context.Context, c *pgtest.Cluster, redisAddr string, brokers []
 	a.reader = sdkmetric.NewManualReader()
 	a.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(a.reader))
 	a.router, err = consume.NewRouter(ctx, consume.Config{
-		Databases:     map[string]consume.Database{"main": {Primary: a.primary, Replicas: consume.Replicas(a.replicas...)}},
+		Databases:     map[string]replay.Database{"main": {Primary: a.primary, Replicas: replay.Replicas(a.replicas...)}},
 		MeterProvider: a.mp,
 		Logger:        opts.Logger,
 	})

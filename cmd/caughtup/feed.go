@@ -15,8 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/replay"
 )
 
 const feedSynopsis = `feed --primary URL --replica [NAME=]URL [--replica ...] [--database main]
@@ -31,8 +31,8 @@ a caughtup position feed in Redis, for the Routers of a fleet to subscribe to
 they need no leader, and routers merge them. It runs until interrupted.
 
 Node names: routers match observations by database name and replica name, so
-name replicas here as the routers do (consume.Replica.Name). A replica given
-as a bare URL is named host:port after it, as consume.Replicas names plain
+name replicas here as the routers do (replay.Replica.Name). A replica given
+as a bare URL is named host:port after it, as replay.Replicas names plain
 pools. A router ignores nodes it does not have and polls by itself any of its
 nodes the feed does not cover (or that a publisher names differently): a
 mismatch costs queries, never freshness.
@@ -71,8 +71,8 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	keysFile := fs.String("keys-file", "", "file with the keys, \"id:base64secret,…\"; default $CAUGHTUP_FEED_KEYS")
 	keyID := fs.String("key-id", "", "ID of the key to sign with (default the first key)")
 	insecure := fs.Bool("insecure", false, "publish unsigned messages when no key is configured (routers must be Insecure too)")
-	interval := fs.Duration("interval", consume.DefaultFeedInterval, "how often every node is polled (and published when it changed)")
-	heartbeat := fs.Duration("heartbeat", consume.DefaultFeedHeartbeat, "how often a node that did not change is published anyway; keep it well below the routers' silence bound (500ms by default); negative: every poll")
+	interval := fs.Duration("interval", replay.DefaultFeedInterval, "how often every node is polled (and published when it changed)")
+	heartbeat := fs.Duration("heartbeat", replay.DefaultFeedHeartbeat, "how often a node that did not change is published anyway; keep it well below the routers' silence bound (500ms by default); negative: every poll")
 	generate := fs.String("generate-key", "", "print a new key with this ID as \"id:base64secret\" and exit")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -118,7 +118,7 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	db := consume.Database{Primary: pp}
+	db := replay.Database{Primary: pp}
 	seen := make(map[string]bool)
 	for _, arg := range replicas {
 		rname, dsn := "", arg
@@ -137,13 +137,12 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return usageError{fmt.Sprintf("two replicas named %q; name them with NAME=URL", rname)}
 		}
 		seen[rname] = true
-		db.Replicas = append(db.Replicas, consume.Replica{Name: rname, Pool: p})
+		db.Replicas = append(db.Replicas, replay.Replica{Name: rname, Pool: p})
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	pub, err := consume.NewPublisher(ctx, consume.PublisherConfig{
-		Databases:    map[string]consume.Database{*database: db},
-		Feed:         feed.PublisherConfig{Client: rdb, Feed: *feedName, Name: *name, Keys: ring, Insecure: *insecure},
+	pub, err := replay.NewPublisher(ctx, map[string]replay.Database{*database: db}, replay.PublisherConfig{
+		Feed:         feed.SenderConfig{Client: rdb, Feed: *feedName, Name: *name, Keys: ring, Insecure: *insecure},
 		PollInterval: *interval,
 		Heartbeat:    *heartbeat,
 		Logger:       log,

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // stringList is a repeatable string flag.
@@ -30,7 +30,7 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&replicas, "replica", "replica connection string; repeat for each replica")
 	interval := fs.Duration("interval", time.Second, "refresh interval")
 	count := fs.Int("count", 0, "print this many refreshes and exit (0: until interrupted)")
-	poll := fs.Duration("poll", consume.DefaultPollInterval, "tracker poll interval")
+	poll := fs.Duration("poll", replay.DefaultPollInterval, "tracker poll interval")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -54,14 +54,12 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		rs = append(rs, p)
 	}
-	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases:    map[string]consume.Database{"main": {Primary: pp, Replicas: consume.Replicas(rs...)}},
-		PollInterval: *poll,
-	})
+	tracker, err := replay.NewTracker(ctx, map[string]replay.Database{"main": {Primary: pp, Replicas: replay.Replicas(rs...)}},
+		replay.TrackerConfig{PollInterval: *poll})
 	if err != nil {
 		return err
 	}
-	defer router.Close()
+	defer tracker.Close()
 
 	tick := time.NewTicker(*interval)
 	defer tick.Stop()
@@ -73,13 +71,13 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			case <-tick.C:
 			}
 		}
-		printSnapshot(stdout, router.Snapshot(), router.Config(), time.Now())
+		printSnapshot(stdout, tracker.Snapshot(), tracker.Config(), time.Now())
 	}
 	return nil
 }
 
 // printSnapshot renders one tracker snapshot as a table.
-func printSnapshot(w io.Writer, s *consume.Snapshot, cfg consume.Config, now time.Time) {
+func printSnapshot(w io.Writer, s *replay.Snapshot, cfg replay.TrackerConfig, now time.Time) {
 	fmt.Fprintf(w, "%s  snapshot #%d\n", now.Format("15:04:05.000"), s.Seq)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tROLE\tPOSITION\tEPOCH\tLAG BYTES\tLAG TIME\tOBSERVED\tSTATE")
@@ -117,7 +115,7 @@ func ageText(at, now time.Time) string {
 	return now.Sub(at).Round(time.Millisecond).String() + " ago"
 }
 
-func primaryState(p consume.PrimaryState, cfg consume.Config, now time.Time) string {
+func primaryState(p replay.PrimaryState, cfg replay.TrackerConfig, now time.Time) string {
 	switch {
 	case p.Err != nil:
 		return "error: " + oneLine(p.Err.Error())
@@ -130,7 +128,7 @@ func primaryState(p consume.PrimaryState, cfg consume.Config, now time.Time) str
 }
 
 // replicaState says whether caughtup would use the replica, and if not why.
-func replicaState(r consume.ReplicaState, cfg consume.Config, now time.Time) string {
+func replicaState(r replay.ReplicaState, cfg replay.TrackerConfig, now time.Time) string {
 	switch {
 	case r.Err != nil:
 		return "unusable: " + oneLine(r.Err.Error())

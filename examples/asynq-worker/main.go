@@ -37,9 +37,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// every task before its handler runs and keeps deferrals from costing
 	// retries.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases: map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
+		Databases: map[string]replay.Database{"main": {Primary: svc.Primary, Replicas: replay.Replicas(svc.Replicas...)}},
 		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {

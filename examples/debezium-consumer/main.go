@@ -50,7 +50,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/consume"
-	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
@@ -109,7 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The consumer side: one router per process; the consumer reads the
 	// Debezium topic and routes each change by its source position.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases:     map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
+		Databases:     map[string]replay.Database{"main": {Primary: svc.Primary, Replicas: replay.Replicas(svc.Replicas...)}},
 		Logger:        logger,
 		MeterProvider: mp,
 	})
@@ -122,7 +123,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Brokers:       brokers,
 		GroupID:       prefix + "-group",
 		Topic:         topic,
-		TokenSource:   caughtupkafka.TokenDebezium,                    // the token is the envelope's source position
+		TokenFormat:   caughtupkafka.TokenDebezium,                    // the token is the envelope's source position
 		Debezium:      caughtupkafka.DebeziumConfig{Database: "main"}, // the router's database the connector captures
 		Router:        router,
 		Policy:        consume.Delayed,

@@ -45,7 +45,8 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
@@ -100,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// The consumer side: one router per process, a consumer group whose
 	// handler reads from the pool the router chose for each message.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases:     map[string]consume.Database{"main": {Primary: svc.Primary, Replicas: consume.Replicas(svc.Replicas...)}},
+		Databases:     map[string]replay.Database{"main": {Primary: svc.Primary, Replicas: replay.Replicas(svc.Replicas...)}},
 		Logger:        slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 		MeterProvider: mp,
 	})

@@ -42,9 +42,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
-	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
@@ -157,7 +158,7 @@ func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
 
 	// The consumer: one router for the process.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases:  map[string]consume.Database{"main": {Primary: primary, Replicas: consume.Replicas(replica)}},
+		Databases:  map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(replica)}},
 		WaitBudget: 10 * time.Second,
 		Logger:     quiet,
 	})
@@ -187,7 +188,7 @@ func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
 			seen[id] = true
 			got++
 			s.delivered++
-			jobCtx, d, err := router.RouteDecoded(ctx, tok, decodeErr, policy)
+			jobCtx, d, err := router.Route(ctx, consume.Job{Token: tok, TokenErr: decodeErr, Policy: policy})
 			if err != nil {
 				return fmt.Errorf("route event %s: %w", id, err)
 			}

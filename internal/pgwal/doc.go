@@ -15,7 +15,7 @@
 //
 //	r, err := pgwal.ReadReplica(ctx, replicaPool, pgwal.Control|pgwal.Status)
 //	if err != nil { ... }
-//	fmt.Println(r.InRecovery, r.Replayed(), r.Incarnation())
+//	fmt.Println(r.InRecovery, r.Replayed(), r.PostmasterStart)
 //
 // The facts the queries rely on (design notes, "PostgreSQL facts"):
 //
@@ -35,6 +35,6 @@
 //   - A standby that restarts (or whose postmaster reinitializes after a
 //     backend crash) replays again from its last restartpoint and accepts
 //     connections at its minimum recovery point, which can be below what it
-//     had replayed. Replica.Incarnation names the run of recovery a reading
+//     had replayed. Replica.PostmasterStart and RecoveryStart name the run of recovery a reading
 //     belongs to, so that a consumer can tell a restart from progress.
 package pgwal

@@ -192,41 +192,10 @@ type Replica struct {
 	Control ControlFile
 }
 
-// Incarnation names the run of the server a reading belongs to; see
-// Incarnation.
-func (r Replica) Incarnation() Incarnation {
-	return Incarnation{PostmasterStart: r.PostmasterStart, RecoveryStart: r.RecoveryStart}
-}
-
 // Replayed is the position with its epoch; the epoch is zero in part when
 // the timeline or Control is unknown.
 func (r Replica) Replayed() position.Replayed {
 	return position.Replayed{Epoch: position.Epoch{SystemID: r.Control.SystemID, Timeline: r.Timeline}, LSN: r.LSN}
-}
-
-// Incarnation identifies one run of a server: its replay position only
-// grows within one, and may start lower in the next. PostmasterStart
-// changes when the server restarts, RecoveryStart also when the postmaster
-// reinitializes after a backend crash. Later is newer.
-type Incarnation struct {
-	PostmasterStart time.Time
-	RecoveryStart   time.Time
-}
-
-// IsZero reports an incarnation that was not read.
-func (i Incarnation) IsZero() bool { return i.PostmasterStart.IsZero() }
-
-// Compare orders incarnations of one server: -1 if i is older than o, +1
-// if newer, 0 if they cannot be told apart. RecoveryStart decides only
-// when the postmaster is the same and both know it.
-func (i Incarnation) Compare(o Incarnation) int {
-	if c := i.PostmasterStart.Compare(o.PostmasterStart); c != 0 {
-		return c
-	}
-	if i.RecoveryStart.IsZero() || o.RecoveryStart.IsZero() {
-		return 0
-	}
-	return i.RecoveryStart.Compare(o.RecoveryStart)
 }
 
 // The replica query. pg_stat_wal_receiver yields no row without a

@@ -20,6 +20,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/metrictest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
@@ -127,7 +128,7 @@ func setup(t *testing.T, cfg Config) *env {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	rc := consume.Config{
-		Databases:     map[string]consume.Database{"main": {Primary: e.primary, Replicas: consume.Replicas(e.replicas...)}},
+		Databases:     map[string]replay.Database{"main": {Primary: e.primary, Replicas: replay.Replicas(e.replicas...)}},
 		MeterProvider: mp,
 		// Paused replicas are the point here; their warnings are noise.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),

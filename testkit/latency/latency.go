@@ -31,7 +31,7 @@ func Percentile[T cmp.Ordered](s []T, p float64) T {
 }
 
 // Follow records every value current returns, each time the last one's
-// Changed channel closes (consume.Router.Snapshot and consume.Snapshot
+// Changed channel closes (consume.Router.Snapshot and replay.Snapshot
 // behave so), until the returned stop is called; stop returns them oldest
 // first. A value replaced while the follower was busy is not recorded.
 func Follow[S interface{ Changed() <-chan struct{} }](current func() S) (stop func() []S) {

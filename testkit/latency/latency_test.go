@@ -39,7 +39,7 @@ func TestPercentile(t *testing.T) {
 	require.Equal(t, 100, hundred[0], "the input is left unsorted")
 }
 
-// snap is a value with a Changed channel, as consume.Snapshot.
+// snap is a value with a Changed channel, as replay.Snapshot.
 type snap struct {
 	n       int
 	changed chan struct{}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // The capacity simulation answers "how much read load stays on the
@@ -75,16 +76,15 @@ func simulateCapacity(g []readDelay, lags []float64) []capacityRow {
 		return position.LSN(base + (float64(from.UnixNano())/1e9-secondsAgo-1_700_000_000)*simWALBytesPerSec)
 	}
 	cfg := consume.Config{
-		Databases:   map[string]consume.Database{"main": {}},
-		MaxLagBytes: math.MaxUint64, // health thresholds are not what this measures
-		MaxLagTime:  24 * time.Hour,
-		WaitBudget:  simWait,
+		Databases:  map[string]replay.Database{"main": {}}, // health thresholds are not what this measures
+		WaitBudget: simWait,
+		Tracker:    replay.TrackerConfig{MaxLagBytes: math.MaxUint64, MaxLagTime: 24 * time.Hour},
 	}.WithDefaults()
-	snapshot := func(t time.Time, lag float64) *consume.Snapshot {
-		return &consume.Snapshot{Databases: []consume.DatabaseState{{
+	snapshot := func(t time.Time, lag float64) *replay.Snapshot {
+		return &replay.Snapshot{Databases: []replay.DatabaseState{{
 			Name:    "main",
-			Primary: consume.PrimaryState{Epoch: simEpoch, HistoryKnown: true, InsertLSN: at(0, t), ObservedAt: t},
-			Replicas: []consume.ReplicaState{{
+			Primary: replay.PrimaryState{Epoch: simEpoch, HistoryKnown: true, InsertLSN: at(0, t), ObservedAt: t},
+			Replicas: []replay.ReplicaState{{
 				Name: "replica1", InRecovery: true, Healthy: true, ObservedAt: t, Observations: 1,
 				Replayed: position.Replayed{Epoch: simEpoch, LSN: at(lag, t)},
 				TimeLag:  time.Duration(lag * float64(time.Second)),
@@ -141,7 +141,7 @@ func simulateCapacity(g []readDelay, lags []float64) []capacityRow {
 // staleOn double-checks a replica decision against the snapshot: the
 // simulation would report a stale read if Decide ever chose a replica that
 // had not replayed the token.
-func staleOn(d consume.Decision, tok position.Token, snap *consume.Snapshot) bool {
+func staleOn(d consume.Decision, tok position.Token, snap *replay.Snapshot) bool {
 	dd, ok := d.Database("main")
 	if !ok || dd.Replica == "" {
 		return false

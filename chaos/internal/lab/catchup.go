@@ -9,31 +9,33 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/catchup"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // The catch-up → start measurement: for every job that could not run at
 // once, from the moment the router's tracker had read an observation
-// showing a replica past the job's token (consume.FirstCaughtUp's
+// showing a replica past the job's token (firstCaughtUp's
 // CatchUp.Read) to the start of the handler run that completed the job.
 // The handler's start is read.at: after routing, waits, deferrals and
 // retries, right before its query.
 
 // snapFollower records every snapshot a router publishes, oldest first,
 // with when it saw each, so that a job's catch-up can be found afterwards
-// (consume.FirstCaughtUp over the recorded snapshots).
+// (firstCaughtUp over the recorded snapshots).
 type snapFollower struct {
 	quit chan struct{}
 	done chan struct{}
 	once sync.Once
 
 	// Written by the follower goroutine; read after stop.
-	snaps []*consume.Snapshot
+	snaps []*replay.Snapshot
 	seen  []time.Time
 	// skipped counts snapshots published while the follower was busy
 	// (gaps in Seq): a job caught up in one of them is seen caught up in
 	// the next recorded one, from that one's observation, which makes its
-	// latency look that much shorter (see consume.FirstCaughtUp).
+	// latency look that much shorter (see firstCaughtUp).
 	skipped uint64
 }
 
@@ -87,13 +89,13 @@ type waiting struct {
 
 // firstCatchUps sets, for each of ws, the first snapshot of snaps (oldest
 // first) after ws[i].after in which ws[i].tok is caught up, and its
-// CatchUp.Read. It is consume.FirstCaughtUp over snaps[after:], for many
+// CatchUp.Read. It is firstCaughtUp over snaps[after:], for many
 // tokens at once: a one-database token is caught up in a snapshot only if
 // every lower position of the same epoch is (the rule the asynq wake set
 // relies on too), so per (database, epoch) only the lowest waiting token
 // needs checking until it is caught up. Cost: the snapshots times the
 // groups, plus the tokens times their heap operations.
-func firstCatchUps(ws []waiting, snaps []*consume.Snapshot, cfg *consume.Config) {
+func firstCatchUps(ws []waiting, snaps []*replay.Snapshot, cfg *consume.Config) {
 	order := make([]int, len(ws))
 	for i := range order {
 		order[i] = i
@@ -113,10 +115,10 @@ func firstCatchUps(ws []waiting, snaps []*consume.Snapshot, cfg *consume.Config)
 	}
 	groups := map[gkey]*lsnHeap{}
 	var multi []int
-	one := make([]*consume.Snapshot, 1)
-	check := func(i int, s *consume.Snapshot) bool {
+	one := make([]*replay.Snapshot, 1)
+	check := func(i int, s *replay.Snapshot) bool {
 		one[0] = s
-		c, ok := consume.FirstCaughtUp(ws[i].tok, one, cfg)
+		c, ok := catchup.FirstCaughtUp(ws[i].tok, one, cfg)
 		if ok {
 			ws[i].found, ws[i].seq, ws[i].read = true, s.Seq, c.Read
 		}

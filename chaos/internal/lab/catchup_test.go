@@ -9,9 +9,11 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/catchup"
 )
 
-// TestFirstCatchUps checks the sweep against consume.FirstCaughtUp over
+// TestFirstCatchUps checks the sweep against firstCaughtUp over
 // the snapshots after each token's start, one token at a time, on
 // snapshots whose replicas advance, fail, go stale and come back, for
 // one- and two-database tokens of two epochs.
@@ -29,16 +31,16 @@ func TestFirstCatchUps(t *testing.T) {
 		dbs := []string{"main", "other"}
 		replayed := [2][2]position.LSN{{100, 100}, {100, 100}}
 		down := [2][2]int{}
-		var snaps []*consume.Snapshot
+		var snaps []*replay.Snapshot
 		now := t0
 		seq := uint64(0)
 		for range 300 {
 			now = now.Add(time.Duration(1+rng.IntN(200)) * time.Millisecond)
 			seq += uint64(1 + rng.IntN(2)) // the follower skips some
-			s := &consume.Snapshot{Seq: seq}
+			s := &replay.Snapshot{Seq: seq}
 			for d, name := range dbs {
-				ds := consume.DatabaseState{Name: name,
-					Primary: consume.PrimaryState{Epoch: epochs[d], HistoryKnown: true, ObservedAt: now}}
+				ds := replay.DatabaseState{Name: name,
+					Primary: replay.PrimaryState{Epoch: epochs[d], HistoryKnown: true, ObservedAt: now}}
 				for r := range 2 {
 					if down[d][r] > 0 {
 						down[d][r]--
@@ -46,13 +48,13 @@ func TestFirstCatchUps(t *testing.T) {
 						down[d][r] = 1 + rng.IntN(20)
 					}
 					replayed[d][r] += position.LSN(rng.IntN(50))
-					rs := consume.ReplicaState{Name: "r", InRecovery: true, Healthy: true, ObservedAt: now,
+					rs := replay.ReplicaState{Name: "r", InRecovery: true, Healthy: true, ObservedAt: now,
 						Replayed: position.Replayed{Epoch: epochs[d], LSN: replayed[d][r]}}
 					if down[d][r] > 0 {
 						if rng.IntN(2) == 0 {
-							rs.Err = consume.ErrImpossibleObservation
+							rs.Err = replay.ErrImpossibleObservation
 						} else {
-							rs.ObservedAt = now.Add(-2 * cfg.StalenessBound)
+							rs.ObservedAt = now.Add(-2 * cfg.Tracker.StalenessBound)
 						}
 					}
 					ds.Replicas = append(ds.Replicas, rs)
@@ -72,12 +74,12 @@ func TestFirstCatchUps(t *testing.T) {
 		}
 		firstCatchUps(ws, snaps, &cfg)
 		for i, w := range ws {
-			var want *consume.Snapshot
+			var want *replay.Snapshot
 			for _, s := range snaps {
 				if s.Seq <= w.after {
 					continue
 				}
-				if _, ok := consume.FirstCaughtUp(w.tok, []*consume.Snapshot{s}, &cfg); ok {
+				if _, ok := catchup.FirstCaughtUp(w.tok, []*replay.Snapshot{s}, &cfg); ok {
 					want = s
 					break
 				}

@@ -79,7 +79,7 @@
 // could not run at once if its token was not caught up in the snapshot
 // current when it was enqueued; its latency runs from the first recorded
 // snapshot after that in which its token is caught up (the Read of
-// consume.FirstCaughtUp: the tracker had read an observation of a replica
+// firstCaughtUp: the tracker had read an observation of a replica
 // past the token) to the start of the handler run that completed it. Rows
 // per pipeline: every such job, those enqueued while replay was paused on
 // every replica (from the moment the last replica reported its replay

@@ -13,6 +13,8 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/catchup"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -374,7 +376,7 @@ func (s *stream) catchUps(f *snapFollower, cfg *consume.Config) []jobCatchUp {
 	defer s.mu.Unlock()
 	completing := s.completingReads()
 	js := make([]jobCatchUp, 0, len(completing))
-	one := make([]*consume.Snapshot, 1)
+	one := make([]*replay.Snapshot, 1)
 	var ws []waiting
 	var idx []int
 	for id, rd := range completing {
@@ -385,7 +387,7 @@ func (s *stream) catchUps(f *snapFollower, cfg *consume.Config) []jobCatchUp {
 		var after uint64
 		if i >= 0 {
 			one[0] = f.snaps[i]
-			_, j.atOnce = consume.FirstCaughtUp(tok, one, cfg)
+			_, j.atOnce = catchup.FirstCaughtUp(tok, one, cfg)
 			after = f.snaps[i].Seq
 		}
 		if !j.atOnce {

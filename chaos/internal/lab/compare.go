@@ -9,7 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
 )
 

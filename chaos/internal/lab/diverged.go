@@ -12,6 +12,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -194,8 +195,8 @@ func divergeStandby(ctx context.Context, r *run) error {
 	}()
 
 	// The router's tracker must see the new primary and its history.
-	var ds *consume.DatabaseState
-	if !r.waitTracker(ctx, 30*time.Second, func(db *consume.DatabaseState) bool {
+	var ds *replay.DatabaseState
+	if !r.waitTracker(ctx, 30*time.Second, func(db *replay.DatabaseState) bool {
 		ds = db
 		return db.Primary.Err == nil && db.Primary.Epoch.Timeline == tli && db.Primary.HistoryKnown
 	}) {
@@ -223,7 +224,7 @@ func divergeStandby(ctx context.Context, r *run) error {
 	r.event("split-brain client resumes writing on the old primary (%s): every write from here on exists only in the lost history", old.Name())
 
 	idx := 1 // replica2 in env.replicas
-	if !r.waitTracker(ctx, 30*time.Second, func(db *consume.DatabaseState) bool {
+	if !r.waitTracker(ctx, 30*time.Second, func(db *replay.DatabaseState) bool {
 		ds = db
 		return db.Replicas[idx].Diverged
 	}) {
@@ -357,7 +358,7 @@ func senderPort(ctx context.Context, n *pgtest.Node) (int, error) {
 }
 
 // waitTracker polls the router's snapshot of "main" until ok accepts it.
-func (r *run) waitTracker(ctx context.Context, limit time.Duration, ok func(db *consume.DatabaseState) bool) bool {
+func (r *run) waitTracker(ctx context.Context, limit time.Duration, ok func(db *replay.DatabaseState) bool) bool {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if db := r.env.router.Snapshot().Database("main"); db != nil && ok(db) {

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/fault"
 	"github.com/caughtup/caughtup/testkit/kafkatest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
@@ -239,7 +240,7 @@ type dbEnv struct {
 	// producer writes; handlers read the primary through primary. Both
 	// follow the primary across a promotion (see newDBEnv).
 	producer, primary *pgxpool.Pool
-	replicas          []consume.Replica
+	replicas          []replay.Replica
 	replicaNodes      []*pgtest.Node
 	// replicaDialer carries every connection to a replica, the router's
 	// tracker included, so that a fault can hold new ones.
@@ -321,10 +322,10 @@ func newDBEnv(ctx context.Context, s *services, c *pgtest.Cluster, scenario stri
 		if err != nil {
 			return nil, err
 		}
-		e.replicas = append(e.replicas, consume.Replica{Name: n.Name(), Pool: p})
+		e.replicas = append(e.replicas, replay.Replica{Name: n.Name(), Pool: p})
 		e.replicaNodes = append(e.replicaNodes, n)
 	}
-	rc.Databases = map[string]consume.Database{"main": {Primary: e.primary, Replicas: e.replicas}}
+	rc.Databases = map[string]replay.Database{"main": {Primary: e.primary, Replicas: e.replicas}}
 	if rc.Logger == nil {
 		rc.Logger = s.log
 	}

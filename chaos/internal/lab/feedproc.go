@@ -15,8 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/testsvc"
 )
 
@@ -121,7 +121,7 @@ func (t *feedTools) start(ctx context.Context, out *progress, a publisherArgs) (
 		// Short client timeouts: a restarted Redis is reached again within
 		// a second.
 		"--redis", "redis://" + a.redisAddr + "/0?dial_timeout=1s&read_timeout=1s&write_timeout=1s",
-		"--feed", a.feed, "--name", a.name, "--interval", consume.DefaultFeedInterval.String()}
+		"--feed", a.feed, "--name", a.name, "--interval", replay.DefaultFeedInterval.String()}
 	for name, dsn := range a.replicas {
 		args = append(args, "--replica", name+"="+dsn)
 	}

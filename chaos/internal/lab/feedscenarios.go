@@ -17,6 +17,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -88,7 +89,7 @@ func configureFeed(r *run, c *consume.Config) error {
 	f := &feedRun{name: r.s.name(r.sc.name), keys: feed.Keyring{Keys: []feed.Key{k}}, keyText: k.Export(), pubs: map[string]*publisherProc{}}
 	f.rdb = redis.NewClient(&redis.Options{Addr: r.s.redis.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	r.closers = append(r.closers, func() { _ = f.rdb.Close() })
-	c.Feed = &consume.FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
+	c.Tracker.Feed = &replay.FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
 	r.mu.Lock()
 	r.state = f
 	r.mu.Unlock()
@@ -120,7 +121,7 @@ func prepareFeed(ctx context.Context, r *run) error {
 	f.switches0 = switches(r)
 	r.closers = append(r.closers, f.mon.stop)
 	r.event("feed %s: 2 publishers (caughtup feed processes: %s) poll every %s and sign with key %s; the router takes every node from the feed",
-		f.name, strings.Join(pids, ", "), consume.DefaultFeedInterval, f.keys.Keys[0].ID)
+		f.name, strings.Join(pids, ", "), replay.DefaultFeedInterval, f.keys.Keys[0].ID)
 	return nil
 }
 
@@ -168,13 +169,13 @@ func (f *feedRun) killAll() {
 
 // onFeed: the router takes every node from the feed.
 func onFeed(router *consume.Router) bool {
-	s := router.Feed()
+	s := router.Tracker().Feed()
 	return s.Active && s.LocalNodes == 0
 }
 
 func (f *feedRun) waitOnFeed(ctx context.Context, r *run, d time.Duration) error {
 	if !waitFor(ctx, d, func() bool { return onFeed(r.env.router) }) {
-		s := r.env.router.Feed()
+		s := r.env.router.Tracker().Feed()
 		return fmt.Errorf("the router did not take every node from the feed within %s (active %v, state %s, %d nodes polled locally)",
 			d, s.Active, s.Health.State, s.LocalNodes)
 	}
@@ -196,12 +197,12 @@ type feedMonitor struct {
 
 func startFeedMonitor(router *consume.Router) *feedMonitor {
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &feedMonitor{cancel: cancel, done: make(chan struct{}), start: time.Now(), fallbacks0: router.Feed().Fallbacks}
+	m := &feedMonitor{cancel: cancel, done: make(chan struct{}), start: time.Now(), fallbacks0: router.Tracker().Feed().Fallbacks}
 	go func() {
 		defer close(m.done)
 		last := time.Now()
 		for sleepCtx(ctx, 10*time.Millisecond) {
-			s := router.Feed()
+			s := router.Tracker().Feed()
 			now := time.Now()
 			switch {
 			case !s.Active:
@@ -363,7 +364,7 @@ func checkFeedCommon(r *run, res *scenarioResult) {
 		r.fail("no job waited for a replica or was deferred: the replay pauses did not take effect")
 	}
 	if !waitFor(context.Background(), 30*time.Second, func() bool { return onFeed(r.env.router) }) {
-		s := r.env.router.Feed()
+		s := r.env.router.Tracker().Feed()
 		r.fail("the router was not back on the feed at the end (active %v, state %s, %d nodes polled locally)", s.Active, s.Health.State, s.LocalNodes)
 	}
 	r.note("feed: %s", f.mon.summary())
@@ -484,10 +485,10 @@ func feedPublishersStopped(ctx context.Context, r *run) error {
 	}
 	stopped := time.Now()
 	r.event("stopped both publishers (SIGTERM)")
-	if !waitFor(ctx, 15*time.Second, func() bool { return !r.env.router.Feed().Active }) {
+	if !waitFor(ctx, 15*time.Second, func() bool { return !r.env.router.Tracker().Feed().Active }) {
 		return fmt.Errorf("the router did not fall back within 15s of the publishers stopping")
 	}
-	st := r.env.router.Feed()
+	st := r.env.router.Tracker().Feed()
 	r.event("the router fell back to its own polls %s after the stop (feed %s, %d nodes polled locally)",
 		time.Since(stopped).Round(time.Millisecond), st.Health.State, st.LocalNodes)
 	if err := r.at(ctx, r.sl.lead+r.sl.down); err != nil {
@@ -526,8 +527,8 @@ func checkFallbackCounted(states ...string) func(r *run, res *scenarioResult) {
 		if sw["direction/to_feed"] == 0 {
 			r.fail("the return to the feed was not counted (switches to_feed 0)")
 		}
-		if r.env.router.Feed().Fallbacks == f.mon.fallbacks0 {
-			r.fail("Router.Feed().Fallbacks did not grow with the fallback")
+		if r.env.router.Tracker().Feed().Fallbacks == f.mon.fallbacks0 {
+			r.fail("Router.Tracker().Feed().Fallbacks did not grow with the fallback")
 		}
 	}
 }
@@ -716,7 +717,7 @@ func freezeMidPoll(ctx context.Context, r *run, p *publisherProc, node *pgtest.N
 		}
 	}
 	// A few rounds: the next poll of node is sent, and waits.
-	sleepCtx(ctx, 3*consume.DefaultFeedInterval)
+	sleepCtx(ctx, 3*replay.DefaultFeedInterval)
 	all := append([]*publisherProc{p}, others...)
 	for _, q := range all {
 		if err := q.signal(syscall.SIGSTOP); err != nil {
@@ -734,7 +735,7 @@ func freezeMidPoll(ctx context.Context, r *run, p *publisherProc, node *pgtest.N
 }
 
 func feedState(router *consume.Router) string {
-	s := router.Feed()
+	s := router.Tracker().Feed()
 	if s.Active {
 		return fmt.Sprintf("on the feed, %d nodes polled locally", s.LocalNodes)
 	}

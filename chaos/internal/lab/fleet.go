@@ -31,6 +31,8 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/catchup"
 	"github.com/caughtup/caughtup/testkit/latency"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
@@ -40,7 +42,7 @@ import (
 // connections), in one or several worker processes (this binary started
 // again, at most -per-process routers each), against one real PostgreSQL
 // primary with two streaming replicas and one redis-server. Rows: routers
-// on a signed feed of two publishers (consume.Publisher, every 10ms, in
+// on a signed feed of two publishers (replay.Publisher, every 10ms, in
 // the parent process) for each -feed N, and routers polling by
 // themselves for each -local N, "max" being the most the servers'
 // max_connections leave room for (each such router holds one connection
@@ -58,7 +60,7 @@ import (
 //     on pg_last_wal_replay_lsn() on its own connection to each replica,
 //     midpoint of the first query that saw it) to the job's RouteToken
 //     returning; and, on the feed, from the first publisher read that
-//     showed it (consume.FirstCaughtUp over the publishers' recorded
+//     showed it (firstCaughtUp over the publishers' recorded
 //     snapshots);
 //   - a 10s lag spike: replay paused, Sticky jobs at -spike-rate in all
 //     (spread over the routers) for a token ahead of the replicas; every
@@ -227,16 +229,16 @@ type fleetEnv struct {
 	redis    *pgtest.Redis
 	db       string
 	primary  *pgxpool.Pool // writes
-	dbs      map[string]consume.Database
-	pubDBs   map[string]consume.Database // the same, as fleetPublisherRole
-	stats    []*pgx.Conn                 // per replica: pg_stat_statements
-	probes   []*pgx.Conn                 // per replica: the catch-up probe
-	ctrl     []*pgx.Conn                 // per replica: pausing and resuming replay
+	dbs      map[string]replay.Database
+	pubDBs   map[string]replay.Database // the same, as fleetPublisherRole
+	stats    []*pgx.Conn                // per replica: pg_stat_statements
+	probes   []*pgx.Conn                // per replica: the catch-up probe
+	ctrl     []*pgx.Conn                // per replica: pausing and resuming replay
 	admin    *redis.Client
 	keys     feed.Keyring
 	keyText  string
 	feed     string
-	pubs     []*consume.Publisher
+	pubs     []*replay.Publisher
 	pubRdb   []*redis.Client
 }
 
@@ -310,13 +312,13 @@ func (e *fleetEnv) start(ctx context.Context) error {
 	if err := e.cluster.WaitReplicasCaughtUp(ctx); err != nil {
 		return err
 	}
-	var reps []consume.Replica
+	var reps []replay.Replica
 	for _, n := range e.cluster.Replicas() {
 		p, err := pgxpool.New(ctx, n.DSN(e.db))
 		if err != nil {
 			return err
 		}
-		reps = append(reps, consume.Replica{Name: n.Name(), Pool: p})
+		reps = append(reps, replay.Replica{Name: n.Name(), Pool: p})
 		// Connections of its own, opened now: under a large fleet's load a
 		// new connection can take seconds.
 		for _, conns := range []*[]*pgx.Conn{&e.stats, &e.probes, &e.ctrl} {
@@ -327,10 +329,10 @@ func (e *fleetEnv) start(ctx context.Context) error {
 			*conns = append(*conns, c)
 		}
 	}
-	e.dbs = map[string]consume.Database{"main": {Primary: e.primary, Replicas: reps}}
+	e.dbs = map[string]replay.Database{"main": {Primary: e.primary, Replicas: reps}}
 	// The publishers' pools: the same nodes as the publisher role. A
 	// Publisher makes its own connections from their configs.
-	pubDB := consume.Database{}
+	pubDB := replay.Database{}
 	if pubDB.Primary, err = pgxpool.New(ctx, asPublisher(pc.DSN(e.db))); err != nil {
 		return err
 	}
@@ -339,9 +341,9 @@ func (e *fleetEnv) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		pubDB.Replicas = append(pubDB.Replicas, consume.Replica{Name: n.Name(), Pool: p})
+		pubDB.Replicas = append(pubDB.Replicas, replay.Replica{Name: n.Name(), Pool: p})
 	}
-	e.pubDBs = map[string]consume.Database{"main": pubDB}
+	e.pubDBs = map[string]replay.Database{"main": pubDB}
 	e.admin = redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
 	k, err := feed.GenerateKey("fleet1")
 	if err != nil {
@@ -368,7 +370,7 @@ func (e *fleetEnv) close() {
 	for _, c := range append(append(e.stats, e.probes...), e.ctrl...) {
 		_ = c.Close(context.Background())
 	}
-	for _, dbs := range []map[string]consume.Database{e.dbs, e.pubDBs} {
+	for _, dbs := range []map[string]replay.Database{e.dbs, e.pubDBs} {
 		for _, db := range dbs {
 			for _, r := range db.Replicas {
 				r.Pool.Close()
@@ -397,10 +399,10 @@ func (e *fleetEnv) close() {
 func (e *fleetEnv) startPublishers(ctx context.Context) error {
 	for _, name := range []string{"pub-a", "pub-b"} {
 		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
-		p, err := consume.NewPublisher(ctx, consume.PublisherConfig{
-			Databases: e.pubDBs,
-			Feed:      feed.PublisherConfig{Client: rdb, Feed: e.feed, Name: name, Keys: e.keys},
-			Logger:    e.log,
+		p, err := replay.NewPublisher(ctx, e.pubDBs, replay.PublisherConfig{
+
+			Feed:   feed.SenderConfig{Client: rdb, Feed: e.feed, Name: name, Keys: e.keys},
+			Logger: e.log,
 		})
 		if err != nil {
 			_ = rdb.Close()
@@ -408,7 +410,7 @@ func (e *fleetEnv) startPublishers(ctx context.Context) error {
 		}
 		e.pubs, e.pubRdb = append(e.pubs, p), append(e.pubRdb, rdb)
 	}
-	e.out.say("2 publishers on feed %q, every %s", e.feed, consume.DefaultFeedInterval)
+	e.out.say("2 publishers on feed %q, every %s", e.feed, replay.DefaultFeedInterval)
 	return nil
 }
 
@@ -851,7 +853,7 @@ func (e *fleetEnv) trial(ctx context.Context, ws []*fleetWorkerProc, r *fleetRow
 		return nil, nil, err
 	}
 	rctx, stopRec := context.WithCancel(ctx)
-	recs := make([][]*consume.Snapshot, len(e.pubs))
+	recs := make([][]*replay.Snapshot, len(e.pubs))
 	var recWG sync.WaitGroup
 	for i, p := range e.pubs {
 		recWG.Go(func() {
@@ -915,7 +917,7 @@ func (e *fleetEnv) trial(ctx context.Context, ws []*fleetWorkerProc, r *fleetRow
 	recWG.Wait()
 	var pubRead time.Time
 	for _, snaps := range recs {
-		if cu, ok := consume.FirstCaughtUp(tok, snaps, nil); ok && (pubRead.IsZero() || cu.Read.Before(pubRead)) {
+		if cu, ok := catchup.FirstCaughtUp(tok, snaps, nil); ok && (pubRead.IsZero() || cu.Read.Before(pubRead)) {
 			pubRead = cu.Read
 		}
 	}
@@ -985,7 +987,7 @@ func (e *fleetEnv) lagSpike(ctx context.Context, ws []*fleetWorkerProc, r *fleet
 
 func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 	fmt.Fprintf(w, "\n== fleet: routers on a signed position feed (2 publishers every %s) or polling by themselves, one PostgreSQL primary + 2 replicas, one redis-server\n",
-		consume.DefaultFeedInterval)
+		replay.DefaultFeedInterval)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tN\tprocs\treplica queries/s idle (r1, r2; routers')\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tCPU: redis, routers, publishers\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
 	for _, r := range rows {

@@ -22,6 +22,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // fleetWorkerEnv marks a process started as a worker of the simulation: it
@@ -197,16 +198,16 @@ func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 	if w.primary, err = pool(cfg.Primary); err != nil {
 		return err
 	}
-	var reps []consume.Replica
+	var reps []replay.Replica
 	for _, r := range cfg.Replicas {
 		p, err := pool(r.DSN)
 		if err != nil {
 			return err
 		}
 		w.reps = append(w.reps, p)
-		reps = append(reps, consume.Replica{Name: r.Name, Pool: p})
+		reps = append(reps, replay.Replica{Name: r.Name, Pool: p})
 	}
-	dbs := map[string]consume.Database{"main": {Primary: w.primary, Replicas: reps}}
+	dbs := map[string]replay.Database{"main": {Primary: w.primary, Replicas: reps}}
 	var keys feed.Keyring
 	if cfg.Feed != "" {
 		k, err := feed.ParseKeys(cfg.Keys)
@@ -240,7 +241,7 @@ func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 				}
 				c.FleetBudget = b
 				if cfg.Feed != "" {
-					c.Feed = &consume.FeedConfig{Client: rc, Name: cfg.Feed, Keys: keys}
+					c.Tracker.Feed = &replay.FeedConfig{Client: rc, Name: cfg.Feed, Keys: keys}
 				}
 				made[i], errs[i] = consume.NewRouter(ctx, c)
 			})
@@ -259,7 +260,7 @@ func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 		}
 		deadline := time.Now().Add(2 * time.Minute)
 		for _, r := range made {
-			for s := r.Feed(); !s.Active || s.LocalNodes > 0; s = r.Feed() {
+			for s := r.Tracker().Feed(); !s.Active || s.LocalNodes > 0; s = r.Tracker().Feed() {
 				if time.Now().After(deadline) {
 					return fmt.Errorf("a router did not take every node from the feed within 2m (active %v, %d nodes local, state %s)", s.Active, s.LocalNodes, s.Health.State)
 				}
@@ -287,7 +288,7 @@ func (w *fleetWorker) wait(ctx context.Context, text string, send func(fleetRepl
 	for i, r := range w.routers {
 		wg.Go(func() {
 			started.Done()
-			_, d, err := r.RouteToken(ctx, tok, consume.Delayed)
+			_, d, err := r.Route(ctx, consume.Job{Token: tok, Policy: consume.Delayed})
 			woke[i] = time.Now().UnixNano()
 			outcomes[i] = d.Outcome.String()
 			if err != nil {
@@ -340,7 +341,7 @@ func (w *fleetWorker) spike(ctx context.Context, c fleetCommand) fleetReply {
 				}
 				next = next.Add(every)
 				attempts.Add(1)
-				hctx, d, err := r.RouteToken(ctx, tok, consume.Sticky)
+				hctx, d, err := r.Route(ctx, consume.Job{Token: tok, Policy: consume.Sticky})
 				at := time.Now().UnixNano()
 				attempt := d.Fallback || errors.Is(err, consume.ErrCapped)
 				var shadowOK bool
@@ -389,7 +390,7 @@ func (w *fleetWorker) stats() fleetReply {
 		out.Received += v
 	}
 	for _, r := range w.routers {
-		s := r.Feed()
+		s := r.Tracker().Feed()
 		out.Fallbacks += s.Fallbacks
 		out.LocalNodes += s.LocalNodes
 		if s.Configured && !s.Active {

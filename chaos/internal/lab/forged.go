@@ -16,6 +16,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/replay"
 )
 
 // forgedFeedScenario (issue 16): while replay is paused on both replicas,
@@ -143,8 +144,8 @@ type forgeContext struct {
 	feed        string
 	key         feed.Key
 	wrongSecret []byte
-	replicas    []consume.ReplicaState
-	epoch       consume.PrimaryState
+	replicas    []replay.ReplicaState
+	epoch       replay.PrimaryState
 	recorded    [][]byte
 	instances   map[string]uint64
 	seqs        map[string]uint64

@@ -14,9 +14,9 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/metric"
 
-	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
-	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/fault"
 )

@@ -52,7 +52,7 @@ func printScenario(w io.Writer, r scenarioResult) {
 // printCatchUp prints catch-up → handler start for the jobs that could
 // not run at once, per pipeline.
 func printCatchUp(w io.Writer, r scenarioResult) {
-	fmt.Fprintf(w, "   catch-up -> handler start: from consume.FirstCaughtUp's Read (the tracker had read an observation of a replica past the token; "+
+	fmt.Fprintf(w, "   catch-up -> handler start: from firstCaughtUp's Read (the tracker had read an observation of a replica past the token; "+
 		"%d snapshots recorded, %d skipped) to the start of the run that completed the job\n", r.SnapshotsRecorded, r.SnapshotsSkipped)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "stream\tjobs\tp50\tp99\tmax\tmean\tbefore catch-up (replica)\tnever caught up\tretry count > 0 (no failure)\thandler errors\t")
@@ -106,7 +106,7 @@ func printComparison(w io.Writer, c *comparisonResult) {
 	_ = tw.Flush()
 	fmt.Fprintln(w, "   added = enqueue -> the handler's read (after routing, waits, deferrals and retries), of the run that completed the job")
 	fmt.Fprintf(w, "   catch-up -> handler start, jobs enqueued while every replica was paused (%d pauses, %.1fs) whose token no replica had replayed then; "+
-		"catch-up = consume.FirstCaughtUp's Read over the caughtup router's %d snapshots (%d skipped); mean and percentiles over the jobs started after it:\n",
+		"catch-up = firstCaughtUp's Read over the caughtup router's %d snapshots (%d skipped); mean and percentiles over the jobs started after it:\n",
 		c.AllPaused, c.AllPausedSeconds, c.SnapshotsRecorded, c.SnapshotsSkipped)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tstream\tjobs\tmean\tp50\tp99\tmax\tstarted before catch-up: primary\treplica (stale)\tmean, those as 0\tnever caught up\t")

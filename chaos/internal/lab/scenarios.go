@@ -16,6 +16,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -371,7 +372,7 @@ func trackerWedge(ctx context.Context, r *run) error {
 		n := 0
 		for i, c := range ctrl {
 			rows, err := c.Query(ctx, `SELECT pid FROM pg_stat_activity
-				WHERE datname = $1 AND state = 'idle' AND application_name = $2 AND pid <> pg_backend_pid()`, r.env.name, consume.TrackerApplicationName)
+				WHERE datname = $1 AND state = 'idle' AND application_name = $2 AND pid <> pg_backend_pid()`, r.env.name, replay.ApplicationName)
 			if err != nil {
 				return n, fmt.Errorf("%s: %w", nodes[i].Name(), err)
 			}
@@ -450,7 +451,7 @@ func checkWedge(r *run, res *scenarioResult) {
 	if to.IsZero() {
 		return
 	}
-	bound := r.env.router.Config().StalenessBound
+	bound := r.env.router.Config().Tracker.StalenessBound
 	start := from.Add(bound)
 	if to.Sub(start) < r.sl.wedge/2 {
 		r.fail("the wedge held for only %s past the staleness bound", to.Sub(start))

@@ -11,9 +11,9 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	caughtupasynq "github.com/caughtup/caughtup/asynq"
+	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
-	caughtupkafka "github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 

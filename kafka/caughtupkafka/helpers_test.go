@@ -1,0 +1,171 @@
+package caughtupkafka_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/testkit/fault"
+)
+
+// testConfig fills in what every test consumer uses: quick fetches,
+// commits and rebalance detection. The caller gives the Router.
+func testConfig(t testing.TB, cfg caughtupkafka.ConsumerConfig) caughtupkafka.ConsumerConfig {
+	if cfg.Brokers == nil {
+		cfg.Brokers = brokers(t)
+	}
+	if cfg.GroupID == "" {
+		cfg.GroupID = newGroup(t)
+	}
+	if cfg.CommitInterval == 0 {
+		cfg.CommitInterval = 100 * time.Millisecond
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = 100 * time.Millisecond
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = 200 * time.Millisecond
+	}
+	if cfg.JoinGroupBackoff == 0 {
+		cfg.JoinGroupBackoff = 200 * time.Millisecond
+	}
+	if cfg.RetryBackoffInitial == 0 {
+		cfg.RetryBackoffInitial = 20 * time.Millisecond
+		cfg.RetryBackoffMax = 100 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	return cfg
+}
+
+// testLogger sends warnings and errors to the test log.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", p)
+	return len(p), nil
+}
+
+// running is a consumer started by startConsumer. Its connections go
+// through a fault dialer, so that kill can make it vanish the way a
+// crashed process does.
+type running struct {
+	c      *caughtupkafka.Consumer
+	dialer *fault.Dialer
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// startConsumer runs a consumer until stop, kill or the end of the test.
+// Unless cfg names a Dialer, it dials through a fault dialer.
+func startConsumer(t testing.TB, cfg caughtupkafka.ConsumerConfig, h caughtupkafka.Handler) *running {
+	t.Helper()
+	r := &running{done: make(chan error, 1)}
+	if cfg.Dialer == nil {
+		r.dialer = fault.NewDialer(nil)
+		cfg.Dialer = &kafka.Dialer{DialFunc: r.dialer.DialContext, Timeout: 10 * time.Second}
+	}
+	var err error
+	r.c, err = caughtupkafka.NewConsumer(testConfig(t, cfg), h)
+	require.NoError(t, err)
+	var ctx context.Context
+	ctx, r.cancel = context.WithCancel(context.Background())
+	go func() { r.done <- r.c.Run(ctx) }()
+	t.Cleanup(func() { require.NoError(t, r.stop()) })
+	return r
+}
+
+// stop cancels the consumer and waits for Run to return.
+func (r *running) stop() error {
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case r.err = <-r.done:
+		case <-time.After(30 * time.Second):
+			r.err = fmt.Errorf("the consumer did not stop within 30s")
+		}
+	})
+	return r.err
+}
+
+// kill makes the consumer vanish as a crashed process would: every
+// connection reset and no new one possible, so nothing more is committed
+// (not even what is done), no retry or dead letter is written through the
+// default writer and the group is not told; the coordinator expires the
+// member after its session timeout (see killable). Then Run is stopped.
+func (r *running) kill() error {
+	r.dialer.Refuse(true)
+	r.dialer.Cut()
+	return r.stop()
+}
+
+// killable shortens the group's session and rebalance timeouts so that
+// the partitions of a killed member move on quickly: 2s on the test
+// binary's broker (started with group.min.session.timeout.ms 1s, see
+// TestMain), 6s on a KAFKA_BROKERS cluster (Kafka's default minimum).
+func killable(cfg caughtupkafka.ConsumerConfig) caughtupkafka.ConsumerConfig {
+	d := 2 * time.Second
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		d = 6 * time.Second
+	}
+	cfg.SessionTimeout, cfg.RebalanceTimeout = d, d
+	return cfg
+}
+
+// newRepublisher returns a kafka-go Writer for ConsumerConfig.Writer (no
+// topic of its own), with the settings the consumer's default has, closed
+// at cleanup.
+func newRepublisher(t testing.TB) *kafka.Writer {
+	w := newWriter(t, "")
+	w.BatchTimeout = 2 * time.Millisecond
+	return w
+}
+
+// produceKeyed inserts rows 1..n and, right after each insert, writes its
+// message through the stamping writer: key k<i mod keys>, per-key sequence
+// numbers in order (each key is produced by one goroutine).
+func produceKeyed(t testing.TB, e *env, w *caughtupkafka.Writer, n, keys, producers int) {
+	t.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for p := range producers {
+		wg.Go(func() {
+			for i := 1; i <= n; i++ {
+				k := (i - 1) % keys
+				if k%producers != p {
+					continue
+				}
+				key, seq := fmt.Sprintf("k%d", k), (i-1)/keys
+				pctx, err := e.insert(ctx, int64(i), key, seq)
+				if err == nil {
+					err = w.WriteMessages(pctx, kafka.Message{Key: []byte(key), Value: payload(int64(i), key, seq)})
+				}
+				if err != nil {
+					errs <- fmt.Errorf("message %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}

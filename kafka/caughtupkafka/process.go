@@ -1,0 +1,311 @@
+package caughtupkafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/position"
+)
+
+// minDeferDelay keeps a deferral that asks for no delay from spinning.
+const minDeferDelay = 10 * time.Millisecond
+
+// maxErrorHeader bounds the error text written on a dead letter.
+const maxErrorHeader = 1024
+
+// process runs one message to its end: handled, republished to the retry
+// topic, or dead-lettered. It returns false if ctx ended first; the
+// message must then stay uncommitted, to be delivered again. msg is a
+// pointer because a kafka-go Message is 150 bytes and the path to the
+// handler is several calls long; the handler gets its own copy.
+func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWriter, ps *partState) bool {
+	// The token is read once per message; every attempt routes it again.
+	mt := c.readToken(ctx, msg, ps)
+	if mt.err != nil {
+		mt.source = sourceOf(msg)
+	}
+	attempts := 0
+	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
+		n, _ := headerInt(msg.Headers, HeaderAttempts)
+		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
+		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
+			if !c.untilDue(ctx, *msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
+				return false
+			}
+		}
+	}
+	for {
+		hctx := ctx
+		if attempts > 0 {
+			hctx = context.WithValue(ctx, attemptKey{}, attempts)
+		}
+		err := c.attempt(hctx, msg, &mt, ps)
+		if err == nil {
+			ps.add(ctx, resultHandled)
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		var de *consume.DeferError
+		if errors.As(err, &de) {
+			delay := max(de.Delay, minDeferDelay)
+			if c.cfg.Mode == RetryTopic {
+				if !c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, true) {
+					return false
+				}
+				ps.add(ctx, resultDeferred)
+				return true
+			}
+			// InPlace: keep the partition's order and wait here. Route
+			// bounds this loop: once the token is older than the router's
+			// MaxAge it sends the message to the primary. When Route has
+			// just waited for a replica, that wait woke on the tracker's
+			// observations; asking again at once keeps waking within
+			// milliseconds of the catch-up rather than sleeping out a
+			// deferral step that may be seconds long. Otherwise (the cap,
+			// waiting disabled, no healthy replica, a tiny budget) hold
+			// the delay, or less if a replica can serve the token first
+			// (holdDeferred), so the loop never spins.
+			ps.add(ctx, resultWaited)
+			if de.Decision.Waited >= minDeferDelay {
+				continue
+			}
+			var held bool
+			if mt.verify != nil {
+				// The position alone does not say a Verifier will vouch
+				// for the token: waking on it could route again at once,
+				// again and again.
+				held = sleep(ctx, delay)
+			} else {
+				held = c.holdDeferred(ctx, time.Now().Add(delay), mt.tok, mt.err, ps)
+			}
+			if !held {
+				return false
+			}
+			continue
+		}
+		attempts++
+		if attempts >= c.cfg.MaxAttempts {
+			return c.deadLetter(ctx, w, *msg, attempts, err, ps)
+		}
+		delay := c.cfg.retryDelay(attempts)
+		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
+			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
+			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
+		ps.add(ctx, resultRetried)
+		if c.cfg.Mode == RetryTopic {
+			return c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, false)
+		}
+		if !sleep(ctx, delay) {
+			return false
+		}
+	}
+}
+
+type attemptKey struct{}
+
+// Attempt returns how many times the handler already failed on the message
+// being handled in ctx: 0 on the first attempt. Deferrals (waiting for a
+// replica) never count. In RetryTopic mode the count travels with the
+// message in HeaderAttempts.
+func Attempt(ctx context.Context) int {
+	n, _ := ctx.Value(attemptKey{}).(int)
+	return n
+}
+
+// attempt routes msg, whose token readToken read as mt, through the
+// partition's Tally, and runs the handler with the routed context. It returns Route's *consume.DeferError
+// when no replica can serve the message yet.
+func (c *Consumer) attempt(ctx context.Context, msg *kafka.Message, mt *msgToken, ps *partState) error {
+	rctx, _, err := ps.tally.Route(ctx, consume.Job{
+		Token: mt.tok, TokenErr: mt.err, Policy: c.cfg.Policy, Source: mt.source, Verify: mt.verify,
+	})
+	if err != nil {
+		return err
+	}
+	return c.call(rctx, msg)
+}
+
+// call runs the handler, turning a panic into an error so that one bad
+// message is retried and dead-lettered instead of killing the process.
+func (c *Consumer) call(ctx context.Context, msg *kafka.Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.ErrorContext(ctx, "caughtup/kafka: handler panicked", slog.Any("panic", r),
+				slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("caughtup/kafka: handler panicked: %v", r)
+		}
+	}()
+	return c.handler(ctx, *msg)
+}
+
+// untilDue holds a retry-topic message until its due time, or, for a
+// message deferred for lag (HeaderDeferred), until a replica has replayed
+// its token if that comes first: the deferral's delay only stood in for
+// "until a replica catches up". A message retried after a handler error
+// waits out its backoff whatever the replicas do. It returns false if ctx
+// ended first.
+//
+// Retry partitions are roughly in due order (each message is appended at
+// now+delay), so waiting here for the head costs the messages behind it
+// little; a message behind the head waits for it even when its own token
+// is caught up.
+func (c *Consumer) untilDue(ctx context.Context, msg kafka.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
+	if !hasHeader(msg.Headers, HeaderDeferred) {
+		return sleep(ctx, time.Until(due))
+	}
+	// Past its due time the message is routed once and, if still behind,
+	// deferred again with a new due time: no loop, so even a token that a
+	// Verifier vouches for may wake on its position.
+	return c.holdDeferred(ctx, due, tok, tokErr, ps)
+}
+
+// holdDeferred holds a message deferred for lag until deadline, or until
+// a replica has replayed tok (consume.Router.WaitCaughtUp: exactly the
+// replicas routing would choose) if that comes first, which counts as
+// resultWoken. A message without a readable token sleeps until deadline:
+// its catch-up cannot be waited for. It returns false if ctx ended first.
+func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) bool {
+	if tokErr != nil || tok.IsZero() {
+		return sleep(ctx, time.Until(deadline))
+	}
+	if !time.Now().Before(deadline) {
+		return ctx.Err() == nil
+	}
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	err := c.cfg.Router.WaitCaughtUp(dctx, tok)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err == nil:
+		ps.add(ctx, resultWoken)
+	}
+	return true
+}
+
+// republish writes msg to the retry topic, due at due, and waits for the
+// broker's acknowledgement. The original is committed only afterwards, so
+// a crash in between delivers the original again and the retry topic gets
+// a duplicate: nothing is lost. deferred marks a deferral for lag
+// (HeaderDeferred), which runs as soon as a replica catches up.
+func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafka.Message, due time.Time, attempts int, deferred bool) bool {
+	out := derived(msg, c.cfg.RetryTopic, attempts)
+	out.Headers = append(out.Headers, kafka.Header{Key: HeaderDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)})
+	if deferred {
+		out.Headers = append(out.Headers, kafka.Header{Key: HeaderDeferred, Value: []byte("1")})
+	}
+	return c.publish(ctx, w, out)
+}
+
+// deadLetter hands a message that failed attempts times to the hook or the
+// dead-letter topic, retrying until that succeeds or ctx ends: a message
+// is never committed unless it was handled or parked somewhere.
+func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafka.Message, attempts int, cause error, ps *partState) bool {
+	c.log.ErrorContext(ctx, "caughtup/kafka: handler failed on every attempt; dead-lettering the message",
+		slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
+		slog.Int("attempts", attempts), slog.Any("error", cause))
+	ok := false
+	if c.cfg.DeadLetter != nil {
+		for n := 1; ; n++ {
+			err := c.cfg.DeadLetter(ctx, msg, cause)
+			if err == nil {
+				ok = true
+				break
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			c.log.WarnContext(ctx, "caughtup/kafka: the dead-letter hook failed; calling it again", slog.Any("error", err))
+			if !sleep(ctx, backoff(n, 100*time.Millisecond, 10*time.Second)) {
+				break
+			}
+		}
+	} else {
+		out := derived(msg, c.cfg.DeadLetterTopic, attempts)
+		text := cause.Error()
+		if len(text) > maxErrorHeader {
+			text = text[:maxErrorHeader]
+		}
+		out.Headers = append(out.Headers, kafka.Header{Key: HeaderError, Value: []byte(text)})
+		ok = c.publish(ctx, w, out)
+	}
+	if ok {
+		ps.add(ctx, resultDeadLettered)
+	}
+	return ok
+}
+
+// publish writes m until the broker acknowledges it or ctx ends.
+func (c *Consumer) publish(ctx context.Context, w MessageWriter, m kafka.Message) bool {
+	for n := 1; ; n++ {
+		err := w.WriteMessages(ctx, m)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.log.WarnContext(ctx, "caughtup/kafka: writing to a retry or dead-letter topic failed; retrying",
+			slog.String("topic", m.Topic), slog.Any("error", err))
+		if !sleep(ctx, backoff(n, 100*time.Millisecond, 10*time.Second)) {
+			return false
+		}
+	}
+}
+
+// derived is msg addressed to topic: same key, value and headers (the
+// token among them, unchanged), the origin recorded once, and the attempt
+// count replaced. The due time is the caller's to add.
+func derived(msg kafka.Message, topic string, attempts int) kafka.Message {
+	hs := make([]kafka.Header, 0, len(msg.Headers)+6)
+	origin := false
+	for _, h := range msg.Headers {
+		switch h.Key {
+		case HeaderDue, HeaderDeferred, HeaderAttempts, HeaderError:
+			continue
+		case HeaderOriginTopic:
+			origin = true
+		}
+		hs = append(hs, h)
+	}
+	if !origin {
+		hs = append(hs,
+			kafka.Header{Key: HeaderOriginTopic, Value: []byte(msg.Topic)},
+			kafka.Header{Key: HeaderOriginPartition, Value: strconv.AppendInt(nil, int64(msg.Partition), 10)},
+			kafka.Header{Key: HeaderOriginOffset, Value: strconv.AppendInt(nil, msg.Offset, 10)},
+		)
+	}
+	hs = append(hs, kafka.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)})
+	return kafka.Message{Topic: topic, Key: msg.Key, Value: msg.Value, Headers: hs}
+}
+
+// hasHeader reports whether hs has a header key.
+func hasHeader(hs []kafka.Header, key string) bool {
+	for i := range hs {
+		if hs[i].Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// headerInt returns the last header key as a decimal integer.
+func headerInt(hs []kafka.Header, key string) (int64, bool) {
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == key {
+			n, err := strconv.ParseInt(string(hs[i].Value), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}

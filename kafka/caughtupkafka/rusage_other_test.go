@@ -1,0 +1,8 @@
+//go:build !unix
+
+package caughtupkafka
+
+import "time"
+
+// ProcessCPUTime is unknown here: the benchmarks report 0.
+func ProcessCPUTime() time.Duration { return 0 }

@@ -1,8 +1,0 @@
-//go:build !unix
-
-package kafka
-
-import "time"
-
-// ProcessCPUTime is unknown here: the benchmarks report 0.
-func ProcessCPUTime() time.Duration { return 0 }

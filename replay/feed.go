@@ -1,0 +1,728 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/feed"
+)
+
+// FeedConfig makes a Router take replica and primary positions from a
+// position feed (package feed) that a few publishers fill, instead of
+// querying every node itself. See "Fleet scale: the position feed" in the
+// package documentation for what the router believes and why that never
+// reads stale.
+type FeedConfig struct {
+	// Client is the Redis the publishers publish to: a *redis.Client, a
+	// *redis.ClusterClient or a Sentinel failover client
+	// (redis.NewUniversalClient picks one from its options; see the feed
+	// package). Required. The Router never closes it; one subscription
+	// connection per Router comes from it.
+	Client redis.UniversalClient
+
+	// Name is the feed's name, the publishers' PublisherConfig.Feed.
+	// Default feed.DefaultFeed ("default").
+	Name string
+
+	// Keys are the keys publishers sign with (feed.ParseKeys reads them
+	// from text such as an environment variable). A message signed with
+	// none of them is rejected and counted. Required unless Insecure.
+	Keys feed.Keyring
+
+	// Insecure believes unsigned messages (and, with Keys set, messages
+	// signed with keys the router does not hold, which cannot be checked):
+	// anyone who can publish on the feed's channel could then send every
+	// router of the fleet to replicas that lack their rows. It must be
+	// asked for, and is logged as a warning when the Router starts.
+	// Default false.
+	Insecure bool
+
+	// SilenceBound: a node of which no feed observation has been merged
+	// for this long is polled by the router itself until the feed covers
+	// it again, and a feed with no authentic message for this long counts
+	// as silent (every node is polled locally). Default half of
+	// Config.StalenessBound (500ms), so that local polling has taken over
+	// before what the feed said goes stale; it must be below
+	// StalenessBound. Raise it (with StalenessBound) only for publishers
+	// that poll slower than the default.
+	SilenceBound time.Duration
+
+	// MaxDelay: a message received more than MaxDelay after its publisher
+	// sent it (the publisher's clock against the router's, less the time
+	// Redis measured it stored) is refused: an old message replayed, or a
+	// publisher stalled between polling and sending. The publisher's clock
+	// is used only to refuse, never to make an observation look fresher,
+	// so a clock more than MaxDelay behind the router's costs availability
+	// (its messages are refused, counted and logged, and the router polls
+	// by itself), never freshness. Keep clocks synchronized (NTP keeps
+	// them within milliseconds). Default 5s. Negative disables the check.
+	MaxDelay time.Duration
+}
+
+// DefaultFeedMaxDelay is FeedConfig.MaxDelay's default.
+const DefaultFeedMaxDelay = 5 * time.Second
+
+func (c FeedConfig) withDefaults(staleness time.Duration) FeedConfig {
+	if c.Name == "" {
+		c.Name = feed.DefaultFeed
+	}
+	if c.SilenceBound == 0 {
+		c.SilenceBound = staleness / 2
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = DefaultFeedMaxDelay
+	}
+	return c
+}
+
+func (c FeedConfig) validate(staleness time.Duration) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: Feed: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case c.Client == nil:
+		return bad("Client is required (a go-redis UniversalClient on the publishers' Redis)")
+	case len(c.Keys.Keys) == 0 && !c.Insecure:
+		return bad("Keys is empty: configure the publishers' keys (feed.ParseKeys), or set Insecure: true to believe unsigned observations")
+	case c.SilenceBound <= 0 || c.SilenceBound >= staleness:
+		return bad("SilenceBound %v must be positive and below StalenessBound %v, so that the router polls by itself before what the feed said goes stale", c.SilenceBound, staleness)
+	}
+	// The feed package checks the name and the keys.
+	err := feed.SubscriberConfig{Client: c.Client, Feed: c.Name, Keys: c.Keys, Insecure: c.Insecure,
+		OnObservation: func(feed.Delivery) {}}.WithDefaults().Validate()
+	if err != nil {
+		return fmt.Errorf("%w: Feed: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// ErrUnconfirmedRestart is the Err of a replica whose feed observation
+// shows a newer run of the server (a restart) than the router's own poll
+// has seen: the replica counts as unknown until the router's own poll,
+// made at once, confirms the run (the publisher's node is the router's)
+// or contradicts it (the names disagree; the feed's observations of that
+// run are then ignored and the router polls the replica itself).
+var ErrUnconfirmedRestart = errors.New("caughtup/replay: the feed shows the replica restarted; unknown until this router's own poll confirms it")
+
+// FeedPollError is the Err of a node whose newest observation is a
+// publisher's failed poll.
+type FeedPollError struct {
+	// Publisher names the publisher (name#instance).
+	Publisher string
+	// Text is the poll's error as the publisher sent it.
+	Text string
+}
+
+func (e *FeedPollError) Error() string {
+	return "caughtup/replay: feed publisher " + e.Publisher + " could not poll the node: " + e.Text
+}
+
+// FeedStatus is a Router's use of its feed.
+type FeedStatus struct {
+	// Configured: Config.Feed is set.
+	Configured bool
+	// Active: the subscription is healthy (feed.StateSubscribed), so the
+	// nodes the feed covers are not polled by the router.
+	Active bool
+	// Health is the subscriber's state and since when.
+	Health feed.Health
+	// LocalNodes counts the nodes the router polls itself: every node
+	// while the feed is not Active, else those the feed does not cover
+	// (no observation merged within FeedConfig.SilenceBound, or not yet
+	// confirmed by the router's own poll).
+	LocalNodes int
+	// Fallbacks counts, since the Router started, the times it went back
+	// to polling by itself: all nodes (the feed stopped being usable; see
+	// also caughtup.consume.feed.switches) or one node (the feed stopped
+	// covering it while usable).
+	Fallbacks uint64
+}
+
+// Feed reports how the tracker uses its feed; the zero FeedStatus when
+// TrackerConfig.Feed is not set.
+func (t *Tracker) Feed() FeedStatus {
+	if t.feed == nil {
+		return FeedStatus{}
+	}
+	return t.feed.status()
+}
+
+// feedReject numbers why the router refused a feed observation that the
+// feed package delivered (authentic and unsuperseded).
+type feedReject uint8
+
+const (
+	// feedRejectDelayed: received more than MaxDelay after it was sent.
+	feedRejectDelayed feedReject = iota
+	// feedRejectUnknownNode: a database or replica this router does not
+	// have (another application's, or a name the publishers spell
+	// differently).
+	feedRejectUnknownNode
+	// feedRejectUnconfirmed: a node the router's own poll has not read
+	// yet, or a newer run of it that the router's poll has not confirmed.
+	feedRejectUnconfirmed
+	// feedRejectMismatch: another system, or a run of the node that the
+	// router's own poll contradicted: publisher and router do not mean the
+	// same server by the name.
+	feedRejectMismatch
+	// feedRejectNoIncarnation: a replica observation without its run, in
+	// which a restart could not be seen.
+	feedRejectNoIncarnation
+	// feedRejectSuperseded: an older run than the router's own poll saw:
+	// from before a restart (a late or replayed message), or of another
+	// server.
+	feedRejectSuperseded
+	// feedRejectUnverified: a replica position ahead of the primary's
+	// known insert position that no primary observation confirmed or
+	// refuted within StalenessBound (or while more arrived).
+	feedRejectUnverified
+	numFeedRejects
+)
+
+var feedRejectNames = [numFeedRejects]string{"delayed", "unknown_node", "unconfirmed", "mismatch", "no_incarnation", "superseded", "unverified"}
+
+func (r feedReject) String() string { return feedRejectNames[r] }
+
+// maxPending bounds the feed observations of one replica that wait for a
+// primary observation.
+const maxPending = 8
+
+// feedState is a Router's feed: the subscriber, whether it is used, and
+// per node whether the feed covers it and who the node is.
+type feedState struct {
+	t       *Tracker
+	cfg     FeedConfig
+	log     *slog.Logger
+	sub     *feed.Subscriber
+	met     *feedMetrics
+	channel string
+
+	dbIndex      map[string]int
+	replicaIndex []map[string]int
+	replicas     [][]*feedNode
+	primarys     []*feedNode
+	nodes        []*feedNode
+
+	active    atomic.Bool
+	fallbacks atomic.Uint64
+
+	// systems holds each database's system identifier from the router's
+	// own polls. t.mu.
+	systems []uint64
+
+	warn      [numFeedRejects]rate.Sometimes
+	warnLocal rate.Sometimes
+}
+
+// feedNode is one node as the feed and the router's own polls know it.
+type feedNode struct {
+	db, idx int // idx -1: the primary
+	name    string
+	kick    chan struct{}
+	pool    *pgxpool.Pool
+
+	// fedAt is when (time.Now, UnixNano) a feed observation of the node
+	// was last merged.
+	fedAt atomic.Int64
+	// confirmWanted: a feed observation shows a run the router's own poll
+	// has not seen; poll now.
+	confirmWanted atomic.Bool
+	// local: the poller polls the node itself (for the gauge and logs).
+	local atomic.Bool
+
+	// Guarded by tracker.mu.
+	confirmed      Incarnation // the run the router's own poll last saw
+	confirmedKnown bool        // a poll of the router's succeeded
+	claim          Incarnation // a newer run the feed showed, awaiting a poll
+	claimAt        time.Time
+	mismatch       Incarnation // a run of the feed's that the router's poll contradicted
+	pending        []ReplicaObservation
+}
+
+func (n *feedNode) label() string {
+	if n.idx < 0 {
+		return "primary"
+	}
+	return n.name
+}
+
+func newFeedState(t *Tracker) (*feedState, error) {
+	cfg := *t.cfg.Feed
+	f := &feedState{
+		t:         t,
+		cfg:       cfg,
+		log:       t.log.With(slog.String("feed", cfg.Name)),
+		channel:   feed.ChannelName(cfg.Name),
+		dbIndex:   make(map[string]int),
+		systems:   make([]uint64, len(t.primarys)),
+		warnLocal: rate.Sometimes{First: 5, Interval: 10 * time.Second},
+	}
+	for i := range f.warn {
+		f.warn[i] = rate.Sometimes{First: 3, Interval: 10 * time.Second}
+	}
+	for db, pp := range t.primarys {
+		f.dbIndex[pp.dbName] = db
+		n := &feedNode{db: db, idx: -1, kick: pp.kick, pool: pp.pool}
+		f.primarys = append(f.primarys, n)
+		f.nodes = append(f.nodes, n)
+		idx := make(map[string]int)
+		var ns []*feedNode
+		for j, rp := range t.replicas[db] {
+			idx[rp.name] = j
+			n := &feedNode{db: db, idx: j, name: rp.name, kick: rp.kick, pool: rp.pool}
+			ns = append(ns, n)
+			f.nodes = append(f.nodes, n)
+		}
+		f.replicaIndex = append(f.replicaIndex, idx)
+		f.replicas = append(f.replicas, ns)
+	}
+	for _, n := range f.nodes {
+		n.local.Store(true)
+	}
+	mp := t.cfg.MeterProvider
+	var err error
+	if f.met, err = newFeedMetrics(mp, f); err != nil {
+		return nil, fmt.Errorf("caughtup/replay: creating the feed's instruments: %w", err)
+	}
+	f.sub, err = feed.NewSubscriber(feed.SubscriberConfig{
+		Client:        cfg.Client,
+		Feed:          cfg.Name,
+		Keys:          cfg.Keys,
+		Insecure:      cfg.Insecure,
+		OnObservation: f.deliver,
+		OnHealth:      f.onHealth,
+		SilenceBound:  cfg.SilenceBound,
+		Logger:        t.log,
+		MeterProvider: mp,
+	})
+	if err != nil {
+		f.met.close()
+		return nil, fmt.Errorf("%w: Feed: %w", ErrInvalidConfig, err)
+	}
+	ids := make([]string, len(cfg.Keys.Keys))
+	for i, k := range cfg.Keys.Keys {
+		ids[i] = k.ID
+	}
+	attrs := []any{slog.String("channel", f.channel), slog.String("key_ids", strings.Join(ids, ",")),
+		slog.Duration("silence_bound", cfg.SilenceBound), slog.Duration("max_delay", cfg.MaxDelay)}
+	if cfg.Insecure {
+		f.log.Warn("caughtup: the router takes replica positions from a feed WITHOUT checking every message's signature (FeedConfig.Insecure)", attrs...)
+	} else {
+		f.log.Info("caughtup: the router takes replica positions from the feed once it has polled every node itself", attrs...)
+	}
+	return f, nil
+}
+
+// start subscribes once the router's own first polls are in (or
+// StalenessBound has passed): the feed's observations of a node are
+// believed only after the router has seen which run of which system the
+// node is, so that a message from before a restart is superseded, not
+// believed.
+func (f *feedState) start() {
+	t := f.t
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		bound := time.NewTimer(t.cfg.StalenessBound)
+		defer bound.Stop()
+		select {
+		case <-t.initDone:
+		case <-bound.C:
+		case <-t.ctx.Done():
+			return
+		}
+		_ = f.sub.Run(t.ctx)
+	}()
+}
+
+func (f *feedState) close() { f.met.close() }
+
+func (f *feedState) status() FeedStatus {
+	s := FeedStatus{Configured: true, Active: f.active.Load(), Health: f.sub.Health(), Fallbacks: f.fallbacks.Load()}
+	for _, n := range f.nodes {
+		if n.local.Load() {
+			s.LocalNodes++
+		}
+	}
+	return s
+}
+
+// onHealth switches between the feed and local polling: the feed is used
+// only while the subscription is healthy.
+func (f *feedState) onHealth(h feed.Health) {
+	if h.State == feed.StateStopped {
+		return // the Router is closing
+	}
+	on := h.State == feed.StateSubscribed
+	if f.active.Swap(on) == on {
+		return
+	}
+	f.met.switched(on, h.State)
+	if on {
+		f.log.Info("caughtup: the router takes positions from the feed; it stops polling the nodes the feed covers")
+		return
+	}
+	f.fallbacks.Add(1)
+	attrs := []any{slog.String("state", h.State.String())}
+	if h.Err != nil {
+		attrs = append(attrs, slog.Any("error", h.Err))
+	}
+	f.log.Warn("caughtup: the feed is not usable; the router polls every node itself until it recovers", attrs...)
+	for _, n := range f.nodes {
+		kick(n.kick)
+	}
+}
+
+func kick(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// fedUntil is the tracker's question: until when does the feed cover n
+// (the zero time: poll it now, and on the usual schedule). Called by the
+// node's poller only.
+func (f *feedState) fedUntil(n *feedNode) time.Time {
+	var until time.Time
+	if f.active.Load() && !n.confirmWanted.Load() {
+		if at := n.fedAt.Load(); at != 0 {
+			if u := time.Unix(0, at).Add(f.cfg.SilenceBound); time.Now().Before(u) {
+				until = u
+			}
+		}
+	}
+	local := until.IsZero()
+	if n.local.Swap(local) == local {
+		return until
+	}
+	db := f.t.primarys[n.db].dbName
+	if !local {
+		// The poller's connection stays closed while the feed covers the
+		// node; a fallback opens a new one.
+		if n.pool != nil {
+			n.pool.Reset()
+		}
+		f.log.Debug("caughtup: node covered by the feed; the router stops polling it",
+			slog.String(attrDatabase, db), slog.String("node", n.label()))
+		return until
+	}
+	if f.active.Load() {
+		f.fallbacks.Add(1)
+		f.warnLocal.Do(func() {
+			f.log.Warn("caughtup: no feed observation of the node merged within the silence bound; the router polls it itself (do the publishers poll it, under the same name?)",
+				slog.String(attrDatabase, db), slog.String("node", n.label()), slog.Duration("silence_bound", f.cfg.SilenceBound))
+		})
+	}
+	return until
+}
+
+// polledReplica learns from the router's own poll which run the replica
+// is, and settles a run the feed claimed. t.mu is held.
+func (f *feedState) polledReplica(db, idx int, o *ReplicaObservation) {
+	if o.Err != nil || o.Incarnation.IsZero() {
+		return
+	}
+	n := f.replicas[db][idx]
+	n.confirmed, n.confirmedKnown = o.Incarnation, true
+	if sys := o.Replayed.Epoch.SystemID; sys != 0 && f.systems[db] == 0 {
+		f.systems[db] = sys
+	}
+	if !n.claim.IsZero() {
+		switch {
+		case o.Incarnation.Compare(n.claim) >= 0:
+			// Confirmed (or overtaken): the feed's node is this one.
+		case !o.ObservedAt.Before(n.claimAt):
+			// Polled after the feed showed the newer run, and it is not
+			// there: the feed's node of that name is another server.
+			n.mismatch = n.claim
+			f.met.reject(feedRejectMismatch)
+			f.warn[feedRejectMismatch].Do(func() {
+				f.log.Warn("caughtup: the feed reports a run of the replica that the router's own poll does not see: the publishers mean another server by this name; their observations of it are ignored and the router polls it itself",
+					slog.String(attrDatabase, f.t.primarys[db].dbName), slog.String(attrReplica, n.name),
+					slog.Time("feed_postmaster_start", n.claim.PostmasterStart), slog.Time("postmaster_start", o.Incarnation.PostmasterStart))
+			})
+		default:
+			return // sent before the claim arrived: poll again
+		}
+		n.claim, n.claimAt = Incarnation{}, time.Time{}
+	}
+	n.confirmWanted.Store(false)
+}
+
+// polledPrimary learns the database's system from the router's own poll
+// of the primary. t.mu is held.
+func (f *feedState) polledPrimary(db int, o *PrimaryObservation) {
+	if o.Err != nil || o.Epoch.IsZero() {
+		return
+	}
+	f.primarys[db].confirmedKnown = true
+	f.systems[db] = o.Epoch.SystemID
+}
+
+// deliver is the subscriber's callback: one authentic observation,
+// stamped with this router's clock.
+func (f *feedState) deliver(d feed.Delivery) {
+	if f.cfg.MaxDelay >= 0 && !d.SentAt.IsZero() {
+		if late := d.ReceivedAt.Sub(d.SentAt) - (d.Age - d.Held); late > f.cfg.MaxDelay {
+			f.reject(feedRejectDelayed, &d, fmt.Errorf("received %v after it was sent (the publisher's clock), besides %v stored; MaxDelay is %v",
+				late.Round(time.Millisecond), (d.Age-d.Held).Round(time.Millisecond), f.cfg.MaxDelay))
+			return
+		}
+	}
+	db, ok := f.dbIndex[d.Database]
+	if !ok {
+		f.reject(feedRejectUnknownNode, &d, nil)
+		return
+	}
+	// PolledAt on this router's clock: the receipt less the age the feed
+	// measured (never the publisher's clock).
+	at := f.t.cfg.Now().Add(-d.Age)
+	switch d.Role {
+	case feed.RolePrimary:
+		f.deliverPrimary(db, &d, at)
+	case feed.RoleReplica:
+		idx, ok := f.replicaIndex[db][d.Node]
+		if !ok {
+			f.reject(feedRejectUnknownNode, &d, nil)
+			return
+		}
+		f.deliverReplica(db, idx, &d, at)
+	}
+}
+
+func (f *feedState) deliverPrimary(db int, d *feed.Delivery, at time.Time) {
+	o := PrimaryObservation{ObservedAt: at}
+	if d.Err != "" {
+		o.Err = &FeedPollError{Publisher: d.Publisher.String(), Text: d.Err}
+	} else {
+		p := &d.Primary
+		o.Epoch, o.InsertLSN, o.WAL = p.Epoch, p.InsertLSN, p.WAL
+		o.History, o.HistoryKnown = p.History, p.HistoryKnown
+	}
+	n := f.primarys[db]
+	t := f.t
+	t.mu.Lock()
+	reason := numFeedRejects
+	switch {
+	case !n.confirmedKnown:
+		reason = feedRejectUnconfirmed
+	case o.Err == nil && o.Epoch.SystemID != f.systems[db]:
+		reason = feedRejectMismatch
+	}
+	t.mu.Unlock()
+	if reason != numFeedRejects {
+		f.reject(reason, d, nil)
+		return
+	}
+	t.applyPrimary(db, o, true)
+	if o.Err == nil {
+		n.fedAt.Store(time.Now().UnixNano())
+	}
+}
+
+func (f *feedState) deliverReplica(db, idx int, d *feed.Delivery, at time.Time) {
+	o := ReplicaObservation{ObservedAt: at, ReadBy: at}
+	if d.Err != "" {
+		o.Err = &FeedPollError{Publisher: d.Publisher.String(), Text: d.Err}
+	} else {
+		r := &d.Replica
+		o.Incarnation = Incarnation{PostmasterStart: r.Incarnation, RecoveryStart: r.RecoveryStart}
+		o.InRecovery = r.InRecovery
+		if r.InRecovery {
+			o.Replayed.LSN = r.Replayed
+			if r.Epoch.SystemID != 0 && r.Epoch.Timeline != 0 {
+				o.Replayed.Epoch = r.Epoch
+			}
+		}
+		o.ReplayTimestamp, o.TimeLag = r.ReplayTimestamp, r.TimeLag
+	}
+	n := f.replicas[db][idx]
+	t := f.t
+	t.mu.Lock()
+	reason, claim := f.checkReplica(n, db, &o, d)
+	switch {
+	case claim:
+		// A newer run than the router has seen: the replica may show
+		// less than it did (a restart), or the feed's node is another
+		// server. Unknown until the router's own poll, made now, says.
+		prev, next, ch := t.mergeReplicaLocked(db, idx, ReplicaObservation{ObservedAt: at, Err: ErrUnconfirmedRestart})
+		t.mu.Unlock()
+		t.reportReplica(db, idx, prev, next, ch)
+		kick(n.kick)
+		f.reject(feedRejectUnconfirmed, d, nil)
+		return
+	case reason != numFeedRejects:
+		t.mu.Unlock()
+		f.reject(reason, d, nil)
+		return
+	case held(&o, &t.snap.Load().Databases[db].Primary):
+		// Ahead of what the primary is known to have inserted: wait for a
+		// primary observation to show it possible, or impossible.
+		if len(n.pending) == maxPending {
+			n.pending = append(n.pending[:0], n.pending[1:]...)
+			f.met.reject(feedRejectUnverified)
+		}
+		n.pending = append(n.pending, o)
+		t.mu.Unlock()
+		return
+	}
+	prev, next, ch := t.mergeReplicaLocked(db, idx, o)
+	t.mu.Unlock()
+	t.reportReplica(db, idx, prev, next, ch)
+	if o.Err == nil && !ch.impossible && !ch.superseded {
+		n.fedAt.Store(time.Now().UnixNano())
+	}
+}
+
+// checkReplica says whether a feed observation of a replica may be merged:
+// numFeedRejects if so, a reason if not, or claim when it shows a newer
+// run than the router's own poll has seen (which it then asks for). t.mu
+// is held.
+func (f *feedState) checkReplica(n *feedNode, db int, o *ReplicaObservation, d *feed.Delivery) (reason feedReject, claim bool) {
+	switch {
+	case !n.confirmedKnown:
+		return feedRejectUnconfirmed, false
+	case o.Err != nil:
+		return numFeedRejects, false
+	case o.Incarnation.IsZero():
+		return feedRejectNoIncarnation, false
+	case d.Replica.Epoch.SystemID != 0 && f.systems[db] != 0 && d.Replica.Epoch.SystemID != f.systems[db]:
+		return feedRejectMismatch, false
+	}
+	switch c := o.Incarnation.Compare(n.confirmed); {
+	case c < 0:
+		return feedRejectSuperseded, false
+	case c > 0:
+		if !n.mismatch.IsZero() && o.Incarnation.Compare(n.mismatch) == 0 {
+			return feedRejectMismatch, false
+		}
+		if n.claim.IsZero() || o.Incarnation.Compare(n.claim) != 0 {
+			n.claim, n.claimAt = o.Incarnation, f.t.cfg.Now()
+		}
+		n.confirmWanted.Store(true)
+		return numFeedRejects, true
+	}
+	return numFeedRejects, false
+}
+
+// held reports a feed replica observation that must wait for a primary
+// observation: a position of the primary's epoch past the primary's known
+// insert position (it may be true, the primary having moved on since it
+// was observed, or impossible), or any position while the primary is
+// unknown. A publisher's word alone never raises a replica past what the
+// primary is known to hold.
+func held(o *ReplicaObservation, p *PrimaryState) bool {
+	if o.Err != nil || !o.InRecovery || o.Replayed.Epoch.IsZero() {
+		return false
+	}
+	return p.Epoch.IsZero() || (o.Replayed.Epoch == p.Epoch && o.Replayed.LSN > p.InsertLSN)
+}
+
+// pendingMerge is a waiting feed observation merged by mergePending.
+type pendingMerge struct {
+	idx        int
+	prev, next ReplicaState
+	ch         replicaChange
+}
+
+// mergePending merges into ds the feed replica observations that waited
+// for the primary: those its new insert position shows possible, and those
+// it shows impossible, being observed after them (rule 4 then makes the
+// replica unknown). Called from applyPrimary with t.mu held and ds
+// private.
+func (f *feedState) mergePending(db int, ds *DatabaseState) []pendingMerge {
+	var out []pendingMerge
+	p := &ds.Primary
+	cutoff := f.t.cfg.Now().Add(-f.t.cfg.StalenessBound)
+	for idx, n := range f.replicas[db] {
+		if len(n.pending) == 0 {
+			continue
+		}
+		keep := n.pending[:0]
+		for _, o := range n.pending {
+			switch {
+			case o.ObservedAt.Before(cutoff):
+				f.met.reject(feedRejectUnverified)
+				continue
+			case held(&o, p) && p.insertAt.Before(o.ReadBy):
+				keep = append(keep, o)
+				continue
+			}
+			prev := ds.Replicas[idx]
+			next, ch := mergeReplica(prev, o, p, f.t.cfg)
+			ds.Replicas[idx] = next
+			out = append(out, pendingMerge{idx: idx, prev: prev, next: next, ch: ch})
+			if !ch.impossible && !ch.superseded {
+				n.fedAt.Store(time.Now().UnixNano())
+			}
+		}
+		clear(n.pending[len(keep):])
+		n.pending = keep
+	}
+	return out
+}
+
+// reject counts and logs (rate-limited per reason) a feed observation the
+// router does not merge.
+func (f *feedState) reject(reason feedReject, d *feed.Delivery, detail error) {
+	f.met.reject(reason)
+	f.warn[reason].Do(func() {
+		level := slog.LevelWarn
+		if reason == feedRejectUnknownNode || reason == feedRejectUnconfirmed {
+			level = slog.LevelInfo // another application's nodes; a node the router is still polling
+		}
+		attrs := []any{slog.String("reason", reason.String()), slog.String("publisher", d.Publisher.String()),
+			slog.String(attrDatabase, d.Database), slog.String("node", d.Node), slog.String("role", d.Role.String())}
+		if detail != nil {
+			attrs = append(attrs, slog.Any("error", detail))
+		}
+		f.log.Log(f.t.ctx, level, "caughtup: feed observation not believed; it changes nothing (logged at most every 10s per reason; see caughtup.consume.feed.observations.rejected)", attrs...)
+	})
+}
+
+// feedObservation is what a Publisher sends for an observation of the
+// tracker's: the values, and when they were read. A replica's are stamped
+// with the time its query returned (its ReadBy), by which they had
+// certainly been read, so that a router can compare them with a primary
+// observation made later; a primary's with the time its query was sent.
+func feedObservation(database, node string, o any) feed.Observation {
+	out := feed.Observation{Database: database, Node: node}
+	switch o := o.(type) {
+	case PrimaryObservation:
+		out.Role, out.PolledAt = feed.RolePrimary, o.ObservedAt
+		if o.Err != nil {
+			out.Err = o.Err.Error()
+			break
+		}
+		out.Primary = feed.PrimaryStatus{Epoch: o.Epoch, InsertLSN: o.InsertLSN, WAL: o.WAL,
+			History: o.History, HistoryKnown: o.HistoryKnown}
+		if len(out.Primary.History) > feed.MaxHistory {
+			out.Primary.History, out.Primary.HistoryKnown = nil, false
+		}
+	case ReplicaObservation:
+		out.Role, out.PolledAt = feed.RoleReplica, o.ReadBy
+		if out.PolledAt.IsZero() {
+			out.PolledAt = o.ObservedAt
+		}
+		if o.Err != nil {
+			out.Err = o.Err.Error()
+			break
+		}
+		out.Replica = feed.ReplicaStatus{InRecovery: o.InRecovery, Replayed: o.Replayed.LSN,
+			ReplayTimestamp: o.ReplayTimestamp, TimeLag: o.TimeLag,
+			Incarnation: o.Incarnation.PostmasterStart, RecoveryStart: o.Incarnation.RecoveryStart}
+		if o.Replayed.Epoch.Timeline != 0 {
+			out.Replica.Epoch = o.Replayed.Epoch
+		}
+	}
+	return out
+}

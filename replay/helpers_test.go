@@ -1,0 +1,25 @@
+package replay
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/caughtup/caughtup/position"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const sysID = 0x6f1e2d3c4b5a6978
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func ep(tli uint32) position.Epoch { return position.Epoch{SystemID: sysID, Timeline: tli} }
+
+func lsn(s string) position.LSN { return position.MustParseLSN(s) }
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

@@ -1,0 +1,346 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/feed"
+)
+
+// DefaultFeedInterval is how often a Publisher polls every node by
+// default: 10ms. Routers on the feed of two such publishers learn that a
+// replica caught up within a few milliseconds (BenchmarkFeedInterval, on 2
+// cores shared with other test suites: catch-up → wait returns p50 4ms,
+// p90 12ms; at 20ms p50 11ms, p90 16ms; at 50ms p50 18ms, p90 38ms), at a
+// cost to each replica of 100 queries/s per publisher whatever the number
+// of routers: 175/s measured from two, about what a single router polling
+// by itself costs a replica while one of its jobs waits (WaitPollInterval
+// 5ms). 5ms halves the latency again for twice the load on replicas and
+// Redis; a wait of a few milliseconds is what the local tracker gives.
+const DefaultFeedInterval = 10 * time.Millisecond
+
+// DefaultFeedHeartbeat is how often a Publisher publishes a node whose
+// observations have not changed, by default: 100ms. A node's observation
+// goes out in the poll that sees it change (a replica passing a waiting
+// job's token wakes jobs as before), and a node that does not change costs
+// Redis, and every router subscribed, one message per heartbeat instead of
+// one per poll: with two publishers and three idle nodes, 60 messages/s
+// instead of 600 per router. The fleet simulation (`make fleet`) measured
+// 1,000 routers on one 2-core machine taking 56,000 deliveries/s for a
+// quarter of redis-server's core and a core of the routers' processes;
+// publishing every poll, the same fleet would take ten times that. 100ms is
+// 10 polls at the default interval and 5 heartbeats per router's default
+// SilenceBound (500ms), so a router finds a node silent only when several
+// in a row are lost, and what the feed says is never older than a
+// heartbeat plus transit, far within the staleness bound (1s).
+const DefaultFeedHeartbeat = 100 * time.Millisecond
+
+// PublisherConfig configures a Publisher. The zero value of every field
+// but Feed.Client means its documented default.
+type PublisherConfig struct {
+	// Feed is the feed to publish to: Client (required), Feed (the
+	// name), Name (this publisher's, unique among the feed's publishers;
+	// default the host name), Keys (required unless Insecure), TTL… See
+	// feed.SenderConfig. A nil Logger or MeterProvider there means this
+	// config's.
+	Feed feed.SenderConfig
+
+	// PollInterval: every PollInterval each database's replicas are
+	// polled together, then its primary, and each observation is
+	// published as soon as it is read. Polling the primary after the
+	// replicas lets a router confirm within the round that no replica
+	// claims more than the primary had inserted. Default
+	// DefaultFeedInterval (10ms).
+	PollInterval time.Duration
+
+	// Heartbeat: each node's observation is published when it differs
+	// from the last one published of that node (its position, epoch, run,
+	// timeline history, recovery state or error), and otherwise once
+	// Heartbeat has passed since that one. A change goes out in the poll
+	// that saw it; an idle node costs a message per Heartbeat. Replay
+	// timestamps and time lag do not count as changes (an idle replica's
+	// time lag grows with every poll): routers see them at most a
+	// Heartbeat old. Keep it several times below the routers'
+	// FeedConfig.SilenceBound, after which a router polls a node the feed
+	// is silent about. Default DefaultFeedHeartbeat (100ms). Negative
+	// publishes every poll.
+	Heartbeat time.Duration
+
+	// Logger receives poll and publish failures (rate-limited). Default
+	// slog.Default().
+	Logger *slog.Logger
+
+	// MeterProvider for the feed publisher's instruments
+	// (caughtup.feed.published, …). Default otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+}
+
+// Publisher polls every node of its databases and publishes what it reads
+// to a position feed that Routers subscribe to (Config.Feed). A feed needs
+// a few publishers for redundancy, no leader: routers merge them. Run one
+// embedded in any long-lived process (a worker, a web server), or as the
+// `caughtup feed` command (a sidecar, a deployment of two).
+type Publisher struct {
+	tr  *Tracker
+	pub *feed.Sender
+	log *slog.Logger
+
+	heartbeat time.Duration
+	// sentMu guards sent: the last observation of each node handed to
+	// the feed, and when.
+	sentMu    sync.Mutex
+	sent      map[feedNodeKey]sentObservation
+	unchanged metric.Int64Counter
+	counted   metric.MeasurementOption
+
+	warn      rate.Sometimes
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ observationSink = (*Publisher)(nil)
+
+// NewPublisher validates dbs and cfg, starts polling the nodes of dbs and
+// publishing what it reads, and waits until every node has been polled
+// once (or ctx ends). ctx bounds only this start; the Publisher runs until
+// Close.
+//
+// dbs are the nodes to poll, as a Router's. A replica's Name is what
+// routers match observations by: publishers and routers must name every
+// replica alike (and the database too). A router believes nothing of a
+// name it does not have, polls a replica the feed does not report by
+// itself, and notices a name that means another server (another system,
+// or a run of the server that its own poll contradicts) and ignores the
+// feed's observations of it: a mismatch costs the fleet queries, never
+// freshness. Replica.Guard is ignored. The pools stay the caller's; the
+// Publisher makes its own one-connection pool per node from their
+// configs, as a Tracker does.
+func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherConfig) (*Publisher, error) {
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultFeedInterval
+	}
+	if cfg.PollInterval < 0 {
+		return nil, fmt.Errorf("%w: PublisherConfig.PollInterval must be positive", ErrInvalidConfig)
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = DefaultFeedHeartbeat
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := ValidateDatabases(dbs); err != nil {
+		return nil, err
+	}
+	dbs = cloneDatabases(dbs)
+	for name, db := range dbs {
+		for i := range db.Replicas {
+			db.Replicas[i].Guard = nil
+		}
+		dbs[name] = db
+	}
+	// The tracker's own instruments (lag, restarts, divergence) belong to
+	// the Routers: a Publisher in the same process must not report them
+	// twice.
+	tcfg := TrackerConfig{
+		PollInterval:     cfg.PollInterval,
+		WaitPollInterval: cfg.PollInterval,
+		Logger:           cfg.Logger,
+	}.WithDefaults()
+	if err := tcfg.Validate(); err != nil {
+		return nil, fmt.Errorf("PublisherConfig: %w", err)
+	}
+	fc := cfg.Feed
+	if fc.Logger == nil {
+		fc.Logger = cfg.Logger
+	}
+	if fc.MeterProvider == nil {
+		fc.MeterProvider = cfg.MeterProvider
+	}
+	pub, err := feed.NewSender(fc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: PublisherConfig.Feed: %w", ErrInvalidConfig, err)
+	}
+	p := &Publisher{pub: pub, log: cfg.Logger, warn: rate.Sometimes{First: 1, Interval: 10 * time.Second},
+		heartbeat: cfg.Heartbeat, sent: make(map[feedNodeKey]sentObservation)}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	p.counted = metric.WithAttributeSet(attribute.NewSet(semconv.DBSystemNamePostgreSQL,
+		semconv.MessagingDestinationName(feed.ChannelName(fc.WithDefaults().Feed))))
+	if p.unchanged, err = mp.Meter(ScopeName).Int64Counter("caughtup.consume.publisher.unchanged",
+		metric.WithUnit("{observation}"),
+		metric.WithDescription("Observations a Publisher did not publish because they equal the last one published of the node and its heartbeat was not due (PublisherConfig.Heartbeat).")); err != nil {
+		_ = pub.Close()
+		return nil, fmt.Errorf("caughtup/replay: creating the publisher's instruments: %w", err)
+	}
+	if p.tr, err = newTracker(dbs, &tcfg, trackerOptions{rounds: true, sink: p, noMetrics: true}); err != nil {
+		_ = pub.Close()
+		return nil, err
+	}
+	cfg.Logger.Info("caughtup: publishing replica positions to the feed",
+		slog.String("channel", feed.ChannelName(fc.WithDefaults().Feed)), slog.String("publisher", pub.ID().String()),
+		slog.Duration("interval", cfg.PollInterval), slog.Duration("heartbeat", cfg.Heartbeat))
+	select {
+	case <-p.tr.initDone:
+	case <-ctx.Done():
+		_ = p.Close()
+		return nil, ctx.Err()
+	}
+	return p, nil
+}
+
+// ID is the feed publisher's name and instance.
+func (p *Publisher) ID() feed.PublisherID { return p.pub.ID() }
+
+// Snapshot is what the Publisher's own polls merged into: the same state
+// a Router keeps. It is shared and immutable.
+func (p *Publisher) Snapshot() *Snapshot { return p.tr.snapshot() }
+
+// Flush waits until every observation published so far has been sent to
+// Redis (or failed); see feed.Publisher.Flush.
+func (p *Publisher) Flush(ctx context.Context) error { return p.pub.Flush(ctx) }
+
+// Close stops polling, closes the Publisher's connections and sends what
+// is waiting. It does not close the application's pools or the Redis
+// client. Idempotent.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		_ = p.tr.Close()
+		p.closeErr = p.pub.Close()
+	})
+	return p.closeErr
+}
+
+func (p *Publisher) replica(rp *replicaPoller, o ReplicaObservation) {
+	p.publish(feedObservation(rp.dbName, rp.name, o))
+}
+
+func (p *Publisher) primary(pp *primaryPoller, o PrimaryObservation) {
+	p.publish(feedObservation(pp.dbName, "", o))
+}
+
+func (p *Publisher) publish(o feed.Observation) {
+	key := feedNodeKey{o.Database, o.Node, o.Role}
+	now := time.Now()
+	p.sentMu.Lock()
+	defer p.sentMu.Unlock()
+	prev, ok := p.sent[key]
+	if !publishDue(prev, ok, &o, now, p.heartbeat) {
+		p.unchanged.Add(context.Background(), 1, p.counted)
+		return
+	}
+	err := p.pub.Publish(o)
+	if err == nil {
+		p.sent[key] = sentObservation{obs: o, at: now}
+		return
+	}
+	// Not queued: the node's next poll publishes, changed or not.
+	delete(p.sent, key)
+	if errors.Is(err, feed.ErrClosed) {
+		return
+	}
+	// ErrBacklog: Redis is slower than the polls; the feed counts it.
+	p.warn.Do(func() {
+		p.log.Warn("caughtup: an observation was not published (logged at most every 10s; see caughtup.feed.publish.dropped)",
+			slog.String(attrDatabase, o.Database), slog.String("node", o.Node), slog.Any("error", err))
+	})
+}
+
+// runRounds polls database db's replicas together, then its primary, once
+// per PollInterval (measured from the start of each round), until the
+// tracker stops. The primary after the replicas: its insert position then
+// bounds what they reported, so that a router can check the replicas'
+// claims within the round (see held). A node whose poll has not returned
+// is not polled again until it has, and a round waits for its replicas at
+// most one PollInterval before it polls the primary: one hung replica does
+// not stop the feed of the others.
+func (t *Tracker) runRounds(db int) {
+	defer t.wg.Done()
+	replicas, primary := t.replicas[db], t.primarys[db]
+	busy := make([]atomic.Bool, len(replicas)+1) // the replicas, then the primary
+	polled := make([]atomic.Bool, len(replicas)+1)
+	poll := func(i int, f func(), done chan<- struct{}) bool {
+		if !busy[i].CompareAndSwap(false, true) {
+			return false
+		}
+		t.wg.Go(func() {
+			f()
+			busy[i].Store(false)
+			if !polled[i].Swap(true) {
+				t.initialized()
+			}
+			if done != nil {
+				done <- struct{}{}
+			}
+		})
+		return true
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	wait := func(d time.Duration, done <-chan struct{}, n int) bool {
+		timer.Reset(d)
+		defer timer.Stop()
+		for n > 0 || done == nil {
+			select {
+			case <-t.ctx.Done():
+				return false
+			case <-timer.C:
+				return true
+			case <-done:
+				n--
+			}
+		}
+		return true
+	}
+	for t.ctx.Err() == nil {
+		start := time.Now()
+		done := make(chan struct{}, len(replicas))
+		n := 0
+		for i, p := range replicas {
+			if poll(i, func() { t.pollReplica(p) }, done) {
+				n++
+			}
+		}
+		if !wait(t.cfg.PollInterval, done, n) {
+			return
+		}
+		poll(len(replicas), func() { t.pollPrimary(primary) }, nil)
+		if d := time.Until(start.Add(t.cfg.PollInterval)); d > 0 && !wait(d, nil, 0) {
+			return
+		}
+	}
+}
+
+// feedNodeKey names one node of a Publisher's feed.
+type feedNodeKey struct {
+	database, node string
+	role           feed.Role
+}
+
+// sentObservation is the last observation of a node a Publisher handed to
+// the feed, and when.
+type sentObservation struct {
+	obs feed.Observation
+	at  time.Time
+}
+
+// publishDue decides whether a Publisher publishes o (see
+// PublisherConfig.Heartbeat): always with a negative heartbeat or nothing
+// sent yet (ok false), when o's state differs from prev's, and once
+// heartbeat has passed since prev was sent.
+func publishDue(prev sentObservation, ok bool, o *feed.Observation, now time.Time, heartbeat time.Duration) bool {
+	return heartbeat < 0 || !ok || !prev.obs.SameState(o) || now.Sub(prev.at) >= heartbeat
+}
