@@ -36,6 +36,36 @@ func MergeHeader(existing string, tok Token) (string, error) {
 	return prev.Merge(tok).Encode()
 }
 
+// MergeHeaderValues returns the one HeaderName value that stands for
+// several (the repeated headers of a Kafka message, the tasks of an asynq
+// group): "" for none (empty values are skipped), the tokens of all of
+// them merged when every one decodes, else the first that does not decode,
+// unchanged, by MergeHeader's rule: unknown stays unknown. The error is
+// non-nil only when the merged token cannot be carried.
+func MergeHeaderValues(values ...string) (string, error) {
+	n, only := 0, ""
+	for _, v := range values {
+		if v != "" {
+			n, only = n+1, v
+		}
+	}
+	if n < 2 {
+		return only, nil
+	}
+	tok, err := DecodeHeaders(values...)
+	if err != nil {
+		for _, v := range values {
+			if v == "" {
+				continue
+			}
+			if _, err := Decode(v); err != nil {
+				return v, nil
+			}
+		}
+	}
+	return tok.Encode()
+}
+
 // DecodeHeaders returns the token carried by the values of a message's
 // HeaderName headers. A header may repeat (Kafka allows it, and a message
 // relayed by several stampers can collect more than one): the values are

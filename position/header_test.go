@@ -173,3 +173,31 @@ func TestZeroTokenJSONRoundTrip(t *testing.T) {
 		t.Fatal("UnmarshalText accepted garbage")
 	}
 }
+
+func TestMergeHeaderValues(t *testing.T) {
+	t.Parallel()
+	main1 := New("main", tl1, 0x100, SourcePrimary, t0)
+	main2 := New("main", tl1, 0x200, SourceReplica, t0.Add(time.Second))
+	billing := New("billing", tl1, 0x50, SourcePrimary, t0)
+	for _, tc := range []struct {
+		name   string
+		values []string
+		want   string
+	}{
+		{"none", nil, ""},
+		{"only empty ones", []string{"", ""}, ""},
+		{"one is kept as it is, even unreadable", []string{"", "garbage"}, "garbage"},
+		{"several merge", []string{mustEncode(t, main1), "", mustEncode(t, billing), mustEncode(t, main2)}, mustEncode(t, main1.Merge(billing).Merge(main2))},
+		{"the first unreadable one stands for all", []string{mustEncode(t, main1), "v9;x", "garbage"}, "v9;x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := MergeHeaderValues(tc.values...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Fatalf("MergeHeaderValues = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

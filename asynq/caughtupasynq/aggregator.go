@@ -42,7 +42,11 @@ func (a *aggregator) Aggregate(group string, tasks []*asynq.Task) *asynq.Task {
 	if out == nil {
 		return nil
 	}
-	text, dedup := groupHeader(tasks)
+	text, dedup, err := groupHeader(tasks)
+	if err != nil {
+		text = ""
+		a.unstamped(out, group, err.Error())
+	}
 	h := out.Headers()
 	var e headerEdit
 	if text == "" {
@@ -54,7 +58,7 @@ func (a *aggregator) Aggregate(group string, tasks []*asynq.Task) *asynq.Task {
 	} else {
 		// The group's token merged into what the aggregator wrote, by the
 		// one rule: a value that does not decode stays as it is.
-		merged, err := mergeText(h[position.HeaderName], text)
+		merged, err := position.MergeHeaderValues(h[position.HeaderName], text)
 		if err != nil {
 			merged = ""
 			a.unstamped(out, group, err.Error())
@@ -63,10 +67,15 @@ func (a *aggregator) Aggregate(group string, tasks []*asynq.Task) *asynq.Task {
 			e.token, e.setToken = merged, true
 		}
 	}
-	if dedup && h[HeaderDedup] == "" {
-		e.dedup = true
-	}
 	own, known := optionsOf(out)
+	switch {
+	case dedup || dedupOption(own):
+		if h[HeaderDedup] != "1" {
+			e.dedup = "1"
+		}
+	case known && h[HeaderDedup] == "":
+		e.dedup = "0"
+	}
 	switch {
 	case known:
 		if t := stampedToken(h, e); t != "" {
@@ -101,16 +110,16 @@ func stampedToken(h map[string]string, e headerEdit) string {
 }
 
 // groupHeader returns the token header the aggregate of tasks needs: the
-// merge of theirs (position.DecodeHeaders), the first value that does not
-// decode if one does not (unknown stays unknown: the aggregate reads the
-// primary, counted as malformed), or "" if a task has no token; and
-// whether any task carries HeaderDedup.
-func groupHeader(tasks []*asynq.Task) (text string, dedup bool) {
+// merge of theirs (position.MergeHeaderValues: the first value that does
+// not decode stands for all, so the aggregate reads the primary, counted
+// as malformed), or "" if a task has no token; and whether any task may
+// stand for deduplicated enqueues (mayBeDeduplicated).
+func groupHeader(tasks []*asynq.Task) (text string, dedup bool, err error) {
 	values := make([]string, 0, len(tasks))
 	missing := false
 	for _, t := range tasks {
 		h := t.Headers()
-		if h[HeaderDedup] != "" {
+		if mayBeDeduplicated(h) {
 			dedup = true
 		}
 		v := h[position.HeaderName]
@@ -120,33 +129,11 @@ func groupHeader(tasks []*asynq.Task) (text string, dedup bool) {
 		}
 		values = append(values, v)
 	}
-	tok, err := position.DecodeHeaders(values...)
-	if err != nil {
-		for _, v := range values {
-			if _, err := position.DecodeHeaders(v); err != nil {
-				return v, dedup
-			}
-		}
+	if missing {
+		return "", dedup, nil
 	}
-	if missing || tok.IsZero() {
-		return "", dedup
-	}
-	text, err = tok.Encode()
-	if err != nil {
-		return "", dedup
-	}
-	return text, dedup
-}
-
-// mergeText merges the header value text into existing, by
-// position.MergeHeader's rule; a text that does not decode replaces a
-// value that does (the aggregate must read the primary).
-func mergeText(existing, text string) (string, error) {
-	tok, err := position.DecodeHeaders(text)
-	if err != nil {
-		return text, nil
-	}
-	return position.MergeHeader(existing, tok)
+	text, err = position.MergeHeaderValues(values...)
+	return text, dedup, err
 }
 
 func (a *aggregator) unstamped(out *asynq.Task, group, why string) {

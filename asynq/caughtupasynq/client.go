@@ -57,11 +57,26 @@ func NewClient(next Enqueuer) *Client {
 //
 // Options work as in asynq, given to NewTask or here (the later wins).
 // Next to a token the Client writes HeaderDeadline from them, and
-// HeaderDedup for asynq.Unique or asynq.TaskID. Errors from asynq are
-// unchanged: asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict mean the
-// task that is already queued will do the work, and the middleware routes
-// that task against the primary's position when it starts, so it sees
-// this caller's writes too (see Middleware).
+// HeaderDedup: "1" for asynq.Unique or asynq.TaskID, "0" otherwise, which
+// spares the middleware the primary round trip it makes for a task whose
+// options it cannot know (see Middleware).
+//
+// Errors from asynq are unchanged. asynq.ErrDuplicateTask and
+// asynq.ErrTaskIDConflict mean that a task with the same key or id already
+// exists; whether it does this caller's work depends on its state:
+//
+//   - pending, scheduled, retry or aggregating: it has not started its
+//     next attempt, and the middleware routes that attempt against the
+//     primary's position read when it starts, so it sees this caller's
+//     writes.
+//   - active: it started before this caller's write, and that run does not
+//     see it. Only a later attempt (a retry) would. Enqueue again once it
+//     is done, under another id or after its uniqueness lock ends, if the
+//     work must see the write.
+//   - completed (kept by asynq.Retention) or archived: it will not run
+//     again by itself; the work is not done for this caller.
+//
+// asynq's Inspector.GetTaskInfo tells the state of a TaskID conflict.
 func (c *Client) EnqueueContext(ctx context.Context, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	tok, _ := enqueue.TokenFrom(ctx)
 	return c.EnqueueToken(ctx, tok, task, opts...)

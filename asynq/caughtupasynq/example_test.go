@@ -70,6 +70,7 @@ func ExampleNewTask() {
 	}
 	// Output:
 	// caughtup-deadline: 1800000000
+	// caughtup-dedup: 0
 	// caughtup-token: v1;loyw3v28;main=p.676846d7e1a85839.1.0/16B3740
 }
 
@@ -145,10 +146,10 @@ func ExampleServerConfig() {
 	}
 	defer router.Close()
 
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: "localhost:6379"},
-		caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
+	redisOpt := asynq.RedisClientOpt{Addr: "localhost:6379"}
+	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
 	mux := asynq.NewServeMux()
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{}))
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{Redis: redisOpt}))
 	mux.HandleFunc("email:welcome", func(ctx context.Context, t *asynq.Task) error { return nil })
 	if err := srv.Run(mux); err != nil {
 		log.Fatal(err)

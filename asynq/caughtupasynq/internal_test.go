@@ -325,10 +325,17 @@ func TestAggregator(t *testing.T) {
 	t.Run("KnownOptionsAreRebuilt", func(t *testing.T) {
 		out, unstamped, _ := aggregate(func(group string, _ []*asynq.Task) *asynq.Task {
 			return NewTask(bg, "batch:"+group, nil, asynq.MaxRetry(4), asynq.Deadline(time.Unix(1_800_000_000, 0)))
-		}, with(t1), with(t2))
+		}, with(t1, HeaderDedup, "0"), with(t2, HeaderDedup, "0"))
 		require.Equal(t, "batch:g", out.Type())
-		require.Equal(t, map[string]string{position.HeaderName: header(t, t1.Merge(t2)), HeaderDeadline: "1800000000"}, out.Headers())
+		require.Equal(t, map[string]string{position.HeaderName: header(t, t1.Merge(t2)), HeaderDeadline: "1800000000", HeaderDedup: "0"}, out.Headers(),
+			"members Client enqueued without deduplication, and known options: no primary round trip")
 		require.Zero(t, unstamped) // TestGroupAggregatorCarriesGroupToken checks the options in Redis
+	})
+	t.Run("AMemberOfUnknownOptionsMayBeDeduplicated", func(t *testing.T) {
+		out, _, _ := aggregate(func(group string, _ []*asynq.Task) *asynq.Task {
+			return NewTask(bg, "batch:"+group, nil)
+		}, with(t1, HeaderDedup, "0"), with(t2)) // t2 went through a plain asynq.Client
+		require.Equal(t, "1", out.Headers()[HeaderDedup])
 	})
 	t.Run("AHeadersMapIsStampedInPlace", func(t *testing.T) {
 		var built *asynq.Task
@@ -379,8 +386,9 @@ func TestAggregator(t *testing.T) {
 
 func TestMiddlewareConfigValidate(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, MiddlewareConfig{}.Validate())
-	require.NoError(t, MiddlewareConfig{Policies: map[string]consume.Policy{"a:": consume.Always}}.Validate())
+	require.NoError(t, MiddlewareConfig{WakeCapacity: -1}.Validate())
+	require.NoError(t, MiddlewareConfig{Redis: asynq.RedisClientOpt{Addr: "127.0.0.1:1"}, Policies: map[string]consume.Policy{"a:": consume.Always}}.Validate())
+	require.ErrorIs(t, MiddlewareConfig{}.Validate(), ErrInvalidConfig, "no way to wake deferred tasks")
 	for _, bad := range []MiddlewareConfig{
 		{DefaultPolicy: 9},
 		{Policies: map[string]consume.Policy{"a": 9}},

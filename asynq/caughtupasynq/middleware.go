@@ -42,6 +42,15 @@ type MiddlewareConfig struct {
 	// every adapter in the process.
 	DefaultPolicy consume.Policy
 
+	// Redis is the Redis the server's tasks are in: the middleware opens
+	// its Inspector there (asynq.NewInspector) unless Inspector is set.
+	// Middleware needs one of the two, or WakeCapacity -1: without an
+	// Inspector deferred tasks would silently wait out their whole delay.
+	// NewServer sets neither (it has the server's).
+	// Default: nil.
+	// The Inspector it opens lives as long as the process.
+	Redis asynq.RedisConnOpt
+
 	// Inspector, on the Redis the server's tasks are in, does two things.
 	// It wakes deferred tasks: a task the middleware deferred is moved to
 	// pending (Inspector.RunTask) as soon as a replica has replayed its
@@ -53,9 +62,9 @@ type MiddlewareConfig struct {
 	// safe). Default nil: deferred tasks run when their delay ends, and
 	// the middleware reads HeaderDeadline, which Client writes, assuming
 	// the deadline is absolute for tasks without it
-	// (OverrideDeadlineUnknown). NewServer sets one on its Redis
-	// connection; with ServerConfig and Middleware, pass
-	// asynq.NewInspector(redisOpt) here. The middleware does not close it.
+	// (deadline_unknown). NewServer sets one on its Redis connection;
+	// with ServerConfig and Middleware, set Redis (or pass an Inspector
+	// here, which the middleware does not close).
 	Inspector *asynq.Inspector
 
 	// WakeCapacity bounds how many deferred tasks the middleware
@@ -99,9 +108,13 @@ func (c MiddlewareConfig) WithDefaults() MiddlewareConfig {
 	return c
 }
 
-// Validate reports policies that name no consume.Policy. Its errors wrap
-// ErrInvalidConfig.
+// Validate reports policies that name no consume.Policy, and a config
+// that could not wake deferred tasks (no Redis, no Inspector, WakeCapacity
+// not negative). Its errors wrap ErrInvalidConfig.
 func (c MiddlewareConfig) Validate() error {
+	if c.Redis == nil && c.Inspector == nil && c.WakeCapacity >= 0 {
+		return fmt.Errorf("%w: Middleware needs MiddlewareConfig.Redis (the RedisConnOpt the server's tasks are in) or an Inspector to run deferred tasks as soon as a replica catches up; without one they wait out their whole delay. Set WakeCapacity: -1 to choose that", ErrInvalidConfig)
+	}
 	if c.DefaultPolicy > consume.Delayed {
 		return fmt.Errorf("%w: DefaultPolicy %d is not a consume.Policy: use consume.Always, Sticky, Delayed or PolicyDefault", ErrInvalidConfig, c.DefaultPolicy)
 	}
@@ -118,10 +131,12 @@ func (c MiddlewareConfig) Validate() error {
 
 // Middleware returns the asynq middleware that routes each task before its
 // handler runs. NewServer wires it with the server hooks it needs; use
-// Middleware directly only together with ServerConfig:
+// Middleware directly only together with ServerConfig, and give it the
+// server's Redis so that it can wake deferred tasks:
 //
 //	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
 //	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{
+//		Redis:    redisOpt,
 //		Policies: map[string]consume.Policy{"email:": consume.Delayed, "report:": consume.Sticky},
 //	}))
 //
@@ -179,9 +194,11 @@ func (c MiddlewareConfig) Validate() error {
 //
 // # Deduplicated tasks
 //
-// A task carrying HeaderDedup (enqueued with asynq.Unique or asynq.TaskID
-// through Client) may stand for enqueues that asynq rejected as
-// duplicates, whose writes its token does not cover. Such a task is routed
+// A task enqueued with asynq.Unique or asynq.TaskID may stand for enqueues
+// that asynq rejected as duplicates, whose writes its token does not
+// cover: HeaderDedup "1", or a token without HeaderDedup (a plain
+// *asynq.Client or an asynq.Scheduler enqueued it, and its options are
+// unknown). Such a task is routed
 // against its token merged with the primary's current position, read at
 // the start of each attempt: it sees every write committed before it
 // started, as it would on the primary. That costs one round trip to each
@@ -232,6 +249,9 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Inspector == nil && cfg.Redis != nil {
+		cfg.Inspector = asynq.NewInspector(cfg.Redis)
 	}
 	rc := router.Config()
 	sometimes := func() *rate.Sometimes { return &rate.Sometimes{First: 1, Interval: 10 * time.Second} }
@@ -349,7 +369,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if decErr != nil {
 		job.Source = "asynq " + task.Type()
 	}
-	if decErr == nil && h[HeaderDedup] != "" && job.Policy != consume.Always {
+	if decErr == nil && mayBeDeduplicated(h) && job.Policy != consume.Always {
 		var err error
 		if job.Token, err = m.dedupToken(ctx, tok); err != nil {
 			// The primary has every write; that is what the dedup

@@ -534,60 +534,119 @@ func TestPoliciesPerTaskType(t *testing.T) {
 	require.Equal(t, int64(1), e.sum(t, "caughtup.consume.decisions", map[string]string{"caughtup.outcome": consume.OutcomePrimaryNoToken.String()}))
 }
 
-// TestUniqueDuplicateSeesLaterWrite: a unique task already queued stands
+// TestDuplicateSeesLaterWrite: a deduplicated task already queued stands
 // for a duplicate that asynq rejects; the duplicate's write must be
-// visible to the task. Without the dedup marker the task would run on a
-// replica that has the first write but not the second (the control task
-// shows that such a replica exists during the test).
-func TestUniqueDuplicateSeesLaterWrite(t *testing.T) {
+// visible to the task, whichever way the task was enqueued: through
+// Client with asynq.Unique given to NewTask, or through a plain
+// *asynq.Client with asynq.Unique or asynq.TaskID given to its Enqueue,
+// whose options caughtup cannot see. Without the dedup rule the task
+// would run on a replica that has the first write but not the second
+// (the control task shows that such a replica exists during the test).
+func TestDuplicateSeesLaterWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		enqueue func(e *env, ctx context.Context) (*asynq.TaskInfo, error)
+		dupErr  error
+	}{
+		{"ClientUnique", func(e *env, ctx context.Context) (*asynq.TaskInfo, error) {
+			return e.client.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "sync:user", []byte("1"), asynq.Unique(time.Minute), asynq.Queue(e.queue)))
+		}, asynq.ErrDuplicateTask},
+		{"PlainClientUnique", func(e *env, ctx context.Context) (*asynq.TaskInfo, error) {
+			return e.raw.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "sync:user", []byte("1")), asynq.Unique(time.Minute), asynq.Queue(e.queue))
+		}, asynq.ErrDuplicateTask},
+		{"PlainClientTaskID", func(e *env, ctx context.Context) (*asynq.TaskInfo, error) {
+			return e.raw.EnqueueContext(ctx, caughtupasynq.NewTask(ctx, "sync:user", []byte("1")), asynq.TaskID("user-1"), asynq.Queue(e.queue))
+		}, asynq.ErrTaskIDConflict},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t)
+			ctx := ctxT(t)
+			ctx1 := e.write(t, ctx, 1)
+			info, err := tc.enqueue(e, ctx1)
+			require.NoError(t, err)
+			tok1, _ := enqueue.TokenFrom(ctx1)
+			_, err = e.raw.Enqueue(asynq.NewTaskWithHeaders("sync:control", []byte("1"), map[string]string{
+				position.HeaderName: encode(t, tok1), caughtupasynq.HeaderDedup: "0"}), asynq.Queue(e.queue))
+			require.NoError(t, err)
+			require.NoError(t, e.cluster.WaitReplicasCaughtUp(ctx))
+			resume := e.pauseAll(t)
+			defer resume()
+
+			// The second write, and its enqueue, which asynq rejects.
+			ctx2, err := enqueue.InTx(ctx, e.primary, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `UPDATE items SET val = 'second' WHERE id = 1`)
+				return err
+			})
+			require.NoError(t, err)
+			_, err = tc.enqueue(e, ctx2)
+			require.ErrorIs(t, err, tc.dupErr)
+
+			rec := newRecorder()
+			e.serve(t, caughtupasynq.ServerConfig(asynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(
+				asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+					v, err := read(ctx, 1)
+					rec.add(ctx, run{val: v, err: err})
+					return err
+				})))
+
+			control := rec.next(t, 30*time.Second)
+			require.NotEqual(t, info.ID, control)
+			runs := rec.get(control)
+			require.Equal(t, value(1), runs[0].val, "the control task read a replica without the second write")
+			require.NotEmpty(t, replicaOf(runs[0].decision))
+
+			deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
+			waitFor(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 1 },
+				"the task was not deferred while no replica had the duplicate's write")
+			require.Empty(t, rec.get(info.ID), "the task ran while no replica had the duplicate's write")
+			resume()
+			require.Equal(t, info.ID, rec.next(t, 30*time.Second))
+			runs = rec.get(info.ID)
+			require.NoError(t, runs[0].err)
+			require.Equal(t, "second", runs[0].val, "the task missed the duplicate's write")
+			require.NotEmpty(t, replicaOf(runs[0].decision), "it still reads a replica once one caught up")
+			require.Zero(t, runs[0].retried)
+		})
+	}
+}
+
+// TestDuplicateOfActiveTaskMissesLaterWrite pins what Client's doc says of
+// a duplicate rejected while the task is active: that run started before
+// the write and does not see it (asynq alone would not either), so the
+// caller must enqueue again once it is done.
+func TestDuplicateOfActiveTaskMissesLaterWrite(t *testing.T) {
 	e := setup(t)
 	ctx := ctxT(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	rec := newRecorder()
+	e.serve(t, caughtupasynq.ServerConfig(asynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(
+		asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			v, err := read(ctx, 1)
+			close(started)
+			<-release
+			rec.add(ctx, run{val: v, err: err})
+			return err
+		})))
 	ctx1 := e.write(t, ctx, 1)
-	unique := func() *asynq.Task {
-		return caughtupasynq.NewTask(ctx, "sync:user", []byte("1"), asynq.Unique(time.Minute), asynq.Queue(e.queue))
+	task := func(ctx context.Context) *asynq.Task {
+		return caughtupasynq.NewTask(ctx, "sync:user", []byte("1"), asynq.TaskID("active-1"), asynq.Queue(e.queue))
 	}
-	info, err := e.client.EnqueueContext(ctx1, unique())
+	info, err := e.client.EnqueueContext(ctx1, task(ctx1))
 	require.NoError(t, err)
-	tok1, _ := enqueue.TokenFrom(ctx1)
-	_, err = e.raw.Enqueue(asynq.NewTaskWithHeaders("sync:control", []byte("1"), map[string]string{position.HeaderName: encode(t, tok1)}), asynq.Queue(e.queue))
-	require.NoError(t, err)
-	require.NoError(t, e.cluster.WaitReplicasCaughtUp(ctx))
-	resume := e.pauseAll(t)
-
-	// The second write, and its enqueue, which asynq rejects.
+	<-started
 	ctx2, err := enqueue.InTx(ctx, e.primary, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE items SET val = 'second' WHERE id = 1`)
 		return err
 	})
 	require.NoError(t, err)
-	_, err = e.client.EnqueueContext(ctx2, unique())
-	require.ErrorIs(t, err, asynq.ErrDuplicateTask)
-
-	rec := newRecorder()
-	e.serve(t, caughtupasynq.ServerConfig(asynq.Config{}), e.middleware(caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed})(
-		asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-			v, err := read(ctx, 1)
-			rec.add(ctx, run{val: v, err: err})
-			return err
-		})))
-
-	control := rec.next(t, 30*time.Second)
-	require.NotEqual(t, info.ID, control)
-	runs := rec.get(control)
-	require.Equal(t, value(1), runs[0].val, "the control task read a replica without the second write")
-	require.NotEmpty(t, replicaOf(runs[0].decision))
-
-	deferred := map[string]string{"caughtup.outcome": consume.OutcomeDeferred.String()}
-	waitFor(t, 30*time.Second, func() bool { return e.sum(t, "caughtup.consume.decisions", deferred) >= 1 },
-		"the unique task was not deferred while no replica had the duplicate's write")
-	require.Empty(t, rec.get(info.ID))
-	resume()
+	_, err = e.client.EnqueueContext(ctx2, task(ctx2))
+	require.ErrorIs(t, err, asynq.ErrTaskIDConflict)
+	got, err := e.inspector.GetTaskInfo(e.queue, info.ID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStateActive, got.State, "the conflict is with a task already running")
+	close(release)
 	require.Equal(t, info.ID, rec.next(t, 30*time.Second))
-	runs = rec.get(info.ID)
-	require.NoError(t, runs[0].err)
-	require.Equal(t, "second", runs[0].val, "the unique task missed the duplicate's write")
-	require.NotEmpty(t, replicaOf(runs[0].decision), "it still reads a replica once one caught up")
-	require.Zero(t, runs[0].retried)
+	require.Equal(t, value(1), rec.get(info.ID)[0].val, "the active run read before the write")
 }
 
 // TestHandlerEnqueueCarriesFurthestPosition: a task enqueued from a

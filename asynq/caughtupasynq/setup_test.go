@@ -173,8 +173,14 @@ func (e *redisEnv) serve(t testing.TB, cfg asynq.Config, h asynq.Handler) (stop 
 }
 
 // middleware is the middleware under test, counting on the env's meter.
+// Given neither Redis nor an Inspector it does not wake deferred tasks
+// (WakeCapacity -1), as the tests of what it does without an Inspector
+// need.
 func (e *env) middleware(cfg caughtupasynq.MiddlewareConfig) asynq.MiddlewareFunc {
 	cfg.MeterProvider = e.mp
+	if cfg.Redis == nil && cfg.Inspector == nil && cfg.WakeCapacity == 0 {
+		cfg.WakeCapacity = -1
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -16,12 +16,28 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-// HeaderDedup marks a task enqueued with asynq.Unique or asynq.TaskID. Such
-// a task may stand for later enqueues that asynq rejected as duplicates,
-// whose writes its own token does not cover, so the middleware routes it
-// against the primary's position at the start of each attempt (see
-// Middleware). The value is "1".
+// HeaderDedup says whether a task may stand for later enqueues that asynq
+// rejected as duplicates (asynq.Unique, asynq.TaskID), whose writes its
+// own token does not cover: "1" when it was enqueued with one of those
+// options, "0" when Client enqueued it and saw that it was not. The
+// middleware routes a task that may be deduplicated against the primary's
+// position at the start of each attempt (see Middleware). A task that
+// carries a token and no HeaderDedup went through a plain *asynq.Client or
+// an asynq.Scheduler, whose enqueue options caughtup cannot see: it counts
+// as "1".
 const HeaderDedup = "caughtup-dedup"
+
+// mayBeDeduplicated reports whether a task with headers h may stand for
+// enqueues asynq rejected as duplicates (HeaderDedup).
+func mayBeDeduplicated(h map[string]string) bool {
+	switch h[HeaderDedup] {
+	case "1":
+		return true
+	case "0":
+		return false
+	}
+	return h[position.HeaderName] != ""
+}
 
 // HeaderDeadline carries the task's absolute deadline (asynq.Deadline) the
 // way asynq stores it: Unix seconds, "0" for none. Client writes it next to
@@ -59,7 +75,12 @@ var known weakkey.Map[asynq.Task, []asynq.Option]
 //	task := caughtupasynq.NewTask(ctx, "email:welcome", payload, asynq.MaxRetry(5))
 //	_, err := client.EnqueueContext(ctx, task)
 //
-// A task with asynq.Unique or asynq.TaskID also gets HeaderDedup. A
+// A task with asynq.Unique or asynq.TaskID also gets HeaderDedup. Enqueued
+// through a plain *asynq.Client or an asynq.Scheduler, whose enqueue
+// options (Unique, TaskID among them) caughtup cannot see, a stamped task
+// is routed as one that may be deduplicated: against the primary's
+// position at the start of each attempt, one round trip to the primary
+// per attempt. Client knows the options and spares that. A
 // token that cannot be encoded (more than position.MaxDatabases
 // databases) is left out, so the consumer reads the primary; Client
 // returns that error when the task goes through it.
@@ -164,12 +185,12 @@ func parseDeadline(v string) (time.Time, bool, bool) {
 type headerEdit struct {
 	token    string // the token header's new value; "" deletes it
 	setToken bool
-	dedup    bool   // add HeaderDedup
+	dedup    string // HeaderDedup's new value, "0" or "1"; "" leaves it
 	deadline string // HeaderDeadline's new value; "" deletes it
 	setDL    bool
 }
 
-func (e headerEdit) empty() bool { return !e.setToken && !e.dedup && !e.setDL }
+func (e headerEdit) empty() bool { return !e.setToken && e.dedup == "" && !e.setDL }
 
 // apply returns h with e applied, as a new map.
 func (e headerEdit) apply(h map[string]string) map[string]string {
@@ -187,8 +208,8 @@ func (e headerEdit) applyInPlace(h map[string]string) {
 			h[position.HeaderName] = e.token
 		}
 	}
-	if e.dedup {
-		h[HeaderDedup] = "1"
+	if e.dedup != "" {
+		h[HeaderDedup] = e.dedup
 	}
 	if e.setDL {
 		if e.deadline == "" {
@@ -216,8 +237,9 @@ func rebuild(task *asynq.Task, own []asynq.Option, e headerEdit, record bool) *a
 // stamp returns the task to enqueue in place of task, with enqueue options
 // enq: task itself when there is nothing to add, else a new task with the
 // same type, payload, headers and options whose token header is tok
-// merged into task's (position.MergeHeader), with HeaderDedup when the
-// options ask for deduplication and HeaderDeadline next to a token. task is
+// merged into task's (position.MergeHeader), with HeaderDedup ("1" when
+// the options ask for deduplication, "0" when they are known and do not)
+// and HeaderDeadline next to a token. task is
 // never modified. A change to a task whose options are unknown is refused
 // (ErrForeignTask). record records the new task's options, for a stamped
 // task that is stamped again.
@@ -237,8 +259,14 @@ func stamp(task *asynq.Task, tok position.Token, enq []asynq.Option, record bool
 	// has the primary's current position instead of the primary itself:
 	// worth it for a task that is rebuilt anyway, not a reason to refuse
 	// a foreign one.
-	if h[HeaderDedup] == "" && (dedupOption(own) || dedupOption(enq)) && (ok || text != "") {
-		e.dedup = true
+	switch {
+	case h[HeaderDedup] == "1":
+	case (dedupOption(own) || dedupOption(enq)) && (ok || text != ""):
+		e.dedup = "1"
+	case ok && text != "" && h[HeaderDedup] != "0":
+		// Every option is known and none deduplicates: the middleware
+		// need not read the primary's position for this task.
+		e.dedup = "0"
 	}
 	if ok && text != "" {
 		if dl := deadlineValue(own, enq); h[HeaderDeadline] != dl {

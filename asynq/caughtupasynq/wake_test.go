@@ -97,18 +97,25 @@ func (e *env) deferOne(t testing.TB, id int64, opts ...asynq.Option) *asynq.Task
 // every replica is paused runs soon after replay resumes, before its delay
 // ends, which only the wake explains; on a replica that has its row, with
 // its retry count untouched, once. With NewServer, and with ServerConfig
-// and Middleware given an Inspector.
+// and Middleware given an Inspector or only the server's Redis.
 func TestWakeRunsDeferredTaskOnCatchUp(t *testing.T) {
-	for _, w := range []wiring{oneCall, hooksAndMux} {
-		t.Run(w.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		w    wiring
+		mcfg func(*env, *caughtupasynq.MiddlewareConfig)
+	}{
+		{"NewServer", oneCall, func(*env, *caughtupasynq.MiddlewareConfig) {}},
+		{"Inspector", hooksAndMux, func(e *env, c *caughtupasynq.MiddlewareConfig) { c.Inspector = e.inspector }},
+		{"Redis", hooksAndMux, func(e *env, c *caughtupasynq.MiddlewareConfig) { c.Redis = e.opt }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := tc.w
 			e := setup(t, slowDeferrals)
 			h, runs := starts()
 			var errs sync.Map
 			cfg := asynq.Config{ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) { errs.Store(err.Error(), true) })}
 			mcfg := caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed}
-			if w == hooksAndMux {
-				mcfg.Inspector = e.inspector
-			}
+			tc.mcfg(e, &mcfg)
 			e.start(t, w, cfg, mcfg, h)
 			resume := e.pauseAll(t)
 
@@ -138,6 +145,23 @@ func TestWakeRunsDeferredTaskOnCatchUp(t *testing.T) {
 			errs.Range(func(k, _ any) bool { t.Errorf("error handler saw %v", k); return true })
 		})
 	}
+}
+
+// TestMiddlewareRefusesNoWake: Middleware with neither Redis nor an
+// Inspector could not wake deferred tasks, which would then wait out
+// their whole delay; it refuses at once, saying what to set, unless
+// waking is turned off on purpose.
+func TestMiddlewareRefusesNoWake(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	require.PanicsWithError(t, caughtupasynq.MiddlewareConfig{}.Validate().Error(), func() {
+		caughtupasynq.Middleware(e.router, caughtupasynq.MiddlewareConfig{})
+	})
+	err := caughtupasynq.MiddlewareConfig{}.Validate()
+	require.ErrorIs(t, err, caughtupasynq.ErrInvalidConfig)
+	require.ErrorContains(t, err, "MiddlewareConfig.Redis")
+	require.NotPanics(t, func() { caughtupasynq.Middleware(e.router, caughtupasynq.MiddlewareConfig{WakeCapacity: -1}) })
+	require.NotPanics(t, func() { caughtupasynq.Middleware(e.router, caughtupasynq.MiddlewareConfig{Redis: e.opt}) })
 }
 
 // TestWakeRaces: the remembered task is no longer in the retry set when

@@ -399,7 +399,7 @@ func (a *app) startConsumers(ctx context.Context) error {
 		Logger: quietLogger{}, LogLevel: asynq.FatalLevel,
 	}))
 	mux := asynq.NewServeMux()
-	mux.Use(caughtupasynq.Middleware(a.router, caughtupasynq.MiddlewareConfig{DefaultPolicy: consume.Delayed, MeterProvider: a.mp, Logger: a.opts.Logger}))
+	mux.Use(caughtupasynq.Middleware(a.router, caughtupasynq.MiddlewareConfig{Redis: a.redisOpt, DefaultPolicy: consume.Delayed, MeterProvider: a.mp, Logger: a.opts.Logger}))
 	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
 		return a.handle(ctx, a.fresh, consume.DB(ctx, "main"), t.Payload(), false)
 	})

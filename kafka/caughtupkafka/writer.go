@@ -144,31 +144,13 @@ func stampHeaders(hs []kafka.Header, tok position.Token, alone string) ([]kafka.
 }
 
 // existingHeader is the one token header value that stands for every
-// token header in hs: "" for none, the value itself for one, and for
-// several their tokens merged (position.DecodeHeaders) or, when one of them
-// does not decode, that one, unchanged.
+// token header in hs (position.MergeHeaderValues).
 func existingHeader(hs []kafka.Header) (string, error) {
-	vals := tokenValues(hs)
-	if len(vals) < 2 {
-		if len(vals) == 0 {
-			return "", nil
-		}
-		return vals[0], nil
-	}
-	merged, err := position.DecodeHeaders(vals...)
+	v, err := position.MergeHeaderValues(tokenValues(hs)...)
 	if err != nil {
-		for _, v := range vals {
-			if _, verr := position.DecodeHeaders(v); verr != nil {
-				return v, nil
-			}
-		}
-		return "", err // unreachable: DecodeHeaders fails only on a value that does not decode
+		return "", fmt.Errorf("the message's token headers merged: %w", err)
 	}
-	enc, err := merged.Encode()
-	if err != nil {
-		return "", fmt.Errorf("the message's %d token headers merged: %w", len(vals), err)
-	}
-	return enc, nil
+	return v, nil
 }
 
 // tokenValues returns the non-empty values of the token headers in hs.
