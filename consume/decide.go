@@ -5,8 +5,7 @@ import (
 	"math/bits"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
+	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
 )
@@ -229,12 +228,13 @@ func decide(in *DecideInput, d *Decision) {
 				return
 			case !ageKnown:
 				promote = ReasonUnknownAge
-			case !in.canDefer(deferDelay(age, cfg)):
-				promote = ReasonCannotDefer
 			default:
-				d.Delay = deferDelay(age, cfg)
-				d.setAll(outcomeWait, OutcomeDeferred, ReasonReplicaBehind, ActionDefer)
-				return
+				if delay := deferDelay(age, cfg); in.canDefer(delay) {
+					d.Delay = delay
+					d.setAll(outcomeWait, OutcomeDeferred, ReasonReplicaBehind, ActionDefer)
+					return
+				}
+				promote = ReasonCannotDefer
 			}
 		}
 		for i := range d.Databases {
@@ -254,8 +254,8 @@ func decide(in *DecideInput, d *Decision) {
 	}
 	switch {
 	case fallback != ReasonNone && in.Capped:
-		if pol == Delayed && ageKnown && age < cfg.MaxAge && in.canDefer(deferDelay(age, cfg)) {
-			d.Delay = deferDelay(age, cfg)
+		if delay := deferDelay(age, cfg); pol == Delayed && ageKnown && age < cfg.MaxAge && in.canDefer(delay) {
+			d.Delay = delay
 			d.setAll(OutcomePrimary, OutcomeDeferred, ReasonCapped, ActionDefer)
 			return
 		}
@@ -468,14 +468,7 @@ func deferDelay(age time.Duration, cfg *Config) time.Duration {
 // the result is a function of age) until the deferrals it implies add up
 // to more than age.
 func deferStep(age time.Duration, cfg *Config) time.Duration {
-	b := backoff.ExponentialBackOff{
-		InitialInterval: cfg.DeferInitial,
-		Multiplier:      cfg.DeferMultiplier,
-		MaxInterval:     cfg.DeferMax,
-		Stop:            backoff.Stop,
-		Clock:           fixedClock{},
-	}
-	b.Reset()
+	b := retry.Exponential(cfg.DeferInitial, cfg.DeferMax, cfg.DeferMultiplier, 0)
 	var elapsed time.Duration
 	d := b.NextBackOff()
 	for elapsed+d <= age && d < cfg.DeferMax {
@@ -488,9 +481,3 @@ func deferStep(age time.Duration, cfg *Config) time.Duration {
 	}
 	return d
 }
-
-// fixedClock keeps the backoff's elapsed-time bookkeeping off the real
-// clock (MaxElapsedTime is 0, so it is never consulted).
-type fixedClock struct{}
-
-func (fixedClock) Now() time.Time { return time.Time{} }

@@ -275,6 +275,38 @@ func TestDecide(t *testing.T) {
 			dbs: []wantDB{{"main", "", OutcomeDeferred, ReasonReplicaBehind}},
 		},
 		{
+			name:   "all behind, a job that cannot be deferred reads the primary after the wait, charged",
+			in:     DecideInput{Policy: Delayed, Token: behind, Snapshot: snap(main), Waited: true, NoWait: true, NoDefer: true},
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonCannotDefer, fallback: true,
+			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonCannotDefer}},
+		},
+		{
+			name:   "a job that cannot be deferred still waits first",
+			in:     DecideInput{Policy: Delayed, Token: behind, Snapshot: snap(main), NoDefer: true},
+			action: ActionWait, outcome: outcomeWait, reason: ReasonReplicaBehind,
+			dbs: []wantDB{{"main", "", outcomeWait, ReasonReplicaBehind}},
+		},
+		{
+			name: "a deferral that would end after DeferBy is not made",
+			in: DecideInput{Policy: Delayed, Token: tok(10*time.Second, ent("main", 1, "0/3800000")), Snapshot: snap(main), NoWait: true,
+				Now: t0, DeferBy: t0.Add(7 * time.Second)},
+			action: ActionRun, outcome: OutcomePrimary, reason: ReasonCannotDefer, fallback: true,
+			dbs: []wantDB{{"main", "", OutcomePrimary, ReasonCannotDefer}},
+		},
+		{
+			name: "a deferral that ends by DeferBy is made",
+			in: DecideInput{Policy: Delayed, Token: tok(10*time.Second, ent("main", 1, "0/3800000")), Snapshot: snap(main), NoWait: true,
+				Now: t0, DeferBy: t0.Add(8 * time.Second)},
+			action: ActionDefer, outcome: OutcomeDeferred, reason: ReasonReplicaBehind, delay: 8 * time.Second,
+			dbs: []wantDB{{"main", "", OutcomeDeferred, ReasonReplicaBehind}},
+		},
+		{
+			name:   "cap exhausted, a delayed job that cannot be deferred is refused",
+			in:     DecideInput{Policy: Delayed, Token: behind, Snapshot: snap(main), NoWait: true, NoDefer: true, Capped: true},
+			action: ActionRefuse, outcome: OutcomeCapped, reason: ReasonCapped, delay: time.Second,
+			dbs: []wantDB{{"main", "", OutcomeCapped, ReasonCannotDefer}},
+		},
+		{
 			name:   "delayed past max age goes to the primary without waiting",
 			in:     DecideInput{Policy: Delayed, Token: tok(2*time.Minute, ent("main", 1, "0/3800000")), Snapshot: snap(main)},
 			action: ActionRun, outcome: OutcomePrimary, reason: ReasonDeadline, fallback: true,

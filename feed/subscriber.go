@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
+	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -382,10 +382,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer func() { _ = reg.Unregister() }()
 	defer s.setState(StateStopped, nil)
 
-	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(s.cfg.MinBackoff),
-		backoff.WithMaxInterval(s.cfg.MaxBackoff),
-		backoff.WithMaxElapsedTime(0))
+	// Jittered: a fleet's routers lose Redis together and must not all
+	// come back at once.
+	bo := retry.Jittered(s.cfg.MinBackoff, s.cfg.MaxBackoff)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -86,7 +87,7 @@ func NewLogicalRelay(cfg LogicalConfig) (*LogicalRelay, error) {
 // logs and counts it, waits with exponential backoff and reconnects, and
 // the slot replays everything not yet confirmed.
 func (r *LogicalRelay) Run(ctx context.Context) error {
-	bo := newBackoff(r.cfg.MinBackoff, r.cfg.MaxBackoff)
+	bo := retry.Doubling(r.cfg.MinBackoff, r.cfg.MaxBackoff)
 	for {
 		began := time.Now()
 		progressed, err := r.session(ctx)
@@ -105,7 +106,7 @@ func (r *LogicalRelay) Run(ctx context.Context) error {
 		r.metrics.failure(ctx, stage, err)
 		r.cfg.Logger.WarnContext(ctx, "caughtup/outbox: logical relay session ended; reconnecting",
 			"slot", r.cfg.Slot, "error", err, "retry_in", wait)
-		if !sleepCtx(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return nil
 		}
 	}

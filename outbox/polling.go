@@ -6,10 +6,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/retry"
 )
 
 // PollingRelay publishes outbox rows by polling: it claims committed rows
@@ -103,7 +103,7 @@ func (e *RelayError) Unwrap() error { return e.Err }
 // in the table, so nothing is lost while the broker or the database is
 // down.
 func (r *PollingRelay) Run(ctx context.Context) error {
-	bo := newBackoff(r.cfg.MinBackoff, r.cfg.MaxBackoff)
+	bo := retry.Doubling(r.cfg.MinBackoff, r.cfg.MaxBackoff)
 	for {
 		n, err := r.RelayOnce(ctx)
 		if ctx.Err() != nil {
@@ -121,7 +121,7 @@ func (r *PollingRelay) Run(ctx context.Context) error {
 		default:
 			bo.Reset()
 		}
-		if wait > 0 && !sleepCtx(ctx, wait) {
+		if wait > 0 && !retry.Sleep(ctx, wait) {
 			return nil
 		}
 	}
@@ -234,29 +234,4 @@ func parseHeaders(raw []byte) map[string]string {
 		}
 	}
 	return out
-}
-
-// newBackoff doubles from min to max without jitter: a handful of relay
-// instances do not stampede, and a predictable pause is easier to reason
-// about in logs. It never stops on its own (MaxElapsedTime 0).
-func newBackoff(min, max time.Duration) *backoff.ExponentialBackOff {
-	return backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(min),
-		backoff.WithMaxInterval(max),
-		backoff.WithMultiplier(2),
-		backoff.WithRandomizationFactor(0),
-		backoff.WithMaxElapsedTime(0),
-	)
-}
-
-// sleepCtx waits d or until ctx is done; false means ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/retry"
 )
 
 // Mode says what the Consumer does with a message that cannot run yet
@@ -305,5 +306,5 @@ func (c *ConsumerConfig) topics() []string {
 
 // retryDelay is the delay after the n-th failed attempt (n >= 1).
 func (c *ConsumerConfig) retryDelay(n int) time.Duration {
-	return backoff(n, c.RetryBackoffInitial, c.RetryBackoffMax)
+	return retry.Nth(n, c.RetryBackoffInitial, c.RetryBackoffMax)
 }

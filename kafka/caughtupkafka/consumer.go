@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/caughtup/caughtup/cdc"
+	"github.com/caughtup/caughtup/internal/retry"
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
@@ -228,7 +229,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 			fails++
 			c.log.WarnContext(ctx, "caughtup/kafka: fetching failed; retrying", slog.String("topic", p.topic),
 				slog.Int("partition", p.id), slog.Any("error", err))
-			if !sleep(ctx, backoff(fails, 100*time.Millisecond, 5*time.Second)) {
+			if !retry.Sleep(ctx, retry.Nth(fails, 100*time.Millisecond, 5*time.Second)) {
 				return
 			}
 			continue
@@ -344,28 +345,4 @@ func (c *Consumer) kafkaLogger(level slog.Level) kafka.Logger {
 			c.log.Log(ctx, level, "kafka-go: "+fmt.Sprintf(format, args...))
 		}
 	})
-}
-
-// sleep waits d or until ctx ends; it reports whether ctx is still live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// backoff is initial·2^(n-1), capped at limit.
-func backoff(n int, initial, limit time.Duration) time.Duration {
-	d := initial
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
 }

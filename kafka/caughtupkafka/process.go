@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -84,7 +85,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 				// The position alone does not say a Verifier will vouch
 				// for the token: waking on it could route again at once,
 				// again and again.
-				held = sleep(ctx, delay)
+				held = retry.Sleep(ctx, delay)
 			} else {
 				held = c.holdDeferred(ctx, time.Now().Add(delay), mt.tok, mt.err, ps)
 			}
@@ -105,7 +106,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, false)
 		}
-		if !sleep(ctx, delay) {
+		if !retry.Sleep(ctx, delay) {
 			return false
 		}
 	}
@@ -161,7 +162,7 @@ func (c *Consumer) call(ctx context.Context, msg *kafka.Message) (err error) {
 // is caught up.
 func (c *Consumer) untilDue(ctx context.Context, msg kafka.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
 	if !hasHeader(msg.Headers, HeaderDeferred) {
-		return sleep(ctx, time.Until(due))
+		return retry.Sleep(ctx, time.Until(due))
 	}
 	// Past its due time the message is routed once and, if still behind,
 	// deferred again with a new due time: no loop, so even a token that a
@@ -176,7 +177,7 @@ func (c *Consumer) untilDue(ctx context.Context, msg kafka.Message, due time.Tim
 // its catch-up cannot be waited for. It returns false if ctx ended first.
 func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) bool {
 	if tokErr != nil || tok.IsZero() {
-		return sleep(ctx, time.Until(deadline))
+		return retry.Sleep(ctx, time.Until(deadline))
 	}
 	if !time.Now().Before(deadline) {
 		return ctx.Err() == nil
@@ -226,7 +227,7 @@ func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafka.Me
 				break
 			}
 			c.log.WarnContext(ctx, "caughtup/kafka: the dead-letter hook failed; calling it again", slog.Any("error", err))
-			if !sleep(ctx, backoff(n, 100*time.Millisecond, 10*time.Second)) {
+			if !retry.Sleep(ctx, retry.Nth(n, 100*time.Millisecond, 10*time.Second)) {
 				break
 			}
 		}
@@ -257,7 +258,7 @@ func (c *Consumer) publish(ctx context.Context, w MessageWriter, m kafka.Message
 		}
 		c.log.WarnContext(ctx, "caughtup/kafka: writing to a retry or dead-letter topic failed; retrying",
 			slog.String("topic", m.Topic), slog.Any("error", err))
-		if !sleep(ctx, backoff(n, 100*time.Millisecond, 10*time.Second)) {
+		if !retry.Sleep(ctx, retry.Nth(n, 100*time.Millisecond, 10*time.Second)) {
 			return false
 		}
 	}
