@@ -64,7 +64,7 @@ func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
 	}
 	stop := r.Watch(tok)
 	defer func() { stop() }()
-	watched := time.Now()
+	watched := r.cfg.Now()
 	for {
 		select {
 		case <-snap.Changed():
@@ -78,10 +78,10 @@ func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
 		// Watch speeds up the replicas that answered when it was called;
 		// a long wait looks again now and then, so that a replica that
 		// recovers meanwhile is sped up too.
-		if time.Since(watched) >= r.cfg.Tracker.PollInterval {
+		if r.cfg.Now().Sub(watched) >= r.cfg.Tracker.PollInterval {
 			next := r.Watch(tok)
 			stop()
-			stop, watched = next, time.Now()
+			stop, watched = next, r.cfg.Now()
 		}
 	}
 }

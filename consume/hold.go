@@ -22,7 +22,7 @@ const (
 // ends first. The replicas of the token's databases are watched meanwhile,
 // as for a waiting job.
 func (r *Router) hold(ctx context.Context, in *DecideInput, d Decision) (Decision, error) {
-	start := time.Now()
+	start := r.cfg.Now()
 	waitedBefore := d.Waited
 	var undo []func()
 	for _, e := range in.Token.Entries {
@@ -49,7 +49,7 @@ func (r *Router) hold(ctx context.Context, in *DecideInput, d Decision) (Decisio
 			timer.Reset(retry)
 			askCap = true
 		case <-ctx.Done():
-			d.Waited = waitedBefore + time.Since(start)
+			d.Waited = waitedBefore + r.cfg.Now().Sub(start)
 			return d, ctx.Err()
 		}
 		in.Snapshot, in.Now, in.Capped = r.tr.Snapshot(), r.cfg.Now(), !askCap
@@ -60,7 +60,7 @@ func (r *Router) hold(ctx context.Context, in *DecideInput, d Decision) (Decisio
 		}
 		if d.Action != ActionRefuse {
 			d.Held = true
-			d.Waited = waitedBefore + time.Since(start)
+			d.Waited = waitedBefore + r.cfg.Now().Sub(start)
 			return d, nil
 		}
 	}

@@ -10,10 +10,10 @@ import (
 // stops saying ActionWait or the budget runs out; meanwhile the replicas
 // it waits on are polled every WaitPollInterval.
 func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decision, error) {
-	start := time.Now()
+	start := r.cfg.Now()
 	budget := r.cfg.WaitBudget
 	if dl, ok := ctx.Deadline(); ok {
-		budget = min(budget, time.Until(dl))
+		budget = min(budget, time.Until(dl)) // ctx's deadline is on the real clock
 	}
 	in.Waited = true
 	if budget <= 0 {
@@ -28,7 +28,7 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 		in.Snapshot, in.Now = snap, r.cfg.Now()
 		d = Decide(*in)
 		if d.Action != ActionWait {
-			d.Waited = time.Since(start)
+			d.Waited = r.cfg.Now().Sub(start)
 			return d, nil
 		}
 		select {
@@ -39,14 +39,14 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 			// A deadline only shortened the budget (it and the timer fire
 			// together); a cancellation abandons the job.
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				d.Waited = time.Since(start)
+				d.Waited = r.cfg.Now().Sub(start)
 				return d, ctx.Err()
 			}
 		}
 		in.NoWait = true
 		in.Snapshot, in.Now = r.tr.Snapshot(), r.cfg.Now()
 		d = Decide(*in)
-		d.Waited = time.Since(start)
+		d.Waited = r.cfg.Now().Sub(start)
 		return d, nil
 	}
 }

@@ -137,20 +137,10 @@ func (c *Capturer) CaptureCommitted(ctx context.Context, tx pgx.Tx) (position.To
 // capture reads the position and the epoch on conn; see Capture.
 func (c *Capturer) capture(ctx context.Context, conn *pgx.Conn) (position.Token, error) {
 	now := c.cfg.Now()
-	pc := conn.PgConn()
-	ctl, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
-	fields := pgwal.Control
-	if cached {
-		fields = 0
-	}
-	p, err := pgwal.ReadPrimary(ctx, conn, fields)
+	p, err := withControl(c, conn, now, func(f pgwal.Fields) (pgwal.Primary, error) { return pgwal.ReadPrimary(ctx, conn, f) },
+		func(p *pgwal.Primary) *pgwal.ControlFile { return &p.Control })
 	if err != nil {
 		return position.Token{}, queryError(err)
-	}
-	if cached {
-		p.Control = ctl
-	} else {
-		c.sysIDs.put(pc, p.Control, now)
 	}
 	return position.New(c.cfg.Database, p.Epoch(), p.InsertEnd(), position.SourcePrimary, now), nil
 }
@@ -186,20 +176,10 @@ func (c *Capturer) ReplicaRead(ctx context.Context, conn *pgx.Conn) (position.To
 		return position.Token{}, errors.New("caughtup/enqueue: ReplicaRead on a nil connection")
 	}
 	now := c.cfg.Now()
-	pc := conn.PgConn()
-	ctl, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
-	fields := pgwal.Control
-	if cached {
-		fields = 0
-	}
-	r, err := pgwal.ReadReplica(ctx, conn, fields)
+	r, err := withControl(c, conn, now, func(f pgwal.Fields) (pgwal.Replica, error) { return pgwal.ReadReplica(ctx, conn, f) },
+		func(r *pgwal.Replica) *pgwal.ControlFile { return &r.Control })
 	if err != nil {
 		return position.Token{}, queryError(err)
-	}
-	if cached {
-		r.Control = ctl
-	} else {
-		c.sysIDs.put(pc, r.Control, now)
 	}
 	switch {
 	case !r.InRecovery:
@@ -223,6 +203,29 @@ func (c *Capturer) AfterReplicaRead(ctx context.Context, conn *pgx.Conn) (contex
 		return ctx, err
 	}
 	return WithToken(ctx, tok), nil
+}
+
+// withControl runs read on conn with the control file (system identifier,
+// WAL layout) asked for only when the connection's cached copy is missing
+// or due (Config.SystemIDRefresh), and fills the reading's control file,
+// which ctl points into, from the cache otherwise.
+func withControl[R any](c *Capturer, conn *pgx.Conn, now time.Time, read func(pgwal.Fields) (R, error), ctl func(*R) *pgwal.ControlFile) (R, error) {
+	pc := conn.PgConn()
+	cachedCtl, cached := c.sysIDs.get(pc, now, c.cfg.SystemIDRefresh)
+	fields := pgwal.Control
+	if cached {
+		fields = 0
+	}
+	r, err := read(fields)
+	if err != nil {
+		return r, err
+	}
+	if cached {
+		*ctl(&r) = cachedCtl
+	} else {
+		c.sysIDs.put(pc, *ctl(&r), now)
+	}
+	return r, nil
 }
 
 // checkIdle refuses a connection inside a transaction block: a position

@@ -395,7 +395,7 @@ func (f *feedState) fedUntil(n *feedNode) time.Time {
 	var until time.Time
 	if f.active.Load() && !n.confirmWanted.Load() {
 		if at := n.fedAt.Load(); at != 0 {
-			if u := time.Unix(0, at).Add(f.cfg.SilenceBound); time.Now().Before(u) {
+			if u := time.Unix(0, at).Add(f.cfg.SilenceBound); f.t.cfg.Now().Before(u) {
 				until = u
 			}
 		}
@@ -525,7 +525,7 @@ func (f *feedState) deliverPrimary(db int, d *feed.Delivery, at time.Time) {
 	}
 	t.applyPrimary(db, o, true)
 	if o.Err == nil {
-		n.fedAt.Store(time.Now().UnixNano())
+		n.fedAt.Store(f.t.cfg.Now().UnixNano())
 	}
 }
 
@@ -579,7 +579,7 @@ func (f *feedState) deliverReplica(db, idx int, d *feed.Delivery, at time.Time) 
 	t.mu.Unlock()
 	t.reportReplica(db, idx, prev, next, ch)
 	if o.Err == nil && !ch.impossible && !ch.superseded {
-		n.fedAt.Store(time.Now().UnixNano())
+		n.fedAt.Store(f.t.cfg.Now().UnixNano())
 	}
 }
 
@@ -662,7 +662,7 @@ func (f *feedState) mergePending(db int, ds *DatabaseState) []pendingMerge {
 			ds.Replicas[idx] = next
 			out = append(out, pendingMerge{idx: idx, prev: prev, next: next, ch: ch})
 			if !ch.impossible && !ch.superseded {
-				n.fedAt.Store(time.Now().UnixNano())
+				n.fedAt.Store(f.t.cfg.Now().UnixNano())
 			}
 		}
 		clear(n.pending[len(keep):])

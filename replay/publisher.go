@@ -233,7 +233,7 @@ func (p *Publisher) primary(pp *primaryPoller, o PrimaryObservation) {
 
 func (p *Publisher) publish(o feed.Observation) {
 	key := feedNodeKey{o.Database, o.Node, o.Role}
-	now := time.Now()
+	now := p.tr.cfg.Now()
 	p.sentMu.Lock()
 	defer p.sentMu.Unlock()
 	prev, ok := p.sent[key]
@@ -306,7 +306,7 @@ func (t *Tracker) runRounds(db int) {
 		return true
 	}
 	for t.ctx.Err() == nil {
-		start := time.Now()
+		start := t.cfg.Now()
 		done := make(chan struct{}, len(replicas))
 		n := 0
 		for i, p := range replicas {
@@ -318,7 +318,7 @@ func (t *Tracker) runRounds(db int) {
 			return
 		}
 		poll(len(replicas), func() { t.pollPrimary(primary) }, nil)
-		if d := time.Until(start.Add(t.cfg.PollInterval)); d > 0 && !wait(d, nil, 0) {
+		if d := start.Add(t.cfg.PollInterval).Sub(t.cfg.Now()); d > 0 && !wait(d, nil, 0) {
 			return
 		}
 	}

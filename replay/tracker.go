@@ -369,7 +369,7 @@ func (t *Tracker) run(poll func(), waiting func() bool, kick chan struct{}, fed 
 	timer.Stop()
 	first := true
 	for {
-		start := time.Now()
+		start := t.cfg.Now()
 		poll()
 		if first {
 			first = false
@@ -382,7 +382,7 @@ func (t *Tracker) run(poll func(), waiting func() bool, kick chan struct{}, fed 
 					due = until
 				}
 			}
-			d := time.Until(due)
+			d := due.Sub(t.cfg.Now())
 			if d <= 0 {
 				if t.ctx.Err() != nil {
 					return
