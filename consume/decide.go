@@ -164,6 +164,12 @@ func decide(in *DecideInput, d *Decision) {
 	if cfg == nil {
 		cfg = &defaultConfig
 	}
+	// One entry per database, or the databases would be routed one entry
+	// at a time and the pool handed out for the first (a token built by
+	// hand); tokens from Decode and Merge already are, at no cost.
+	if !in.Token.Normal() {
+		in.Token = in.Token.Normalize()
+	}
 	pol := in.Policy
 	if pol == PolicyDefault || !pol.valid() {
 		pol = cfg.DefaultPolicy
@@ -237,10 +243,25 @@ func decide(in *DecideInput, d *Decision) {
 				promote = ReasonCannotDefer
 			}
 		}
+		refuse := false
 		for i := range d.Databases {
 			if dd := &d.Databases[i]; dd.Outcome == outcomeWait {
+				if dd.Reason == ReasonPrimaryBehind {
+					refuse = true // the primary lacks the entry's writes
+					continue
+				}
 				dd.Outcome, dd.Reason = OutcomePrimary, promote
 			}
+		}
+		if refuse {
+			d.Delay = deferStep(age, cfg)
+			for i := range d.Databases {
+				if dd := &d.Databases[i]; dd.Outcome == outcomeWait {
+					dd.Outcome = OutcomeRefused
+				}
+			}
+			d.Action, d.Outcome, d.Reason = ActionRefuse, OutcomeRefused, ReasonPrimaryBehind
+			return
 		}
 	}
 
@@ -357,10 +378,18 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *replay.Data
 		dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, position.UnknownEpoch
 		return
 	}
+	// ahead: the entry is from a newer timeline of the primary's system
+	// than the router's primary: a failover the tracker has not seen. Only
+	// a replica that follows the new timeline can serve it, never the
+	// primary.
+	ahead := false
 	if !p.Epoch.IsZero() {
 		if c := e.Compare(position.Replayed{Epoch: p.Epoch, LSN: math.MaxUint64}, hist); c.Status == position.NotComparable {
-			dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, c.Reason
-			return
+			if c.Reason != position.NewerTimeline {
+				dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, c.Reason
+				return
+			}
+			ahead = true
 		}
 	}
 
@@ -427,6 +456,11 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *replay.Data
 		}
 	}
 	switch {
+	case nc == 0 && ahead:
+		dd.Outcome, dd.Reason = outcomeWait, ReasonPrimaryBehind
+		if minBehind != math.MaxUint64 {
+			dd.BytesBehind = minBehind
+		}
 	case nc > 0:
 		for range spread % nc {
 			caught &= caught - 1 // drop the lowest candidate

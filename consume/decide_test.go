@@ -158,11 +158,32 @@ func TestDecide(t *testing.T) {
 			dbs: []wantDB{{"main", "", OutcomePrimaryEpoch, ReasonEpoch}},
 		},
 		{
-			name: "token from a timeline the tracker has not seen",
+			name: "token from a timeline the router's primary does not have waits",
 			in: DecideInput{Policy: Delayed, Token: tok(0, ent("main", 2, "0/100")),
 				Snapshot: snap(main)},
-			action: ActionRun, outcome: OutcomePrimaryEpoch, reason: ReasonEpoch,
-			dbs: []wantDB{{"main", "", OutcomePrimaryEpoch, ReasonEpoch}},
+			action: ActionWait, outcome: outcomeWait, reason: ReasonReplicaBehind,
+			dbs: []wantDB{{"main", "", outcomeWait, ReasonPrimaryBehind}},
+		},
+		{
+			name: "token from a timeline the router's primary does not have: sticky is refused, never the primary",
+			in: DecideInput{Policy: Sticky, Token: tok(0, ent("main", 2, "0/100")),
+				Snapshot: snap(main)},
+			action: ActionRefuse, outcome: OutcomeRefused, reason: ReasonPrimaryBehind, delay: time.Second,
+			dbs: []wantDB{{"main", "", OutcomeRefused, ReasonPrimaryBehind}},
+		},
+		{
+			name: "token from a timeline the router's primary does not have: delayed past its wait defers",
+			in: DecideInput{Policy: Delayed, Token: tok(0, ent("main", 2, "0/100")), NoWait: true,
+				Snapshot: snap(main)},
+			action: ActionDefer, outcome: OutcomeDeferred, reason: ReasonReplicaBehind, delay: time.Second,
+			dbs: []wantDB{{"main", "", OutcomeDeferred, ReasonPrimaryBehind}},
+		},
+		{
+			name: "token from a timeline the router's primary does not have: a replica on it that has replayed it serves it",
+			in: DecideInput{Policy: Sticky, Token: tok(0, ent("main", 2, "0/5100000")),
+				Snapshot: snap(dbState("main", 1, nil, rep("r1", 2, "0/6000000")))},
+			action: ActionRun, outcome: OutcomeReplica, reason: ReasonNone,
+			dbs: []wantDB{{"main", "r1", OutcomeReplica, ReasonNone}},
 		},
 		{
 			name: "replica not yet following the new timeline, delayed waits",
@@ -459,7 +480,6 @@ func TestDecideReportsIncomparable(t *testing.T) {
 	}{
 		{position.New("main", position.Epoch{SystemID: 1, Timeline: 2}, 1, position.SourcePrimary, t0), position.OtherSystem},
 		{tok(0, ent("main", 1, "0/5800000")), position.PastSwitchpoint},
-		{tok(0, ent("main", 3, "0/1")), position.NewerTimeline},
 		{position.New("main", position.Epoch{}, 1, position.SourcePrimary, t0), position.UnknownEpoch},
 	} {
 		d := Decide(DecideInput{Policy: Sticky, Token: c.tok, Snapshot: s, Now: t0})

@@ -16,6 +16,14 @@ var ErrDeferred = errors.New("caughtup/consume: job deferred")
 // Config.PrimaryRate.
 var ErrCapped = errors.New("caughtup/consume: primary fallback capped")
 
+// ErrPrimaryBehind is matched by a *DeferError refused for
+// ReasonPrimaryBehind: the job's token is from a newer timeline than the
+// router's primary (a failover it has not seen: its primary pool may still
+// reach the old primary), no replica has replayed it, and the old primary
+// lacks its writes. Retry it as a failed attempt; point the primary pool
+// at the new primary.
+var ErrPrimaryBehind = errors.New("caughtup/consume: the job's token is ahead of the router's primary")
+
 // DeferError is what Route returns instead of running a job that no
 // replica can serve yet (ActionDefer) or that the cap keeps off the
 // primary (ActionRefuse). It is a control error, like asynq's SkipRetry:
@@ -31,20 +39,36 @@ type DeferError struct {
 
 // Error says why the job did not run and when to run it again.
 func (e *DeferError) Error() string {
-	if e.Decision.Outcome == OutcomeCapped {
+	switch {
+	case e.Decision.Reason == ReasonPrimaryBehind && e.Refused():
+		return fmt.Sprintf("caughtup/consume: job refused: its token is from a newer timeline than the router's primary (a failover the router has not seen), and no replica has replayed it; retry in %v, and point the primary pool at the new primary", e.Delay)
+	case e.Decision.Outcome == OutcomeCapped:
 		return fmt.Sprintf("caughtup/consume: job capped: it needs the primary but the fallback cap (Config.PrimaryRate) is exhausted; retry in %v", e.Delay)
 	}
 	return fmt.Sprintf("caughtup/consume: job deferred (%s): no replica has replayed its token yet; run it again in %v", e.Decision.Reason, e.Delay)
 }
 
-// Is matches ErrDeferred, and ErrCapped for OutcomeCapped.
+// Is matches ErrDeferred, ErrCapped for OutcomeCapped and
+// ErrPrimaryBehind for a refusal for ReasonPrimaryBehind.
 func (e *DeferError) Is(target error) bool {
-	return target == ErrDeferred || (target == ErrCapped && e.Decision.Outcome == OutcomeCapped)
+	switch target {
+	case ErrDeferred:
+		return true
+	case ErrCapped:
+		return e.Decision.Outcome == OutcomeCapped
+	case ErrPrimaryBehind:
+		return e.Refused() && e.Decision.Reason == ReasonPrimaryBehind
+	}
+	return false
 }
 
-// Capped reports whether the job was refused by the fallback cap rather
-// than deferred for lag.
+// Capped reports whether the job was refused by the fallback cap.
 func (e *DeferError) Capped() bool { return e.Decision.Outcome == OutcomeCapped }
+
+// Refused reports whether the job was refused (ActionRefuse: the cap, or a
+// token ahead of the router's primary) rather than deferred for lag: retry
+// it as a failed attempt.
+func (e *DeferError) Refused() bool { return e.Decision.Action == ActionRefuse }
 
 // ErrNotRouted is returned by Pool and SQLDB for a context that did not
 // come from Router.Route (or RouteToken, RouteDecoded): a handler that is

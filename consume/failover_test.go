@@ -146,3 +146,53 @@ func TestPromotedReplicaIsExcluded(t *testing.T) {
 	require.Equal(t, position.PastSwitchpoint, d.Databases[0].Incomparable)
 	require.Same(t, e.primary, DB(hctx, "main"))
 }
+
+// TestTokenAheadOfRoutersPrimary: after a promotion behind the router's
+// back (its primary pool still reaches the old primary, which keeps
+// running), tokens of the new primary's writes are on a timeline the
+// router's primary does not have. They never read that old primary (it
+// lacks their writes), nor the standby still following it: Sticky jobs are
+// refused (ErrPrimaryBehind), Delayed ones wait and are deferred.
+func TestTokenAheadOfRoutersPrimary(t *testing.T) {
+	t.Parallel()
+	c := privateCluster(t)
+	e := setup(t, c)
+	r := e.router(t, func(c *Config) { c.WaitBudget = 20 * time.Millisecond })
+	ctx := ctxT(t)
+	_, before := e.write(t)
+	seen(t, r, before)
+
+	_, err := c.PromoteAlone(ctx, c.Replicas()[0]) // the old primary keeps running: the router's primary pool stays on it
+	require.NoError(t, err)
+	onNew := e.replicas[0] // now the new primary's pool
+	waitUntil(t, r, "the tracker sees r1 promoted", func(s *replay.Snapshot) bool {
+		rs := s.Database("main").Replicas[0]
+		return rs.Observations > 0 && !rs.InRecovery
+	})
+
+	require.Never(t, func() bool { return r.Snapshot().Database("main").Primary.Epoch.Timeline != 1 }, 300*time.Millisecond, 10*time.Millisecond,
+		"the router's primary is the old one")
+	for i := range 40 {
+		var id int64
+		require.NoError(t, onNew.QueryRow(ctx, "INSERT INTO items (v) VALUES ('new') RETURNING id").Scan(&id))
+		tok := capture(t, onNew, "main")
+		require.Equal(t, uint32(2), tok.Entries[0].Epoch.Timeline)
+		policy := Sticky
+		if i%2 == 1 {
+			policy = Delayed
+		}
+		hctx, d, err := r.Route(ctx, Job{Token: tok, Policy: policy})
+		if err == nil {
+			// Only a node that has the write may serve it.
+			require.True(t, found(t, DB(hctx, "main"), id), "decided %s/%s and missed the write", d.Outcome, d.Reason)
+			continue
+		}
+		require.ErrorIs(t, err, ErrDeferred)
+		require.Equal(t, ReasonPrimaryBehind, d.Databases[0].Reason, "%s", policy)
+		if policy == Sticky {
+			require.ErrorIs(t, err, ErrPrimaryBehind)
+		} else {
+			require.Equal(t, ActionDefer, d.Action)
+		}
+	}
+}

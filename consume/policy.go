@@ -120,6 +120,10 @@ const (
 	// past Config.MaxAge). It does not run now; adapters return a
 	// retryable error. Never a stale read.
 	OutcomeCapped
+	// OutcomeRefused: no node the router knows can serve the job and it
+	// may not be deferred any longer: its token is ahead of the router's
+	// primary (ReasonPrimaryBehind). Adapters return a retryable error.
+	OutcomeRefused
 
 	// outcomeWait is Decide's "wait for the tracker" result; the Router
 	// never reports it.
@@ -136,6 +140,7 @@ var outcomeNames = [numOutcomes]string{
 	OutcomePrimaryNoToken: "primary_no_token",
 	OutcomePrimaryEpoch:   "primary_epoch",
 	OutcomeCapped:         "capped",
+	OutcomeRefused:        "refused",
 	outcomeWait:           "wait",
 }
 
@@ -217,8 +222,16 @@ const (
 	// attempt or near its deadline); it reads the primary under the
 	// fallback cap.
 	ReasonCannotDefer
+	// ReasonPrimaryBehind: the token is from a newer timeline than the
+	// router's primary: a failover the router has not seen (its primary
+	// pool may still reach the old primary, which lacks the token's
+	// writes). The job waits and is deferred like one whose replicas are
+	// behind, and where it would read the primary it is refused instead
+	// (ErrPrimaryBehind). A replica that follows the new timeline and has
+	// replayed the token serves it.
+	ReasonPrimaryBehind
 
-	numReasons = int(ReasonCannotDefer) + 1
+	numReasons = int(ReasonPrimaryBehind) + 1
 )
 
 var reasonNames = [numReasons]string{
@@ -239,6 +252,7 @@ var reasonNames = [numReasons]string{
 	ReasonReplicaRestarted: "replica_restarted",
 	ReasonUnverified:       "unverified",
 	ReasonCannotDefer:      "cannot_defer",
+	ReasonPrimaryBehind:    "primary_behind",
 }
 
 // String is the reason's name in metrics and logs ("replica_behind", …).

@@ -336,3 +336,29 @@ func TestRouteDoesNotQuery(t *testing.T) {
 	require.Equal(t, q0, queries(), "10,000 jobs routed without a query")
 	require.Equal(t, int64(10000), total(sums(t, reader)["caughtup.consume.decisions"]))
 }
+
+// TestRouteTwoEntriesForOneDatabase: a token built by hand with two
+// entries for one database, the first caught up and the second not, is
+// routed by its furthest entry: the pool handed out has both writes.
+func TestRouteTwoEntriesForOneDatabase(t *testing.T) {
+	c := pgtest.Shared(t)
+	e := setup(t, c)
+	r := e.router(t)
+	ctx := ctxT(t)
+	_, first := e.write(t)
+	seen(t, r, first)
+	pauseAll(t, c)
+	defer resumeAll(t, c)
+	id, second := e.write(t)
+	for _, entries := range [][]position.Entry{
+		{first.Entries[0], second.Entries[0]},
+		{second.Entries[0], first.Entries[0]},
+	} {
+		tok := position.Token{Entries: entries, CapturedAt: second.CapturedAt}
+		hctx, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
+		require.NoError(t, err)
+		require.Len(t, d.Databases, 1, "one decision per database")
+		require.Equal(t, OutcomePrimary, d.Outcome, "no replica has the second write")
+		require.True(t, found(t, DB(hctx, "main"), id), "the pool handed out has the furthest write")
+	}
+}

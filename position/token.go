@@ -1,6 +1,8 @@
 package position
 
 import (
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -130,6 +132,7 @@ func (t Token) Age(now time.Time) time.Duration {
 // The source of the kept LSN is kept; CapturedAt is the earlier of the
 // two (zero counts as unknown and loses to a known time).
 func (t Token) Merge(o Token) Token {
+	t, o = t.Normalize(), o.Normalize()
 	if o.IsZero() && o.CapturedAt.IsZero() {
 		return t
 	}
@@ -154,6 +157,41 @@ func (t Token) Merge(o Token) Token {
 		}
 	}
 	return out
+}
+
+// Normalize returns t with one entry per database, sorted by database
+// name, as Decode and Merge return tokens: the entries of a database that
+// t names more than once (a token built by hand) are merged by Merge's
+// rule, so that the furthest position of one history is kept, and entries
+// of different systems leave the database with the zero Epoch (it reads
+// the primary). A token that is already normal is returned as it is,
+// without allocating.
+func (t Token) Normalize() Token {
+	if t.Normal() {
+		return t
+	}
+	entries := slices.Clone(t.Entries)
+	slices.SortStableFunc(entries, func(a, b Entry) int { return strings.Compare(a.Database, b.Database) })
+	out := entries[:1]
+	for _, e := range entries[1:] {
+		if last := &out[len(out)-1]; last.Database == e.Database {
+			*last = mergeEntry(*last, e)
+		} else {
+			out = append(out, e)
+		}
+	}
+	return Token{Entries: out, CapturedAt: t.CapturedAt}
+}
+
+// Normal reports whether t has at most one entry per database, sorted by
+// database name (Normalize).
+func (t Token) Normal() bool {
+	for i := 1; i < len(t.Entries); i++ {
+		if t.Entries[i-1].Database >= t.Entries[i].Database {
+			return false
+		}
+	}
+	return true
 }
 
 // With returns t merged with a single entry.

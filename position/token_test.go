@@ -129,3 +129,30 @@ func TestOfMergesDuplicates(t *testing.T) {
 		t.Fatal("Age")
 	}
 }
+
+func TestNormalize(t *testing.T) {
+	a := Entry{Database: "main", Epoch: tl1, LSN: 0x100, Source: SourcePrimary}
+	b := Entry{Database: "main", Epoch: tl1, LSN: 0x300, Source: SourcePrimary}
+	c := Entry{Database: "billing", Epoch: tl1, LSN: 0x50, Source: SourcePrimary}
+	other := Entry{Database: "main", Epoch: Epoch{SystemID: testSys + 1, Timeline: 1}, LSN: 0x10, Source: SourcePrimary}
+
+	normal := Of(t0, a, c)
+	if !normal.Normal() || !reflect.DeepEqual(normal.Normalize(), normal) {
+		t.Fatalf("Of's token is not normal: %+v", normal)
+	}
+	got := Token{Entries: []Entry{a, c, b}, CapturedAt: t0}.Normalize()
+	if want := []Entry{c, b}; !reflect.DeepEqual(got.Entries, want) {
+		t.Fatalf("Normalize = %+v, want %+v: one entry per database, the furthest", got.Entries, want)
+	}
+	got = Token{Entries: []Entry{a, other}}.Normalize()
+	if len(got.Entries) != 1 || !got.Entries[0].Epoch.IsZero() {
+		t.Fatalf("entries of two systems for one database = %+v, want one entry of the zero Epoch", got.Entries)
+	}
+	// Merge normalizes what it is given.
+	if m := (Token{Entries: []Entry{b, a}}).Merge(Token{}); !reflect.DeepEqual(m.Entries, []Entry{b}) {
+		t.Fatalf("Merge of a hand-built token = %+v", m.Entries)
+	}
+	if testing.AllocsPerRun(100, func() { normal.Normalize() }) != 0 {
+		t.Fatal("Normalize of a normal token allocates")
+	}
+}

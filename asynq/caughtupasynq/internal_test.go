@@ -237,7 +237,7 @@ func TestRetryDelay(t *testing.T) {
 func TestServerConfigHooks(t *testing.T) {
 	t.Parallel()
 	deferred := &consume.DeferError{Delay: 1500 * time.Millisecond, Decision: consume.Decision{Outcome: consume.OutcomeDeferred}}
-	capped := &consume.DeferError{Delay: 4 * time.Second, Decision: consume.Decision{Outcome: consume.OutcomeCapped}}
+	capped := &consume.DeferError{Delay: 4 * time.Second, Decision: consume.Decision{Action: consume.ActionRefuse, Outcome: consume.OutcomeCapped}}
 	real := errors.New("boom")
 
 	t.Run("Defaults", func(t *testing.T) {

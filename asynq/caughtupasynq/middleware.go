@@ -406,7 +406,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		return next.ProcessTask(rctx, task)
 	}
 	var de *consume.DeferError
-	if !errors.As(err, &de) || de.Capped() {
+	if !errors.As(err, &de) || de.Refused() {
 		// ctx ended during a wait, or the cap refused a task that can be
 		// retried: a failed attempt, which asynq retries.
 		return err

@@ -188,7 +188,7 @@ func serverConfig(cfg asynq.Config, met *metrics, log *slog.Logger) asynq.Config
 		var de *consume.DeferError
 		if errors.As(err, &de) {
 			seen(err, seenIsFailure)
-			return de.Capped()
+			return de.Refused()
 		}
 		if isFailure == nil {
 			return err != nil
@@ -217,7 +217,7 @@ func serverConfig(cfg asynq.Config, met *metrics, log *slog.Logger) asynq.Config
 // isDeferral reports a deferral for lag (not a refusal by the cap).
 func isDeferral(err error) bool {
 	var de *consume.DeferError
-	return errors.As(err, &de) && !de.Capped()
+	return errors.As(err, &de) && !de.Refused()
 }
 
 // retryDelay converts the router's delay into the one asynq needs:

@@ -121,7 +121,7 @@ func (s *stream) attempt(id int64) {
 // adapter got back (nil, a deferral, or a failure).
 func (s *stream) attempted(id int64, err error) {
 	var de *consume.DeferError
-	if err == nil || errors.As(err, &de) && !de.Capped() {
+	if err == nil || errors.As(err, &de) && !de.Refused() {
 		return
 	}
 	s.mu.Lock()

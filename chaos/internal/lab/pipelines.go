@@ -75,7 +75,7 @@ func classify(st *stream, err error) {
 	var de *consume.DeferError
 	switch {
 	case err == nil:
-	case errors.As(err, &de) && de.Capped():
+	case errors.As(err, &de) && de.Refused():
 		st.count(0, 1, 0, 0)
 	case errors.As(err, &de), errors.Is(err, errRetryThroughQueue):
 		st.count(1, 0, 0, 0)
