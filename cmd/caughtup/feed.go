@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,7 +13,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caughtup/caughtup/feed"
@@ -57,22 +60,113 @@ messages, which routers refuse unless they are Insecure too.`
 // practice, then a postgres URL.
 var replicaArg = regexp.MustCompile(`^([A-Za-z0-9._:@-]{1,128})=(postgres(ql)?://.*)$`)
 
+// deployment is what the flags of caughtup feed say about one database's
+// deployment: its nodes, the Redis, the feed and its keys. caughtup doctor
+// takes the same flags, so that a feed's command line is checked as it is.
+type deployment struct {
+	primary                      string
+	replicas                     stringList
+	database                     string
+	redisURL, redisMode, redisCA string
+	feedName, name               string
+	keysFile, keyID              string
+	insecure                     bool
+	interval, heartbeat          time.Duration
+}
+
+// register defines the flags on fs.
+func (d *deployment) register(fs *flag.FlagSet) {
+	fs.StringVar(&d.primary, "primary", "", "the primary's connection string (postgres://…); required")
+	fs.Var(&d.replicas, "replica", "a replica: NAME=postgres://… or a bare connection string (named host:port); repeat for each")
+	fs.StringVar(&d.database, "database", "main", "the logical database name, as tokens and routers name it")
+	fs.StringVar(&d.redisURL, "redis", "", "Redis URL (redis:// or rediss://); default $CAUGHTUP_REDIS_URL, else redis://127.0.0.1:6379/0")
+	fs.StringVar(&d.redisMode, "redis-mode", "single", "single (one server or a managed endpoint), cluster (Redis Cluster) or sentinel (Sentinel-managed master)")
+	fs.StringVar(&d.redisCA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (rediss://); default the system's")
+	fs.StringVar(&d.feedName, "feed", feed.DefaultFeed, "the feed's name, as the routers' FeedConfig.Name")
+	fs.StringVar(&d.name, "name", "", "this publisher's name, unique among the feed's publishers (default the host name)")
+	fs.StringVar(&d.keysFile, "keys-file", "", "file with the keys, \"id:base64secret,…\"; default $CAUGHTUP_FEED_KEYS")
+	fs.StringVar(&d.keyID, "key-id", "", "ID of the key to sign with (default the first key)")
+	fs.BoolVar(&d.insecure, "insecure", false, "publish unsigned messages when no key is configured (routers must be Insecure too)")
+	fs.DurationVar(&d.interval, "interval", replay.DefaultFeedInterval, "how often every node is polled (and published when it changed)")
+	fs.DurationVar(&d.heartbeat, "heartbeat", replay.DefaultFeedHeartbeat, "how often a node that did not change is published anyway; keep it well below the routers' silence bound (500ms by default); negative: every poll")
+}
+
+// validate checks what needs no I/O.
+func (d *deployment) validate() error {
+	if d.primary == "" || len(d.replicas) == 0 {
+		return usageError{"--primary and at least one --replica are required"}
+	}
+	if d.interval <= 0 {
+		return usageError{"--interval must be positive"}
+	}
+	if d.heartbeat == 0 {
+		return usageError{"--heartbeat must not be 0 (negative publishes every poll)"}
+	}
+	return nil
+}
+
+// namedDSN is one --replica: its name and connection string.
+type namedDSN struct{ name, dsn string }
+
+// replicaDSNs splits each --replica into its name and connection string.
+// A bare URL is named host:port after the first host it names, as
+// replay.Replicas names plain pools.
+func (d *deployment) replicaDSNs() ([]namedDSN, error) {
+	seen := make(map[string]bool)
+	out := make([]namedDSN, 0, len(d.replicas))
+	for _, arg := range d.replicas {
+		r := namedDSN{dsn: arg}
+		if m := replicaArg.FindStringSubmatch(arg); m != nil {
+			r.name, r.dsn = m[1], m[2]
+		}
+		cfg, err := pgconn.ParseConfig(r.dsn)
+		if err != nil {
+			return nil, usageError{"bad connection string: " + err.Error()}
+		}
+		if r.name == "" {
+			r.name = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+		}
+		if seen[r.name] {
+			return nil, usageError{fmt.Sprintf("two replicas named %q; name them with NAME=URL", r.name)}
+		}
+		seen[r.name] = true
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// keyring loads the keys (--keys-file, else $CAUGHTUP_FEED_KEYS) and the
+// signing key's ID.
+func (d *deployment) keyring() (feed.Keyring, error) {
+	keys, err := loadKeys(d.keysFile)
+	if err != nil {
+		return feed.Keyring{}, err
+	}
+	return feed.Keyring{Keys: keys, Current: d.keyID}, nil
+}
+
+// redisTarget is --redis, else $CAUGHTUP_REDIS_URL, else the local
+// default; given says whether the flag or the environment named one.
+func (d *deployment) redisTarget() (rawURL string, given bool) {
+	if d.redisURL != "" {
+		return d.redisURL, true
+	}
+	if v := os.Getenv("CAUGHTUP_REDIS_URL"); v != "" {
+		return v, true
+	}
+	return "redis://127.0.0.1:6379/0", false
+}
+
+// redisClient builds the client --redis, --redis-mode and --redis-ca ask
+// for, on rawURL.
+func (d *deployment) redisClient(rawURL string) (redis.UniversalClient, error) {
+	return redisClient(rawURL, d.redisMode, d.redisCA)
+}
+
 func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet(feedSynopsis, stdout)
-	var replicas stringList
-	primary := fs.String("primary", "", "the primary's connection string (postgres://…); required")
-	fs.Var(&replicas, "replica", "a replica: NAME=postgres://… or a bare connection string (named host:port); repeat for each")
-	database := fs.String("database", "main", "the logical database name, as tokens and routers name it")
-	redisURL := fs.String("redis", "", "Redis URL (redis:// or rediss://); default $CAUGHTUP_REDIS_URL, else redis://127.0.0.1:6379/0")
-	redisMode := fs.String("redis-mode", "single", "single (one server or a managed endpoint), cluster (Redis Cluster) or sentinel (Sentinel-managed master)")
-	redisCA := fs.String("redis-ca", "", "PEM file of the CA that signed Redis's certificate (rediss://); default the system's")
-	feedName := fs.String("feed", feed.DefaultFeed, "the feed's name, as the routers' FeedConfig.Name")
-	name := fs.String("name", "", "this publisher's name, unique among the feed's publishers (default the host name)")
-	keysFile := fs.String("keys-file", "", "file with the keys, \"id:base64secret,…\"; default $CAUGHTUP_FEED_KEYS")
-	keyID := fs.String("key-id", "", "ID of the key to sign with (default the first key)")
-	insecure := fs.Bool("insecure", false, "publish unsigned messages when no key is configured (routers must be Insecure too)")
-	interval := fs.Duration("interval", replay.DefaultFeedInterval, "how often every node is polled (and published when it changed)")
-	heartbeat := fs.Duration("heartbeat", replay.DefaultFeedHeartbeat, "how often a node that did not change is published anyway; keep it well below the routers' silence bound (500ms by default); negative: every poll")
+	var d deployment
+	d.register(fs)
 	generate := fs.String("generate-key", "", "print a new key with this ID as \"id:base64secret\" and exit")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -85,28 +179,23 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, k.Export())
 		return nil
 	}
-	if *primary == "" || len(replicas) == 0 {
-		return usageError{"--primary and at least one --replica are required"}
+	if err := d.validate(); err != nil {
+		return err
 	}
-	if *interval <= 0 {
-		return usageError{"--interval must be positive"}
-	}
-	if *heartbeat == 0 {
-		return usageError{"--heartbeat must not be 0 (negative publishes every poll)"}
-	}
-	keys, err := loadKeys(*keysFile)
+	replicas, err := d.replicaDSNs()
 	if err != nil {
 		return err
 	}
-	ring := feed.Keyring{Keys: keys, Current: *keyID}
-	if len(keys) == 0 && !*insecure {
+	ring, err := d.keyring()
+	if err != nil {
+		return err
+	}
+	if len(ring.Keys) == 0 && !d.insecure {
 		return usageError{"no keys: give --keys-file or $CAUGHTUP_FEED_KEYS (make one with --generate-key), or --insecure"}
 	}
 
-	if *redisURL == "" {
-		*redisURL = envOr("CAUGHTUP_REDIS_URL", "redis://127.0.0.1:6379/0")
-	}
-	rdb, err := redisClient(*redisURL, *redisMode, *redisCA)
+	redisURL, _ := d.redisTarget()
+	rdb, err := d.redisClient(redisURL)
 	if err != nil {
 		return err
 	}
@@ -114,37 +203,24 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 	conns := &pools{maxConns: 1} // the Publisher polls on its own connections
 	defer conns.close()
-	pp, err := conns.connect(ctx, *primary)
+	pp, err := conns.connect(ctx, d.primary)
 	if err != nil {
 		return err
 	}
 	db := replay.Database{Primary: pp}
-	seen := make(map[string]bool)
-	for _, arg := range replicas {
-		rname, dsn := "", arg
-		if m := replicaArg.FindStringSubmatch(arg); m != nil {
-			rname, dsn = m[1], m[2]
-		}
-		p, err := conns.connect(ctx, dsn)
+	for _, r := range replicas {
+		p, err := conns.connect(ctx, r.dsn)
 		if err != nil {
 			return err
 		}
-		if rname == "" {
-			cc := p.Config().ConnConfig
-			rname = net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-		}
-		if seen[rname] {
-			return usageError{fmt.Sprintf("two replicas named %q; name them with NAME=URL", rname)}
-		}
-		seen[rname] = true
-		db.Replicas = append(db.Replicas, replay.Replica{Name: rname, Pool: p})
+		db.Replicas = append(db.Replicas, replay.Replica{Name: r.name, Pool: p})
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	pub, err := replay.NewPublisher(ctx, map[string]replay.Database{*database: db}, replay.PublisherConfig{
-		Feed:         feed.SenderConfig{Client: rdb, Feed: *feedName, Name: *name, Keys: ring, Insecure: *insecure},
-		PollInterval: *interval,
-		Heartbeat:    *heartbeat,
+	pub, err := replay.NewPublisher(ctx, map[string]replay.Database{d.database: db}, replay.PublisherConfig{
+		Feed:         feed.SenderConfig{Client: rdb, Feed: d.feedName, Name: d.name, Keys: ring, Insecure: d.insecure},
+		PollInterval: d.interval,
+		Heartbeat:    d.heartbeat,
 		Logger:       log,
 	})
 	if err != nil {
@@ -158,16 +234,9 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		names[i] = r.Name
 	}
 	fmt.Fprintf(stdout, "publishing database %q (primary, replicas %s) to feed %q on %s as %s: polls every %v, unchanged nodes every %v\n",
-		*database, strings.Join(names, ", "), *feedName, feed.ChannelName(*feedName), pub.ID(), *interval, *heartbeat)
+		d.database, strings.Join(names, ", "), d.feedName, feed.ChannelName(d.feedName), pub.ID(), d.interval, d.heartbeat)
 	<-ctx.Done()
 	return pub.Close()
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // loadKeys reads the keys from file, or $CAUGHTUP_FEED_KEYS without one.
