@@ -46,7 +46,7 @@ func CaughtUp(tok position.Token, s *replay.Snapshot, now time.Time, cfg *Config
 // it without polling, use WaitCaughtUp, or check a Snapshot with the
 // function CaughtUp and wait on its Changed channel.
 func (r *Router) CaughtUp(tok position.Token) bool {
-	return CaughtUp(tok, r.tr.Snapshot(), r.cfg.Now(), &r.cfg)
+	return CaughtUp(tok, r.snapshot(), r.cfg.Now(), &r.cfg)
 }
 
 // WaitCaughtUp returns nil once a replica has replayed tok for every
@@ -58,7 +58,7 @@ func (r *Router) CaughtUp(tok position.Token) bool {
 // the deadline after which the caller does something else, such as
 // routing the job anyway.
 func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
-	snap := r.tr.Snapshot()
+	snap := r.snapshot()
 	if CaughtUp(tok, snap, r.cfg.Now(), &r.cfg) {
 		return nil
 	}
@@ -71,7 +71,7 @@ func (r *Router) WaitCaughtUp(ctx context.Context, tok position.Token) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		snap = r.tr.Snapshot()
+		snap = r.snapshot()
 		if CaughtUp(tok, snap, r.cfg.Now(), &r.cfg) {
 			return nil
 		}

@@ -25,6 +25,9 @@ type routing struct {
 	// captured is the job token's CapturedAt; now is the decision time.
 	captured time.Time
 	now      time.Time
+	// refusals counts the replica connections the job's acquires dropped
+	// (connCheck.admit).
+	refusals atomic.Int32
 }
 
 type routingKey struct{}

@@ -75,6 +75,9 @@ type DatabaseDecision struct {
 	// primary. (Beside the small fields, where it costs no padding: a
 	// routed job's context holds a Decision and its Databases.)
 	replica int32
+	// server is the run of the replica's server the decision judged
+	// (ReplicaState.Run): handler connections to it need no check.
+	server replay.RunID
 
 	// Entry is the token's entry for this database.
 	Entry position.Entry
@@ -467,7 +470,7 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *replay.Data
 		}
 		k := int32(bits.TrailingZeros64(caught))
 		r := &db.Replicas[k]
-		dd.Outcome, dd.Reason, dd.Replica, dd.replica, dd.ReadAt = OutcomeReplica, ReasonNone, r.Name, k, r.Replayed
+		dd.Outcome, dd.Reason, dd.Replica, dd.replica, dd.ReadAt, dd.server = OutcomeReplica, ReasonNone, r.Name, k, r.Replayed, r.Run
 	case behind:
 		dd.Outcome, dd.Reason = outcomeWait, ReasonReplicaBehind
 		if held {

@@ -41,7 +41,7 @@ func (r *Router) hold(ctx context.Context, in *DecideInput, d Decision) (Decisio
 	defer timer.Stop()
 	in.Waited, in.NoWait = true, true
 	for {
-		snap := r.tr.Snapshot()
+		snap := r.snapshot()
 		askCap := false
 		select {
 		case <-snap.Changed():
@@ -52,7 +52,7 @@ func (r *Router) hold(ctx context.Context, in *DecideInput, d Decision) (Decisio
 			d.Waited = waitedBefore + r.cfg.Now().Sub(start)
 			return d, ctx.Err()
 		}
-		in.Snapshot, in.Now, in.Capped = r.tr.Snapshot(), r.cfg.Now(), !askCap
+		in.Snapshot, in.Now, in.Capped = r.snapshot(), r.cfg.Now(), !askCap
 		decide(in, &d)
 		if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, &d) {
 			in.Capped = true

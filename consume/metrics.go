@@ -53,6 +53,10 @@ type metrics struct {
 	future     metric.Int64Counter
 	wait       metric.Float64Histogram
 
+	connections    metric.Int64Counter
+	connectionSets [numConnResults]metric.AddOption
+	exclusions     metric.Int64Counter
+
 	decisionSets attrSets // policy × outcome × reason
 	missingSets  attrSets // reason
 	futureSet    *measurement
@@ -212,6 +216,18 @@ func newMetrics(mp metric.MeterProvider, databases map[string]replay.Database) (
 	if m.future, err = meter.Int64Counter("caughtup.consume.tokens.future",
 		metric.WithUnit("{token}"),
 		metric.WithDescription("Jobs whose token was captured more than Config.ClockSkewTolerance ahead of the consumer's clock (producer clock ahead); their age counts as unknown, so they are not deferred.")); err != nil {
+		return nil, err
+	}
+
+	if m.connections, err = meter.Int64Counter("caughtup.consume.replica.connections",
+		metric.WithUnit("{acquire}"),
+		metric.WithDescription("Routed handlers' acquires of replica connections, by caughtup.result: same_server (the server the decision judged, no query), verified (another server that had replayed the token, one query), behind (another server behind the token, or one that could not tell: the connection was dropped).")); err != nil {
+		return nil, err
+	}
+	m.connectionSets = newConnectionSets()
+	if m.exclusions, err = meter.Int64Counter("caughtup.consume.replica.exclusions",
+		metric.WithUnit("{exclusion}"),
+		metric.WithDescription("Times this process's handlers could not use a replica (it refused or timed out their connections, or they kept reaching a server behind the job) and the router left it out of its decisions for a second.")); err != nil {
 		return nil, err
 	}
 

@@ -11,22 +11,7 @@ import (
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
-	"github.com/caughtup/caughtup/testkit/pgtest"
 )
-
-// guardedPool is a pool on replica n with a replay.Guard installed.
-func guardedPool(t *testing.T, n *pgtest.Node, db string, cfg replay.GuardConfig) (*pgxpool.Pool, *replay.Guard) {
-	t.Helper()
-	g, err := replay.NewGuard(cfg)
-	require.NoError(t, err)
-	pc, err := pgxpool.ParseConfig(n.DSN(db))
-	require.NoError(t, err)
-	g.Install(pc)
-	p, err := pgxpool.NewWithConfig(ctxT(t), pc)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return p, g
-}
 
 // readRow is a handler's read: whether the row is there, or the error.
 func readRow(ctx context.Context, pool *pgxpool.Pool, id int64) (bool, error) {
@@ -39,46 +24,37 @@ func readRow(ctx context.Context, pool *pgxpool.Pool, id int64) (bool, error) {
 // that has replayed its row; the replica then crashes and comes back
 // showing less than it had replayed (held below the row by
 // recovery_min_apply_delay, as a slow or stuck replay would); the handler
-// reads after that. Without a guard that read is stale, with no error.
-// With a replay.Guard on the replica's pool it never is: the new
-// connection is held, then refused, until the replica has replayed what
-// the tracker had seen. The tracker, meanwhile, sees the restart and routes
-// no new job to the replica until it passes its old position.
+// reads after that. A read on the application's own pool then is stale,
+// with no error. Through the pool the router hands out it never is: the
+// new connection is of a new run of the server, so it is checked, and
+// refused until the replica has replayed the job's token. The tracker,
+// meanwhile, sees the restart and routes no new job to the replica until
+// it passes its old position.
 func TestReplicaRestartWindow(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	c := privateCluster(t)
 	e := setup(t, c)
 	node := c.Replicas()[0]
-	guarded, guard := guardedPool(t, node, e.db, replay.GuardConfig{HoldTimeout: 300 * time.Millisecond})
 	plain := e.replicas[0]
 	// A restartpoint, so that the restarted replica still has the table.
 	require.NoError(t, node.Exec(ctx, "", "CHECKPOINT"))
 
-	oneReplica := func(pool *pgxpool.Pool, g *replay.Guard) func(*Config) {
-		return func(cfg *Config) {
-			cfg.Databases = map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: pool, Guard: g}}}}
-		}
-	}
-	withGuard := e.router(t, oneReplica(guarded, guard))
-	without := e.router(t, oneReplica(plain, nil))
-	// Both pools hold a connection opened before the restart.
-	_, err := readRow(ctx, guarded, 0)
-	require.NoError(t, err)
-	_, err = readRow(ctx, plain, 0)
+	r := e.router(t, func(cfg *Config) {
+		cfg.Databases = map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: plain}}}}
+	})
+	_, err := readRow(ctx, plain, 0) // a connection opened before the restart
 	require.NoError(t, err)
 
 	id, tok := e.write(t)
-	seen(t, withGuard, tok)
-	seen(t, without, tok)
-	hGuard, d, err := withGuard.Route(ctx, Job{Token: tok, Policy: Sticky})
+	seen(t, r, tok)
+	h, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, "r1", d.Databases[0].Replica)
-	hPlain, d, err := without.Route(ctx, Job{Token: tok, Policy: Sticky})
+	_, err = readRow(h, DB(h, "main"), id) // the handler pool's connection, before the restart
 	require.NoError(t, err)
-	require.Equal(t, "r1", d.Databases[0].Replica)
 
-	// Between the decisions and the reads: a crash, and a restart that
+	// Between the decision and the reads: a crash, and a restart that
 	// stops short of the row.
 	require.NoError(t, node.Kill())
 	require.NoError(t, node.SetConf(ctx, map[string]string{"recovery_min_apply_delay": "'1h'"}))
@@ -91,9 +67,9 @@ func TestReplicaRestartWindow(t *testing.T) {
 
 	// Each read is a handler's attempt; a failed one is retried, as a
 	// queue would.
-	attempt := func(h context.Context) (stale, failed int, last error) {
+	attempt := func(h context.Context, pool *pgxpool.Pool) (stale, failed int, last error) {
 		for range 5 {
-			ok, err := readRow(ctx, DB(h, "main"), id)
+			ok, err := readRow(h, pool, id)
 			switch {
 			case err != nil:
 				failed++
@@ -106,40 +82,38 @@ func TestReplicaRestartWindow(t *testing.T) {
 		}
 		return
 	}
-	stale, _, _ := attempt(hPlain)
-	require.Positive(t, stale, "without a guard the read after the restart is stale: the window is real")
-	stale, failed, last := attempt(hGuard)
-	require.Zero(t, stale, "no stale read through the guard")
+	stale, _, _ := attempt(context.Background(), plain)
+	require.Positive(t, stale, "a read on the application's pool after the restart is stale: the window is real")
+	stale, failed, last := attempt(h, DB(h, "main"))
+	require.Zero(t, stale, "no stale read through the router's pool")
 	require.Positive(t, failed)
-	require.ErrorIs(t, last, replay.ErrReplicaBehind)
+	require.ErrorIs(t, last, ErrReplicaBehind)
 
 	// The tracker saw the restart: the replica is held (or its epoch
 	// unknown until its WAL receiver runs); no new decision uses it.
 	require.Eventually(t, func() bool {
-		rs := withGuard.Snapshot().Database("main").Replicas[0]
+		rs := r.Snapshot().Database("main").Replicas[0]
 		return rs.Restarts == 1 && rs.Err == nil && rs.RestartFloor >= tok.Entries[0].LSN
 	}, 30*time.Second, 10*time.Millisecond)
-	for _, r := range []*Router{withGuard, without} {
-		_, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
-		require.NoError(t, err)
-		require.Equal(t, OutcomePrimary, d.Outcome, "%+v", d)
-	}
+	_, d, err = r.Route(ctx, Job{Token: tok, Policy: Sticky})
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimary, d.Outcome, "%+v", d)
 
-	// Replay resumes: the guard admits connections, the hold ends, the row
+	// Replay resumes: the connections are admitted, the hold ends, the row
 	// is read from the replica.
 	require.NoError(t, node.SetConf(ctx, map[string]string{"recovery_min_apply_delay": ""}))
 	require.Eventually(t, func() bool {
-		ok, err := readRow(ctx, DB(hGuard, "main"), id)
-		if err != nil && !errors.Is(err, replay.ErrReplicaBehind) {
+		ok, err := readRow(h, DB(h, "main"), id)
+		if err != nil && !errors.Is(err, ErrReplicaBehind) {
 			t.Logf("read: %v", err)
 		}
 		return err == nil && ok
 	}, 30*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		rs := withGuard.Snapshot().Database("main").Replicas[0]
+		rs := r.Snapshot().Database("main").Replicas[0]
 		return rs.RestartFloor == 0 && rs.Usable(time.Now().Add(-time.Second))
 	}, 30*time.Second, 10*time.Millisecond)
-	_, d, err = withGuard.Route(ctx, Job{Token: tok, Policy: Sticky})
+	_, d, err = r.Route(ctx, Job{Token: tok, Policy: Sticky})
 	require.NoError(t, err)
 	require.Equal(t, "r1", d.Databases[0].Replica)
 }

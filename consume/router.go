@@ -31,6 +31,10 @@ type Router struct {
 	pools  map[string]*replay.Database
 	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
 	sqlDBs map[*pgxpool.Pool]*sql.DB
+	// owned are the replica pools the router built for its handlers.
+	owned []*pgxpool.Pool
+	// excluded are replicas this process's handlers could not use lately.
+	excluded exclusions
 
 	warns warnings
 
@@ -83,17 +87,22 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	if cfg.Tracker.Logger == nil {
 		cfg.Tracker.Logger = cfg.Logger
 	}
-	r := newRouter(cfg)
+	r, err := newRouter(cfg)
+	if err != nil {
+		return nil, err
+	}
 	fail := func(err error) (*Router, error) {
 		_ = r.Close()
 		return nil, err
 	}
-	var err error
 	if r.met, err = newMetrics(cfg.MeterProvider, r.cfg.Databases); err != nil {
 		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
 	}
 	if r.gate, err = newFallbackGate(&r.cfg, r.log); err != nil {
 		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
+	}
+	if err := r.probe(ctx); err != nil {
+		return fail(err)
 	}
 	if r.tr, err = replay.NewTracker(ctx, r.cfg.Databases, r.cfg.Tracker); err != nil {
 		return fail(err)
@@ -102,33 +111,59 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 }
 
 // newRouter is a Router for cfg (defaults applied) without its metrics
-// and tracker.
-func newRouter(cfg Config) *Router {
+// and tracker, with the pools it hands handlers for each replica
+// (connections.go) built from the configured ones' configs.
+func newRouter(cfg Config) (*Router, error) {
 	// Copy what the tracker and DB read, so the caller's map and slices
 	// may change afterwards.
 	cfg.Databases = maps.Clone(cfg.Databases)
 	pools := make(map[string]*replay.Database, len(cfg.Databases))
-	for name, db := range cfg.Databases {
-		db.Replicas = slices.Clone(db.Replicas)
-		cfg.Databases[name] = db
-		pools[name] = &db
-	}
 	r := &Router{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		pools:  pools,
 		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
 	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	for name, db := range cfg.Databases {
+		db.Replicas = slices.Clone(db.Replicas)
+		cfg.Databases[name] = db
+		handed := db
+		handed.Replicas = slices.Clone(db.Replicas)
+		for i, rep := range handed.Replicas {
+			if rep.Pool == nil {
+				continue // a unit test's router over a fixed snapshot
+			}
+			hp, err := r.handlerPool(name, i, rep)
+			if err != nil {
+				r.closePools()
+				return nil, fmt.Errorf("caughtup/consume: database %q replica %q: the handlers' pool: %w", name, rep.Name, err)
+			}
+			handed.Replicas[i].Pool = hp
+			r.owned = append(r.owned, hp)
+		}
+		pools[name] = &handed
+	}
+	r.cfg.Databases = cfg.Databases
 	for _, db := range pools {
 		r.openSQL(db.Primary)
 		for _, rep := range db.Replicas {
 			r.openSQL(rep.Pool)
 		}
 	}
-	if r.log == nil {
-		r.log = slog.Default()
+	return r, nil
+}
+
+// closePools closes the *sql.DBs that SQLDB hands out, then the handler
+// pools the router built; not the application's pools.
+func (r *Router) closePools() error {
+	err := r.closeSQL()
+	for _, p := range r.owned {
+		p.Close()
 	}
-	return r
+	return err
 }
 
 // Close stops the tracker's goroutines and closes its connections. It
@@ -145,7 +180,7 @@ func (r *Router) Close() error {
 		if r.tr != nil {
 			err = r.tr.Close()
 		}
-		err = errors.Join(err, r.closeSQL())
+		err = errors.Join(err, r.closePools())
 	})
 	return err
 }
@@ -162,7 +197,7 @@ func (r *Router) closeSQL() error {
 
 // Snapshot returns the tracker's current state. It is shared and
 // immutable: do not modify it.
-func (r *Router) Snapshot() *replay.Snapshot { return r.tr.Snapshot() }
+func (r *Router) Snapshot() *replay.Snapshot { return r.snapshot() }
 
 // Tracker returns the router's tracker (its feed status, Watch), or nil
 // for a router that was not started by NewRouter.
@@ -217,7 +252,7 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context
 		Policy:   job.Policy,
 		Token:    tok,
 		TokenErr: tokErr,
-		Snapshot: r.tr.Snapshot(),
+		Snapshot: r.snapshot(),
 		Now:      r.cfg.Now(),
 		Config:   &r.cfg,
 		NoWait:   r.cfg.WaitBudget < 0,

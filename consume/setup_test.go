@@ -192,12 +192,12 @@ func unitRouter(t testing.TB, s *replay.Snapshot, mods ...func(*Config)) *Router
 	for _, m := range mods {
 		m(&cfg)
 	}
-	r := newRouter(cfg.WithDefaults())
+	r, err := newRouter(cfg.WithDefaults())
+	require.NoError(t, err)
 	mp := r.cfg.MeterProvider
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
-	var err error
 	r.met, err = newMetrics(mp, r.cfg.Databases)
 	require.NoError(t, err)
 	r.gate, err = newFallbackGate(&r.cfg, r.log)

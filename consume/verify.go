@@ -155,7 +155,10 @@ func (r *Router) verify(ctx context.Context, in *DecideInput, d *Decision, v Ver
 		if db == nil || int(dd.replica) >= len(db.Replicas) || i >= len(in.Token.Entries) {
 			continue // Decide never chooses such a replica
 		}
-		res := v(ctx, *dd, db.Replicas[dd.replica].Pool)
+		// The verifier's reads go through the handlers' pool of the
+		// replica, so they too are tied to the server the decision judged.
+		vctx := context.WithValue(ctx, routingKey{}, &routing{r: r, d: *d})
+		res := v(vctx, *dd, db.Replicas[dd.replica].Pool)
 		if res.Verdict == VerifyFresh {
 			continue
 		}

@@ -24,7 +24,7 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 	timer := time.NewTimer(budget)
 	defer timer.Stop()
 	for {
-		snap := r.tr.Snapshot()
+		snap := r.snapshot()
 		in.Snapshot, in.Now = snap, r.cfg.Now()
 		d = Decide(*in)
 		if d.Action != ActionWait {
@@ -44,7 +44,7 @@ func (r *Router) wait(ctx context.Context, in *DecideInput, d Decision) (Decisio
 			}
 		}
 		in.NoWait = true
-		in.Snapshot, in.Now = r.tr.Snapshot(), r.cfg.Now()
+		in.Snapshot, in.Now = r.snapshot(), r.cfg.Now()
 		d = Decide(*in)
 		d.Waited = r.cfg.Now().Sub(start)
 		return d, nil

@@ -21,14 +21,10 @@ type Replica struct {
 	// (caughtup.replica); unique within its database. Publishers and
 	// routers must name it alike.
 	Name string
-	// Pool connects to the replica and serves the handlers. The tracker
-	// makes its own one-connection pool from its config (hooks included).
+	// Pool connects to the replica. Its config (hooks, TLS, credentials
+	// included) is the template of the tracker's one-connection pool and of
+	// the pool a consume.Router hands its handlers for this replica.
 	Pool *pgxpool.Pool
-	// Guard, if not nil, is the Guard installed on Pool's config: the
-	// tracker feeds it what it sees, which closes the window in which a
-	// replica restarted between a job's routing and its read shows less
-	// than it had replayed. Optional; see Guard.
-	Guard *Guard
 }
 
 // Replicas names plain pools "host:port" after their first configured
@@ -72,7 +68,6 @@ func ValidateDatabases(dbs map[string]Database) error {
 	if len(dbs) == 0 {
 		return bad("Databases is empty: name at least one database with its primary pool")
 	}
-	guards := make(map[*Guard]bool)
 	for name, db := range dbs {
 		if !position.ValidDatabaseName(name) {
 			return bad("database name %q must be 1-63 of [A-Za-z0-9_-] to be carried in tokens", name)
@@ -82,15 +77,6 @@ func ValidateDatabases(dbs map[string]Database) error {
 		}
 		seen := make(map[string]bool, len(db.Replicas))
 		for i, r := range db.Replicas {
-			if r.Guard != nil {
-				if !r.Guard.installed.Load() {
-					return bad("database %q replica %q: its Guard is not installed; call Guard.Install(poolConfig) before pgxpool.NewWithConfig", name, r.Name)
-				}
-				if guards[r.Guard] {
-					return bad("database %q replica %q: one Guard serves one replica pool; make one per replica", name, r.Name)
-				}
-				guards[r.Guard] = true
-			}
 			if r.Name == "" {
 				return bad("database %q replica %d has no Name (replay.Replicas names plain pools)", name, i)
 			}

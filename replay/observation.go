@@ -3,6 +3,7 @@ package replay
 import (
 	"errors"
 	"time"
+	"unique"
 
 	"github.com/caughtup/caughtup/internal/pgwal"
 	"github.com/caughtup/caughtup/position"
@@ -33,6 +34,31 @@ func (i Incarnation) Compare(o Incarnation) int {
 		return 0
 	}
 	return i.RecoveryStart.Compare(o.RecoveryStart)
+}
+
+// RunID is an Incarnation interned (unique.Handle): two RunIDs are equal
+// exactly when their incarnations are, and comparing them costs a pointer
+// comparison. The router ties each handler connection to the run its
+// decision judged by it. The zero RunID names no run.
+type RunID struct{ h unique.Handle[Incarnation] }
+
+// ID returns i interned; the zero RunID for the zero Incarnation.
+func (i Incarnation) ID() RunID {
+	if i.IsZero() {
+		return RunID{}
+	}
+	return RunID{unique.Make(i)}
+}
+
+// IsZero reports the RunID of no run.
+func (r RunID) IsZero() bool { return r == RunID{} }
+
+// Incarnation returns the run r names.
+func (r RunID) Incarnation() Incarnation {
+	if r.IsZero() {
+		return Incarnation{}
+	}
+	return r.h.Value()
 }
 
 // incarnationOf is the run a pgwal reading belongs to.
@@ -96,6 +122,12 @@ type ReplicaObservation struct {
 	// replayed transaction; zero when none.
 	ReplayTimestamp time.Time
 	TimeLag         time.Duration
+
+	// own: the tracker's own poll on its own connection, not a feed
+	// message. A run older than the state's can then only be another
+	// server that the connection reached (a balanced endpoint, a DNS
+	// move), never a late message.
+	own bool
 }
 
 // mergePrimary folds o into p (rules 1 to 3 of "How observations merge"
@@ -172,6 +204,8 @@ type replicaChange struct {
 	superseded bool
 	// released: the replica reached its RestartFloor.
 	released bool
+	// serverChanged: the tracker's own connection reached another server.
+	serverChanged bool
 }
 
 // mergeReplica folds o into r, given the database's primary state p (rules
@@ -202,9 +236,22 @@ func mergeReplica(r ReplicaState, o ReplicaObservation, p *PrimaryState, cfg *Tr
 		cmp = o.Incarnation.Compare(r.Incarnation)
 	}
 	switch {
-	case cmp < 0:
+	case cmp < 0 && !o.own:
 		ch.superseded = true
 		return r, ch
+	case cmp < 0:
+		// The tracker's own connection now reaches another server: its
+		// state replaces the old one's, which says nothing about it.
+		ch.serverChanged = true
+		r.Incarnation = o.Incarnation
+		r.InRecovery = o.InRecovery
+		r.Replayed, r.ReplayedBy = o.Replayed, readBy
+		if !o.InRecovery {
+			r.Replayed = position.Replayed{}
+		}
+		r.ReplayTimestamp, r.TimeLag = o.ReplayTimestamp, max(o.TimeLag, 0)
+		r.ObservedAt = o.ObservedAt
+		r.RestartFloor, r.HighestReplayed = 0, 0
 	case cmp > 0 || r.Observations == 0:
 		// A restart (or the first observation): the new run's values
 		// replace the old ones; only what no decision may exceed is kept.
@@ -312,6 +359,7 @@ func deriveReplica(r *ReplicaState, p *PrimaryState, cfg *TrackerConfig) {
 	r.Healthy = !r.LagKnown ||
 		(r.LagBytes <= cfg.MaxLagBytes && (r.LagBytes == 0 || r.TimeLag <= cfg.MaxLagTime))
 	r.Diverged = p != nil && p.Diverged(r.Replayed)
+	r.Run = r.Incarnation.ID()
 	if r.Err == nil && r.InRecovery && !r.Replayed.Epoch.IsZero() && !r.Diverged {
 		r.HighestReplayed = max(r.HighestReplayed, r.Replayed.LSN)
 	}

@@ -123,7 +123,7 @@ var _ observationSink = (*Publisher)(nil)
 // itself, and notices a name that means another server (another system,
 // or a run of the server that its own poll contradicts) and ignores the
 // feed's observations of it: a mismatch costs the fleet queries, never
-// freshness. Replica.Guard is ignored. The pools stay the caller's; the
+// freshness. The pools stay the caller's; the
 // Publisher makes its own one-connection pool per node from their
 // configs, as a Tracker does.
 func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherConfig) (*Publisher, error) {
@@ -143,12 +143,6 @@ func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherCon
 		return nil, err
 	}
 	dbs = cloneDatabases(dbs)
-	for name, db := range dbs {
-		for i := range db.Replicas {
-			db.Replicas[i].Guard = nil
-		}
-		dbs[name] = db
-	}
 	// The tracker's own instruments (lag, restarts, divergence) belong to
 	// the Routers: a Publisher in the same process must not report them
 	// twice.

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"slices"
 	"time"
 
 	"github.com/caughtup/caughtup/position"
@@ -30,6 +31,23 @@ func (s *Snapshot) Changed() <-chan struct{} {
 		return nil
 	}
 	return s.changed
+}
+
+// WithReplicaErr returns a copy of s in which replica idx of database db
+// (indexes of Databases and Replicas) has Err err, so that it counts as
+// unknown, sharing s's Changed channel: for a router that knows something
+// its tracker does not (its own handlers cannot reach the replica). s is
+// not modified; an index out of range returns s.
+func (s *Snapshot) WithReplicaErr(db, idx int, err error) *Snapshot {
+	if s == nil || db < 0 || db >= len(s.Databases) || idx < 0 || idx >= len(s.Databases[db].Replicas) {
+		return s
+	}
+	out := *s
+	out.Databases = slices.Clone(s.Databases)
+	ds := &out.Databases[db]
+	ds.Replicas = slices.Clone(ds.Replicas)
+	ds.Replicas[idx].Err = err
+	return &out
 }
 
 // Database returns the state of one database, or nil.
@@ -121,6 +139,9 @@ type ReplicaState struct {
 	// Incarnation is the run of the server the state belongs to: its
 	// replay only grows within one. A newer one is a restart.
 	Incarnation Incarnation
+	// Run is Incarnation interned, which the router compares with each
+	// handler connection's own run.
+	Run RunID
 	// Restarts counts the restarts seen (newer incarnations after the
 	// first).
 	Restarts uint64

@@ -20,12 +20,6 @@ import (
 	"github.com/caughtup/caughtup/position"
 )
 
-// trackerConnKey marks the contexts of the tracker's queries, so that a
-// Guard installed on the application's pool config (which the
-// tracker's pools copy) lets the tracker's connections through: the
-// tracker must see a restarted replica as it is.
-type trackerConnKey struct{}
-
 // A Tracker knows what every replica of its databases has replayed. It
 // polls every node with its own one-connection pool, so its queries never
 // queue behind handlers on the application's pools, or takes the nodes'
@@ -67,7 +61,6 @@ type replicaPoller struct {
 	dbName  string
 	name    string
 	pool    *pgxpool.Pool
-	guard   *Guard
 
 	// waiters counts jobs waiting on this replica; above zero the poller
 	// polls every WaitPollInterval. kick wakes it when the first one
@@ -166,19 +159,13 @@ func newTracker(dbs map[string]Database, cfg *TrackerConfig, opts trackerOptions
 
 	t := &Tracker{cfg: cfg, dbs: dbs, log: log, sink: opts.sink, initDone: make(chan struct{}),
 		warnImpossible: rate.Sometimes{First: 3, Interval: 10 * time.Second}}
-	t.ctx, t.cancel = context.WithCancel(context.WithValue(context.Background(), trackerConnKey{}, true))
+	t.ctx, t.cancel = context.WithCancel(context.Background())
 	snap := &Snapshot{Databases: make([]DatabaseState, len(names)), changed: make(chan struct{})}
-	var (
-		pools   []*pgxpool.Pool
-		adopted []*Guard
-	)
+	var pools []*pgxpool.Pool
 	fail := func(err error) (*Tracker, error) {
 		t.cancel()
 		for _, p := range pools {
 			p.Close()
-		}
-		for _, g := range adopted {
-			g.release(t)
 		}
 		return nil, err
 	}
@@ -201,13 +188,7 @@ func newTracker(dbs map[string]Database, cfg *TrackerConfig, opts trackerOptions
 				return fail(fmt.Errorf("caughtup/replay: tracker pool for database %q replica %q: %w", name, r.Name, err))
 			}
 			pools = append(pools, rp)
-			p := &replicaPoller{db: i, idx: j, dbName: name, name: r.Name, pool: rp, guard: r.Guard, kick: make(chan struct{}, 1)}
-			if r.Guard != nil {
-				if err := r.Guard.adopt(t, p); err != nil {
-					return fail(fmt.Errorf("caughtup/replay: database %q replica %q: %w", name, r.Name, err))
-				}
-				adopted = append(adopted, r.Guard)
-			}
+			p := &replicaPoller{db: i, idx: j, dbName: name, name: r.Name, pool: rp, kick: make(chan struct{}, 1)}
 			rps = append(rps, p)
 		}
 		t.replicas = append(t.replicas, rps)
@@ -291,9 +272,6 @@ func (t *Tracker) close() {
 	for _, rps := range t.replicas {
 		for _, p := range rps {
 			p.pool.Close()
-			if p.guard != nil {
-				p.guard.release(t)
-			}
 		}
 	}
 }
@@ -418,7 +396,7 @@ func (t *Tracker) observeReplica(p *replicaPoller) (ReplicaObservation, bool) {
 		o.Err = err
 		return o, true
 	}
-	o.Incarnation, o.InRecovery = incarnationOf(r), r.InRecovery
+	o.Incarnation, o.InRecovery, o.own = incarnationOf(r), r.InRecovery, true
 	if r.InRecovery {
 		// Without a running WAL receiver the timeline the replay belongs
 		// to is not known for sure (the checkpoint's timeline lags a
@@ -502,6 +480,10 @@ func (t *Tracker) reportMerge(db, idx int, prev, next ReplicaState, ch replicaCh
 	}
 	if ch.released {
 		t.log.Info("caughtup: restarted replica has replayed what it had before; used again", attrs()...)
+	}
+	if ch.serverChanged {
+		t.log.Warn("caughtup: the tracker's connection to the replica now reaches another server (a balanced endpoint, a DNS move, a failover behind a virtual IP); its state replaces the old one, and every handler connection is checked against the server the decision judged",
+			attrs(slog.String("replayed", next.Replayed.LSN.String()))...)
 	}
 	if next.Observations > 0 && !next.InRecovery && (ch.leftRecovery || prev.Observations == 0 || ch.restarted) {
 		t.log.Warn("caughtup: node is not in recovery (promoted?); it is no longer used as a replica", attrs()...)

@@ -17,15 +17,12 @@ type trackerMetrics struct {
 	querySet metric.AddOption
 	restarts metric.Int64Counter
 	rejected metric.Int64Counter
-	guard    metric.Int64Counter
 	reg      metric.Registration
 
 	// Attribute sets, built once: per database, per replica.
 	replica    [][]metric.MeasurementOption
 	impossible [][]metric.MeasurementOption
 	superseded [][]metric.MeasurementOption
-	held       [][]metric.MeasurementOption
-	refused    [][]metric.MeasurementOption
 	primarySup []metric.MeasurementOption
 	primary    []metric.MeasurementOption
 }
@@ -38,9 +35,6 @@ func (m *trackerMetrics) query() { m.queries.Add(context.Background(), 1, m.quer
 const (
 	rejectedImpossible = "impossible"
 	rejectedSuperseded = "superseded"
-	attrResult         = "caughtup.result"
-	guardHeld          = "held"
-	guardRefused       = "refused"
 )
 
 func newTrackerMetrics(mp metric.MeterProvider, t *Tracker) (*trackerMetrics, error) {
@@ -83,11 +77,6 @@ func newTrackerMetrics(mp metric.MeterProvider, t *Tracker) (*trackerMetrics, er
 		metric.WithDescription("Observations not merged: impossible ones (a replica ahead of its primary; the replica counts as unknown) and superseded ones (from an older incarnation or timeline).")); err != nil {
 		return nil, err
 	}
-	if m.guard, err = meter.Int64Counter("caughtup.consume.replica.guard.connections",
-		metric.WithUnit("{connection}"),
-		metric.WithDescription("New replica connections a Guard held until the replica had replayed what the tracker had seen (result held), or refused after its HoldTimeout (result refused).")); err != nil {
-		return nil, err
-	}
 	diverged, err := meter.Int64ObservableGauge("caughtup.consume.replica.diverged",
 		metric.WithUnit("{replica}"),
 		metric.WithDescription("1 while the replica is a diverged standby (on an older timeline past its switchpoint): used for no job until rebuilt."))
@@ -104,20 +93,16 @@ func newTrackerMetrics(mp metric.MeterProvider, t *Tracker) (*trackerMetrics, er
 	snap := t.snapshot()
 	for i := range snap.Databases {
 		ds := &snap.Databases[i]
-		var rep, imp, sup, held, refused []metric.MeasurementOption
+		var rep, imp, sup []metric.MeasurementOption
 		for j := range ds.Replicas {
 			base := []attribute.KeyValue{attribute.String(attrDatabase, ds.Name), attribute.String(attrReplica, ds.Replicas[j].Name)}
 			rep = append(rep, withSystem(base...))
 			imp = append(imp, withSystem(append(base, attribute.String(attrReason, rejectedImpossible))...))
 			sup = append(sup, withSystem(append(base, attribute.String(attrReason, rejectedSuperseded))...))
-			held = append(held, withSystem(append(base, attribute.String(attrResult, guardHeld))...))
-			refused = append(refused, withSystem(append(base, attribute.String(attrResult, guardRefused))...))
 		}
 		m.replica = append(m.replica, rep)
 		m.impossible = append(m.impossible, imp)
 		m.superseded = append(m.superseded, sup)
-		m.held = append(m.held, held)
-		m.refused = append(m.refused, refused)
 		m.primary = append(m.primary, withSystem(attribute.String(attrDatabase, ds.Name)))
 		m.primarySup = append(m.primarySup, withSystem(attribute.String(attrDatabase, ds.Name), attribute.String(attrReason, rejectedSuperseded)))
 	}
@@ -183,12 +168,4 @@ func (m *trackerMetrics) primaryChange(db int, ch primaryChange) {
 	if ch.superseded {
 		m.rejected.Add(context.Background(), 1, m.primarySup[db])
 	}
-}
-
-func (m *trackerMetrics) guardResult(db, idx int, refused bool) {
-	opt := m.held[db][idx]
-	if refused {
-		opt = m.refused[db][idx]
-	}
-	m.guard.Add(context.Background(), 1, opt)
 }
