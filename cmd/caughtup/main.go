@@ -1,6 +1,7 @@
 // Command caughtup is the operator's tool for caughtup: decode and encode
-// tokens, watch replica positions during a lag incident, and publish
-// replica positions to a position feed. The demo (cmd/caughtup-demo) and
+// tokens, watch replica positions during a lag incident, publish replica
+// positions to a position feed, and check a deployment before relying on
+// it. The demo (cmd/caughtup-demo) and
 // the chaos suite (chaos/) are separate commands: this binary links no
 // test harness.
 //
@@ -8,6 +9,7 @@
 //	caughtup token encode --database main --system-id 7301... --timeline 1 --lsn 0/16B3740
 //	caughtup watch --primary postgres://... --replica postgres://...
 //	caughtup feed --primary postgres://... --replica r1=postgres://... --redis redis://redis:6379/0
+//	caughtup doctor --primary postgres://... --replica r1=postgres://... --redis redis://redis:6379/0
 package main
 
 import (
@@ -41,6 +43,7 @@ func commands() []command {
 		{"token", "decode and encode caughtup tokens", runToken},
 		{"watch", "live replica positions, lag and tracker health", runWatch},
 		{"feed", "publish replica positions to a position feed for a fleet of routers", runFeed},
+		{"doctor", "check a deployment: nodes, replication, one server per replica URL, grants, clock, Redis ACL", runDoctor},
 	}
 }
 
