@@ -14,8 +14,16 @@ FUZZ_FEED     ?= 130000x
 # a time fits a 2-core machine.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 12m
 CHAOSFLAGS ?=
+# The PostgreSQL release every real-cluster test runs (testkit/pgtest),
+# handed to the tests as CAUGHTUP_PG_VERSION: empty (the default) is
+# Debian's 15; 15, 16, 17 or 18 (16 and later come from Maven Central, once,
+# into the download cache), e.g. make test-core PG_VERSION=18.
+PG_VERSION ?= $(CAUGHTUP_PG_VERSION)
+export CAUGHTUP_PG_VERSION := $(PG_VERSION)
+# The core packages that run on real clusters, those of them that exist.
+CORE_PKGS := $(foreach d,internal/pgwal enqueue consume replay cdc outbox testkit/pgtest,$(if $(wildcard $(d)/*.go),./$(d)))
 
-.PHONY: all deps build vet test fuzz bench demo chaos chaos-short fleet
+.PHONY: all deps build vet test test-core fuzz bench demo chaos chaos-short fleet
 
 all: test
 
@@ -23,6 +31,11 @@ all: test
 # are missing, and resolves the Kafka harness's jars (testkit/kafkatest).
 deps:
 	@scripts/install-deps
+
+# The core's tests on real clusters only, quick enough to run once per
+# PostgreSQL release: for v in 15 16 17 18; do make test-core PG_VERSION=$$v; done
+test-core: deps
+	$(GO) test $(TESTFLAGS) $(CORE_PKGS)
 
 build:
 	$(GO) build ./...
