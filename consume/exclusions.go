@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -132,16 +133,33 @@ var (
 func (acquireTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	return ctx
 }
-func (acquireTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceQueryEnd: a query that failed because its connection broke (the
+// server, or what stands before it, went away under an idle connection)
+// counts as a failed acquire: the next connection would have to be a new
+// one, and may not come.
+func (t acquireTracer) TraceQueryEnd(ctx context.Context, c *pgx.Conn, data pgx.TraceQueryEndData) {
+	if data.Err != nil && c != nil && c.IsClosed() {
+		t.failed(ctx, data.Err)
+	}
+}
 
 func (acquireTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
 	return ctx
 }
 
 func (t acquireTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
-	if data.Err == nil || ctx.Err() != nil || errors.Is(data.Err, context.Canceled) || errors.Is(data.Err, context.DeadlineExceeded) {
+	if data.Err != nil {
+		t.failed(ctx, data.Err)
+	}
+}
+
+// failed excludes the replica for a failure that is not the caller's doing.
+func (t acquireTracer) failed(ctx context.Context, failure error) {
+	if ctx.Err() != nil || errors.Is(failure, context.Canceled) || errors.Is(failure, context.DeadlineExceeded) {
 		return
 	}
+	data := struct{ Err error }{failure}
 	var err error
 	var ce *pgconn.ConnectError
 	var ne net.Error
@@ -149,7 +167,7 @@ func (t acquireTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, dat
 	switch {
 	case errors.Is(data.Err, ErrReplicaBehind):
 		err = data.Err
-	case errors.As(data.Err, &ce), errors.As(data.Err, &ne):
+	case errors.As(data.Err, &ce), errors.As(data.Err, &ne), errors.Is(data.Err, io.ErrUnexpectedEOF), errors.Is(data.Err, io.EOF), errors.Is(data.Err, net.ErrClosed):
 		err, reason = fmt.Errorf("%w: %w", ErrUnreachable, data.Err), "unreachable"
 	default:
 		return // the application's hook refused, or the like
