@@ -1,6 +1,7 @@
 package consume
 
 import (
+	"errors"
 	"math"
 	"math/bits"
 	"time"
@@ -400,13 +401,16 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *replay.Data
 	nc := uint32(0)
 	behind, held := false, true // held: every replica behind is held after a restart
 	minBehind := uint64(math.MaxUint64)
-	usable, stale, divergent := 0, 0, 0
+	usable, stale, divergent, ungranted := 0, 0, 0, 0
 	notCmp := position.Comparable
 	for i := range db.Replicas {
 		r := &db.Replicas[i]
 		if !r.Usable(cutoff) {
-			if r.Err == nil && r.Stale(cutoff) {
+			switch {
+			case r.Err == nil && r.Stale(cutoff):
 				stale++
+			case r.Err != nil && errors.Is(r.Err, replay.ErrMissingGrant):
+				ungranted++
 			}
 			continue
 		}
@@ -483,6 +487,8 @@ func decideDatabaseAfter(dd *DatabaseDecision, e position.Entry, db *replay.Data
 		dd.Outcome, dd.Reason, dd.Incomparable = OutcomePrimaryEpoch, ReasonEpoch, notCmp
 	case divergent > 0:
 		dd.Reason = ReasonDivergedStandby
+	case ungranted > 0:
+		dd.Reason = ReasonMissingGrant
 	case stale == len(db.Replicas):
 		dd.Reason = ReasonTrackerStale
 	default:

@@ -72,7 +72,7 @@ func (r *Router) logDecision(ctx context.Context, d *Decision, tokErr error, job
 	}
 	warn := false
 	switch d.Reason {
-	case ReasonMalformedToken, ReasonEpoch, ReasonNoHealthyReplica, ReasonTrackerStale, ReasonUnknownDatabase, ReasonCapped, ReasonUnverified:
+	case ReasonMalformedToken, ReasonEpoch, ReasonNoHealthyReplica, ReasonTrackerStale, ReasonUnknownDatabase, ReasonCapped, ReasonUnverified, ReasonMissingGrant, ReasonPrimaryBehind:
 		warn = true
 	}
 	level := slog.LevelDebug

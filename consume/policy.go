@@ -230,8 +230,14 @@ const (
 	// (ErrPrimaryBehind). A replica that follows the new timeline and has
 	// replayed the token serves it.
 	ReasonPrimaryBehind
+	// ReasonMissingGrant: no replica could serve the job, and at least one
+	// is unknown because the tracker's role lacks a privilege
+	// (replay.ErrMissingGrant: its Snapshot Err and a warning logged once
+	// name the GRANT to run). Like ReasonNoReplicas it is not capped: no
+	// wait would change it.
+	ReasonMissingGrant
 
-	numReasons = int(ReasonPrimaryBehind) + 1
+	numReasons = int(ReasonMissingGrant) + 1
 )
 
 var reasonNames = [numReasons]string{
@@ -253,6 +259,7 @@ var reasonNames = [numReasons]string{
 	ReasonUnverified:       "unverified",
 	ReasonCannotDefer:      "cannot_defer",
 	ReasonPrimaryBehind:    "primary_behind",
+	ReasonMissingGrant:     "missing_grant",
 }
 
 // String is the reason's name in metrics and logs ("replica_behind", …).

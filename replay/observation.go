@@ -2,6 +2,7 @@ package replay
 
 import (
 	"errors"
+	"fmt"
 	"time"
 	"unique"
 
@@ -71,6 +72,47 @@ func incarnationOf(r pgwal.Replica) Incarnation {
 // primary, in the same epoch, reported no earlier. The replica counts as
 // unknown until a newer observation is possible.
 var ErrImpossibleObservation = errors.New("caughtup/replay: impossible observation: the replica's replay position is ahead of its primary's insert position")
+
+// ErrMissingGrant is matched by the Err of a node whose tracker role lacks
+// a privilege the tracker needs (a *GrantError says which, and the GRANT
+// to run): the node counts as unknown, and decisions name the reason
+// (consume.ReasonMissingGrant) rather than a vague no_healthy_replica.
+var ErrMissingGrant = errors.New("caughtup/replay: the tracker's role lacks a privilege")
+
+// GrantError is a node's Err when the tracker's role lacks a privilege.
+type GrantError struct {
+	// Role is the role the tracker connects as.
+	Role string
+	// Privilege names what is missing ("pg_read_all_stats", "EXECUTE on
+	// pg_control_system()"); Grant is the statement to run on the primary;
+	// Lost says what caughtup cannot do without it.
+	Privilege, Grant, Lost string
+	// Err is the query's error, if one told.
+	Err error
+}
+
+func (e *GrantError) Error() string {
+	return fmt.Sprintf("caughtup/replay: role %q lacks %s (%s); run on the primary: %s", e.Role, e.Privilege, e.Lost, e.Grant)
+}
+
+// Is matches ErrMissingGrant.
+func (e *GrantError) Is(target error) bool { return target == ErrMissingGrant }
+
+// Unwrap returns the query's error.
+func (e *GrantError) Unwrap() error { return e.Err }
+
+// grantError is the GrantError for what err, or a reading that hides the
+// standby's timeline, says the role lacks; nil if neither.
+func grantError(role string, err error, hidden bool) *GrantError {
+	p, ok := pgwal.MissingPrivilege(err)
+	if !ok && hidden {
+		p, ok = pgwal.ReadAllStats, true
+	}
+	if !ok {
+		return nil
+	}
+	return &GrantError{Role: role, Privilege: p.Name(), Grant: p.GrantSQL(role), Lost: p.Lost, Err: err}
+}
 
 // PrimaryObservation is what one poll of a database's primary returned.
 // The tracker makes one per poll and merges it into the snapshot (see

@@ -53,7 +53,10 @@ type Tracker struct {
 
 	closeOnce sync.Once
 	initLeft  atomic.Int32
-	initDone  chan struct{}
+
+	// granted remembers the grant warnings logged: each once.
+	granted  sync.Map
+	initDone chan struct{}
 }
 
 type replicaPoller struct {
@@ -61,6 +64,7 @@ type replicaPoller struct {
 	dbName  string
 	name    string
 	pool    *pgxpool.Pool
+	role    string // the role the tracker connects as
 
 	// waiters counts jobs waiting on this replica; above zero the poller
 	// polls every WaitPollInterval. kick wakes it when the first one
@@ -75,6 +79,7 @@ type primaryPoller struct {
 	db     int
 	dbName string
 	pool   *pgxpool.Pool
+	role   string // the role the tracker connects as
 	// queries counts this primary's polls.
 	queries atomic.Uint64
 	// kick wakes the poller to look at its schedule again (the feed
@@ -179,7 +184,7 @@ func newTracker(dbs map[string]Database, cfg *TrackerConfig, opts trackerOptions
 			return fail(fmt.Errorf("caughtup/replay: tracker pool for database %q primary: %w", name, err))
 		}
 		pools = append(pools, pp)
-		t.primarys = append(t.primarys, &primaryPoller{db: i, dbName: name, pool: pp, kick: make(chan struct{}, 1)})
+		t.primarys = append(t.primarys, &primaryPoller{db: i, dbName: name, pool: pp, kick: make(chan struct{}, 1), role: pp.Config().ConnConfig.User})
 		var rps []*replicaPoller
 		for j, r := range db.Replicas {
 			ds.Replicas[j].Name = r.Name
@@ -188,7 +193,7 @@ func newTracker(dbs map[string]Database, cfg *TrackerConfig, opts trackerOptions
 				return fail(fmt.Errorf("caughtup/replay: tracker pool for database %q replica %q: %w", name, r.Name, err))
 			}
 			pools = append(pools, rp)
-			p := &replicaPoller{db: i, idx: j, dbName: name, name: r.Name, pool: rp, kick: make(chan struct{}, 1)}
+			p := &replicaPoller{db: i, idx: j, dbName: name, name: r.Name, pool: rp, kick: make(chan struct{}, 1), role: rp.Config().ConnConfig.User}
 			rps = append(rps, p)
 		}
 		t.replicas = append(t.replicas, rps)
@@ -392,6 +397,11 @@ func (t *Tracker) observeReplica(p *replicaPoller) (ReplicaObservation, bool) {
 	if t.ctx.Err() != nil {
 		return o, false // shutting down: not an observation
 	}
+	if ge := grantError(p.role, err, err == nil && r.InRecovery && r.ReceiverRunning && r.Timeline == 0); ge != nil {
+		t.warnGrant(p.dbName, p.name, ge)
+		o.Err = ge
+		return o, true
+	}
 	if err != nil {
 		o.Err = err
 		return o, true
@@ -517,6 +527,11 @@ func (t *Tracker) observePrimary(p *primaryPoller) (PrimaryObservation, bool) {
 	if t.ctx.Err() != nil {
 		return o, false
 	}
+	if ge := grantError(p.role, err, false); ge != nil {
+		t.warnGrant(p.dbName, "", ge)
+		o.Err = ge
+		return o, true
+	}
 	if err != nil {
 		o.Err = err
 		return o, true
@@ -633,6 +648,17 @@ type NodeStat struct {
 	// Conns is the tracker's open connections to the node: 1 while it
 	// polls the node, 0 while a feed covers it.
 	Conns int
+}
+
+// warnGrant logs, once per node and privilege, what the tracker's role
+// lacks and the GRANT that gives it.
+func (t *Tracker) warnGrant(database, node string, ge *GrantError) {
+	if _, seen := t.granted.LoadOrStore([3]string{database, node, ge.Privilege}, true); seen {
+		return
+	}
+	t.log.Warn("caughtup: the tracker's role lacks a privilege; the node counts as unknown until it is granted (logged once)",
+		slog.String(attrDatabase, database), slog.String(attrReplica, node), slog.String("caughtup.role", ge.Role),
+		slog.String("caughtup.privilege", ge.Privilege), slog.String("caughtup.grant", ge.Grant), slog.String("caughtup.lost", ge.Lost))
 }
 
 // Stat returns what the tracker spends on each node, databases in name

@@ -2,11 +2,14 @@ package pgwal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/caughtup/caughtup/position"
 )
@@ -280,7 +283,7 @@ var Privileges = []Privilege{
 	// Without it pg_stat_wal_receiver shows only the pid: no received_tli,
 	// so no epoch, and the replica is unknown; no startup process either,
 	// so no RecoveryStart.
-	{Role: "pg_read_all_stats", Need: Required, Lost: "pg_stat_wal_receiver hides received_tli: every replica's epoch is unknown and caughtup never uses it"},
+	ReadAllStats,
 	// ReadHistory reads pg_wal/<tli>.history, inside the data directory:
 	// EXECUTE on pg_read_file(text) is what it needs. pg_read_server_files
 	// only lifts the restriction to the data directory and, without
@@ -368,3 +371,33 @@ func ReadRights(ctx context.Context, q Querier) (RoleRights, error) {
 	}
 	return r, nil
 }
+
+// MissingPrivilege returns the privilege a query's error says the role
+// lacks: for SQLSTATE 42501, the function the message names ("permission
+// denied for function pg_control_system"), or the view; false for any
+// other error or one that names nothing this package uses.
+func MissingPrivilege(err error) (Privilege, bool) {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != pgerrcode.InsufficientPrivilege {
+		return Privilege{}, false
+	}
+	for _, p := range Privileges {
+		name := p.Function
+		if i := strings.IndexByte(name, '('); i >= 0 {
+			name = name[:i]
+		}
+		if name == "" {
+			name = p.View
+		}
+		if name != "" && strings.Contains(pe.Message, " "+name) {
+			return p, true
+		}
+	}
+	return Privilege{}, false
+}
+
+// ReadAllStats is the predefined role without which a standby's
+// pg_stat_wal_receiver hides received_tli (Replica.Timeline 0 while
+// ReceiverRunning).
+var ReadAllStats = Privilege{Role: "pg_read_all_stats", Need: Required,
+	Lost: "pg_stat_wal_receiver hides received_tli: every replica's epoch is unknown and caughtup never uses it"}

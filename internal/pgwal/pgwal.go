@@ -27,9 +27,10 @@ var (
 	ErrInRecovery = errors.New("caughtup: the server is in recovery (a standby)")
 
 	// ErrHistoryDenied: the role may not read the timeline history file
-	// (SQLSTATE 42501); grant pg_read_server_files, or accept that tokens
-	// from older timelines read the primary.
-	ErrHistoryDenied = errors.New("caughtup: no permission to read the timeline history file (pg_read_server_files)")
+	// (SQLSTATE 42501); GRANT EXECUTE ON FUNCTION pg_read_file(text) to it
+	// (pg_read_server_files only widens which paths it may read), or
+	// accept that tokens from older timelines read the primary.
+	ErrHistoryDenied = errors.New("caughtup: no permission to read the timeline history file (GRANT EXECUTE ON FUNCTION pg_read_file(text))")
 )
 
 // ControlFile is what a server's control file says about it, fixed at initdb:
