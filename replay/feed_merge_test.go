@@ -98,7 +98,7 @@ func (r *feedRig) polledPrimary(insert string) {
 func (r *feedRig) polledReplica(idx int, inc Incarnation, at string) {
 	now := r.clock.now()
 	r.tr.applyReplica(r.tr.replicas[0][idx], ReplicaObservation{ObservedAt: now, ReadBy: now, Incarnation: inc,
-		InRecovery: true, Replayed: position.Replayed{Epoch: ep(1), LSN: lsn(at)}})
+		InRecovery: true, Replayed: position.Replayed{Epoch: ep(1), LSN: lsn(at)}, own: true})
 }
 
 // delivery is a feed message about a replica, received now, polled age
@@ -240,6 +240,31 @@ func TestFeedRestartConfirmedByOwnPoll(t *testing.T) {
 	require.Equal(t, lsn("0/8100000"), r.replica(0).Replayed.LSN)
 	require.Zero(t, r.replica(0).RestartFloor, "released once past its old position")
 	require.Equal(t, "r1", r.routeTo("0/8100000"))
+}
+
+// TestFeedLateOldRunKeepsTheClaim: after the feed shows a restart, a late
+// message of the old run from a slower publisher (received later, so its
+// time looks newer than the claim's) does not make the replica usable at
+// its pre-restart position: only the router's own poll ends the claim.
+func TestFeedLateOldRunKeepsTheClaim(t *testing.T) {
+	t.Parallel()
+	r := newFeedRig(t, "r1")
+	r.polledPrimary("0/9000000")
+	r.polledReplica(0, inc1, "0/8000000")
+	r.clock.advance(time.Millisecond)
+	r.f.deliver(r.replicaDelivery("r1", inc2, "0/6000000", 0))
+	require.ErrorIs(t, r.replica(0).Err, ErrUnconfirmedRestart)
+
+	r.clock.advance(300 * time.Millisecond)
+	late := r.replicaDelivery("r1", inc1, "0/8000000", 0)
+	late.Publisher.Name = "pub-slow"
+	r.f.deliver(late)
+	require.ErrorIs(t, r.replica(0).Err, ErrUnconfirmedRestart, "a late message of the old run ended the restart claim")
+	require.Empty(t, r.routeTo("0/7000000"), "routed at the pre-restart position")
+
+	r.clock.advance(time.Millisecond)
+	r.polledReplica(0, inc2, "0/6000000")
+	require.NoError(t, r.replica(0).Err)
 }
 
 func TestFeedNameMismatchNotBelieved(t *testing.T) {

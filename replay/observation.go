@@ -346,7 +346,12 @@ func mergeReplica(r ReplicaState, o ReplicaObservation, p *PrimaryState, cfg *Tr
 		}
 	}
 	r.Observations++
-	if r.Err != nil && r.ObservedAt.After(r.errAt) {
+	// A feed observation's time is when its message was received, less
+	// the age the feed measured: later than the read by the message's
+	// transit, so a late message from before a restart can look newer
+	// than the restart claim. Only the router's own poll, which confirms
+	// or contradicts the claim, ends it.
+	if r.Err != nil && r.ObservedAt.After(r.errAt) && (o.own || !errors.Is(r.Err, ErrUnconfirmedRestart)) {
 		ch.recovered = true
 		r.Err = nil
 	}
