@@ -53,7 +53,7 @@ func newBalanced(t *testing.T, dsn func(c *pgtest.Cluster, db string) string) *b
 }
 
 // watched is the standby whose server the tracker's connection reached.
-func (b *balancedEnv) watched(t *testing.T) (watched, other *pgtest.Node) {
+func (b *balancedEnv) watched(t testing.TB) (watched, other *pgtest.Node) {
 	t.Helper()
 	run := waitUntil(t, b.r, "the tracker knows the server", func(s *replay.Snapshot) bool {
 		return !s.Database("main").Replicas[0].Incarnation.IsZero()

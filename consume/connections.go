@@ -177,7 +177,7 @@ func (ch *connCheck) admit(ctx context.Context, c *pgx.Conn) (bool, error) {
 // token's entry and the position the decision promised children (ReadAt),
 // in the history the decision compared them in.
 func (ch *connCheck) verify(ctx context.Context, c *pgx.Conn, srv connServer, dd *DatabaseDecision) bool {
-	rd, err := pgwal.ReadReplica(ctx, c, pgwal.Status)
+	rd, err := pgwal.ReadReplica(ctx, c, 0) // the position and timeline only: the run was read at connect
 	if err != nil || !rd.InRecovery || rd.Timeline == 0 || srv.system == 0 {
 		return false
 	}
