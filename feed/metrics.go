@@ -126,7 +126,7 @@ func newSubscriberMetrics(mp metric.MeterProvider, channel string) (*subscriberM
 		stored: attrs(channel, attribute.String(attrSource, "stored")),
 	}
 	for i := range m.rejectedBy {
-		m.rejectedBy[i] = attrs(channel, attribute.String(attrReason, RejectReason(i).String()))
+		m.rejectedBy[i] = attrs(channel, attribute.String(attrReason, rejectReason(i).String()))
 	}
 	for i := range m.stateIs {
 		m.stateIs[i] = attrs(channel, attribute.String(attrState, State(i).String()))

@@ -20,36 +20,38 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// RejectReason says why a subscriber refused a message.
-type RejectReason uint8
+// rejectReason says why a subscriber refused a message, as the
+// caughtup.reason attribute of caughtup.feed.rejected (the values are
+// listed in the package documentation).
+type rejectReason uint8
 
 const (
-	// RejectMalformed: the message does not parse (see FormatError).
-	RejectMalformed RejectReason = iota
-	// RejectUnsupportedVersion: a format version this subscriber does not
+	// rejectMalformed: the message does not parse (see FormatError).
+	rejectMalformed rejectReason = iota
+	// rejectUnsupportedVersion: a format version this subscriber does not
 	// read.
-	RejectUnsupportedVersion
-	// RejectUnsigned: no signature, and the subscriber is not Insecure.
-	RejectUnsigned
-	// RejectUnknownKey: signed with a key ID the subscriber's Keyring does
+	rejectUnsupportedVersion
+	// rejectUnsigned: no signature, and the subscriber is not Insecure.
+	rejectUnsigned
+	// rejectUnknownKey: signed with a key ID the subscriber's Keyring does
 	// not hold.
-	RejectUnknownKey
-	// RejectBadSignature: the MAC does not verify under the named key.
-	RejectBadSignature
-	// RejectReplayed: its publisher instance already superseded it (its
+	rejectUnknownKey
+	// rejectBadSignature: the MAC does not verify under the named key.
+	rejectBadSignature
+	// rejectReplayed: its publisher instance already superseded it (its
 	// sequence number is at or below the highest seen for that node).
-	RejectReplayed
-	// RejectBadExpiry: a stored value whose Redis expiry no publisher sets
+	rejectReplayed
+	// rejectBadExpiry: a stored value whose Redis expiry no publisher sets
 	// (none, or longer than the TTL the message was signed with), so its
 	// age cannot be measured.
-	RejectBadExpiry
+	rejectBadExpiry
 	numRejectReasons
 )
 
 var rejectNames = [numRejectReasons]string{"malformed", "unsupported_version", "unsigned", "unknown_key", "bad_signature", "replayed", "bad_expiry"}
 
 // String returns the reason's metric attribute value, e.g. "bad_signature".
-func (r RejectReason) String() string {
+func (r rejectReason) String() string {
 	if r < numRejectReasons {
 		return rejectNames[r]
 	}
@@ -545,26 +547,26 @@ func (s *Subscriber) readStored(ctx context.Context) (int, error) {
 func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Duration) bool {
 	m, err := parseMessage(b)
 	if err != nil {
-		reason := RejectMalformed
+		reason := rejectMalformed
 		if errors.Is(err, ErrUnsupportedVersion) {
-			reason = RejectUnsupportedVersion
+			reason = rejectUnsupportedVersion
 		}
 		s.reject(reason, stored, nil, err)
 		return false
 	}
 	if m.keyID == "" {
 		if !s.cfg.Insecure {
-			s.reject(RejectUnsigned, stored, &m, nil)
+			s.reject(rejectUnsigned, stored, &m, nil)
 			return false
 		}
 	} else if ok, known := s.macs.verify(m.keyID, m.signed, m.mac); !known {
 		if !s.cfg.Insecure {
-			s.reject(RejectUnknownKey, stored, &m, nil)
+			s.reject(rejectUnknownKey, stored, &m, nil)
 			return false
 		}
 		m.keyID = "" // believed, not verified
 	} else if !ok {
-		s.reject(RejectBadSignature, stored, &m, nil)
+		s.reject(rejectBadSignature, stored, &m, nil)
 		return false
 	}
 
@@ -573,7 +575,7 @@ func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Dura
 		// PTTL -1 (no expiry), -2 (gone) or above the TTL the publisher
 		// signed: not stored by a publisher, and its age is unknowable.
 		if m.ttl <= 0 || pttl < 0 || pttl > m.ttl {
-			s.reject(RejectBadExpiry, stored, &m, fmt.Errorf("PTTL %v, signed TTL %v", pttl, m.ttl))
+			s.reject(rejectBadExpiry, stored, &m, fmt.Errorf("PTTL %v, signed TTL %v", pttl, m.ttl))
 			return false
 		}
 		age += m.ttl - pttl
@@ -592,7 +594,7 @@ func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Dura
 			st.fromStore = false
 		case !stored && st.fromStore:
 		default:
-			s.reject(RejectReplayed, stored, &m, fmt.Errorf("sequence %d, already at %d", m.seq, st.seq))
+			s.reject(rejectReplayed, stored, &m, fmt.Errorf("sequence %d, already at %d", m.seq, st.seq))
 			return false
 		}
 		s.m.duplicates.Add(context.Background(), 1, s.m.all)
@@ -645,7 +647,7 @@ func (s *Subscriber) evictStreams() {
 	}
 }
 
-func (s *Subscriber) reject(reason RejectReason, stored bool, m *message, detail error) {
+func (s *Subscriber) reject(reason rejectReason, stored bool, m *message, detail error) {
 	s.m.rejected.Add(context.Background(), 1, s.m.rejectedBy[reason])
 	s.warn[reason].Do(func() {
 		attrs := []any{slog.String("reason", reason.String()), slog.Bool("stored", stored)}

@@ -13,7 +13,7 @@ import (
 )
 
 // formatVersion is the first byte of every message. A subscriber rejects
-// any other value (RejectUnsupportedVersion) rather than guessing, so a
+// any other value (rejectUnsupportedVersion) rather than guessing, so a
 // new format needs subscribers that read it before publishers send it.
 const formatVersion = 1
 

@@ -1,10 +1,9 @@
-// Package asynq is caughtup's adapter for github.com/hibiken/asynq: a
+// Package caughtupasynq is caughtup's adapter for github.com/hibiken/asynq: a
 // client wrapper that stamps each task with the token of the writes before
 // it, and a server that runs each task on a replica that has replayed them,
 // letting a task wait for a replica without spending its retries.
 //
-// The package is named after the queue it adapts; import it under another
-// name next to asynq itself:
+// Beside asynq itself:
 //
 //	import (
 //		"github.com/hibiken/asynq"
@@ -40,9 +39,9 @@
 // handler. To arrange them yourself (a mux built elsewhere, your own
 // middleware outside caughtup's), use both: Middleware reports, as an error
 // log and caughtup.asynq.hooks.missing, a deferred task that comes back
-// without the hooks. Give that Middleware an Inspector on the same Redis
-// (MiddlewareConfig.Inspector: asynq.NewInspector(redisOpt)), as NewServer
-// does, so that it wakes deferred tasks (below).
+// without the hooks. Give that Middleware the server's Redis
+// (MiddlewareConfig.Redis: redisOpt), so that it wakes deferred tasks
+// (below); without it, an Inspector or WakeCapacity -1 it refuses to start.
 //
 // # Options: build tasks with NewTask
 //
@@ -57,50 +56,29 @@
 // builds it without options. Options given to EnqueueContext work as in
 // asynq.
 //
-// # Deferral and retries
+// # Deferral, last attempts and deduplicated tasks
 //
 // A Delayed task whose replicas are all behind waits in the middleware up
-// to the router's WaitBudget, then is deferred: the middleware returns a
-// *consume.DeferError, and the server hooks make asynq schedule it again
-// after the router's delay (rounded up to whole seconds) without
-// incrementing its retry count. The router stops deferring once the token
-// is older than its MaxAge; the task then reads the primary. Handler
-// errors keep asynq's behaviour: retry count, RetryDelayFunc, archive
-// after MaxRetry.
+// to the router's WaitBudget, then is deferred without spending a retry
+// (the server hooks), and is moved to pending as soon as the tracker sees
+// a replica past its token; the delay is only the safety net. A task on
+// its last attempt, or whose absolute deadline is near, is never deferred:
+// it reads a caught-up replica or the primary, charged to the fallback cap,
+// and is held in its worker while the cap is spent. A task that may stand
+// for duplicates asynq rejected (asynq.Unique, asynq.TaskID; or any
+// stamped task enqueued by a plain *asynq.Client or a Scheduler, whose
+// options caughtup cannot see) is routed against the primary's position
+// at the start of each attempt. GroupAggregator tasks carry their group's
+// merged token. The details are in docs/asynq.md.
 //
-// The delay is only the safety net. With an Inspector the middleware
-// remembers each task it defers (a bounded set per process,
-// MiddlewareConfig.WakeCapacity, about 400 bytes a task) and, woken by the
-// router's snapshots, moves it to pending (Inspector.RunTask) as soon as
-// the tracker sees a replica past its token, typically tens of
-// milliseconds after the catch-up instead of one or more seconds. It
-// moves only a task that asynq still shows in the retry set with the
-// retry count the deferral left; a task since deleted, running, pending,
-// completed, archived or failed is forgotten (caughtup.asynq.wake.errors
-// by kind), and nothing reaches the task's handler or the server's
-// ErrorHandler. A task the process forgets (the set is full, the server
-// shuts down, the process dies) runs when its delay ends.
+// # Metrics
 //
-// A task is never deferred on its last attempt, where asynq would archive
-// it on any error, nor past its absolute deadline. Only an absolute
-// deadline limits deferral: asynq.Deadline, or the context's deadline when
-// the handler is called directly. asynq.Timeout restarts with every
-// attempt, so a Timeout-only task defers like any other. The middleware
-// learns a task's Deadline from Redis (NewServer gives it an Inspector) or
-// from HeaderDeadline, which Client writes; a task with neither whose
-// context deadline is near is assumed to have an absolute one and runs now
-// (see Middleware).
-//
-// # Tasks enqueued by handlers, unique tasks, groups
-//
-// A handler's context carries its task's token raised to what the replica
-// it read had replayed, so a task it enqueues through Client carries the
-// furthest position; a token already in a task's header is merged
-// (position.MergeHeader), never lowered, and a header that does not decode
-// stays as it is, so the consumer reads the primary. asynq keeps the first
-// of several unique tasks (asynq.Unique, asynq.TaskID) and cannot update
-// its headers, so that task is routed against the primary's position at
-// its start instead (HeaderDedup). The server hooks stamp the task a
-// GroupAggregator builds with the merged token of its group; build it with
-// NewTask too.
+// Under ScopeName: caughtup.asynq.overrides (caughtup.asynq.override
+// last_attempt, deadline, deadline_unknown or dedup_capture_failed),
+// caughtup.asynq.hooks.missing (caughtup.asynq.hook IsFailure or
+// RetryDelayFunc), caughtup.asynq.aggregates.unstamped,
+// caughtup.asynq.wake.tasks, .wake.remembered, .wake.dropped (evicted,
+// expired) and caughtup.asynq.wake.errors (error.type not_found, active,
+// pending, finished, changed, raced, redis). Routing decisions are counted
+// by package consume.
 package caughtupasynq

@@ -1,10 +1,10 @@
-// Package kafka is caughtup's adapter for segmentio/kafka-go: a Writer that
+// Package caughtupkafka is caughtup's adapter for segmentio/kafka-go: a Writer that
 // stamps each message with the position its producer committed, and a
 // Consumer that reads a topic in a consumer group, routes every message
 // with a consume.Router and hands the handler the pool it may read.
 // kafka-go v0.4.51 or later.
 //
-// Import it under a name that does not clash with kafka-go:
+// Beside kafka-go:
 //
 //	import (
 //		"github.com/segmentio/kafka-go"
@@ -35,29 +35,19 @@
 // # Producing
 //
 // Writer (or Stamp, for code that builds messages for its own writer) puts
-// the token of the context, enqueue.TokenFrom, in the header
-// position.HeaderName. A message that already carries token headers gets
-// one header that merges them with the context's token
-// (position.MergeHeader), unless one of them does not decode: that one
-// then stays as the message's only token header and the context's token is
-// not added, so consumers read the message from the primary (unknown stays
-// unknown). A merge that names more databases than a token can carry is an
-// error at the call, and nothing is written. Three kafka-go Writer
-// settings matter: a key-hashing Balancer (kafka-go's default is
-// round-robin, which spreads one key over every partition and leaves no
-// order to keep), RequiredAcks all (the default, none, can lose
-// acknowledged messages) and a short BatchTimeout for synchronous writes
-// (the default makes each call wait up to 1s).
+// the context's token (enqueue.TokenFrom) in the header
+// position.HeaderName, merged with any token headers the message has by
+// position.MergeHeaderValues: one that does not decode stays, so consumers
+// read the message from the primary (unknown stays unknown). Use a
+// key-hashing Balancer, RequiredAcks all and a short BatchTimeout.
 //
 // # Routing
 //
-// The Consumer reads each message's token once with TokenOf (every token
-// header, merged; position.DecodeHeaders) and routes it with
-// consume.Router.RouteDecoded before each attempt of the handler. A
-// message without a token reads the primary; one whose token headers do
-// not decode reads the primary too, and the router's warning names the
-// topic (consume.WithSource). Code with its own consume loop gets the same
-// routing from Middleware.
+// The Consumer reads each message's token once (TokenOf: every token
+// header, merged) and routes it (consume.Tally.Route, one decision per
+// attempt) before the handler runs. A message without a usable token reads
+// the primary and is counted; the router's warning names the topic. Code
+// with its own consume loop gets the same routing from Middleware.
 //
 // # CDC topics (Debezium)
 //
@@ -76,111 +66,32 @@
 //		...
 //	})
 //
-// source.lsn is the change record's position, before its commit, so
-// replay >= source.lsn is necessary, not sufficient: the replica the
-// router picks must also report the event's transaction committed
-// (cdc.Checker, consume.Router.RouteVerified) before the handler gets it,
-// and one that does not counts as behind for the message. Envelopes the
-// rule cannot vouch for (tombstones, snapshot reads, malformed ones, other
-// connectors, no lsn or txId) read the primary and are counted. The epoch
-// is the router's primary's when the message is read: TokenDebezium and
-// DebeziumConfig say what that means across a failover. The JSON
-// converter is expected, with or without schemas.
+// source.lsn is the change record's position, before its commit: the
+// replica the router picks must also report the event's transaction
+// committed (cdc.Checker, as consume.Job.Verify) before the handler gets
+// it. What the rule cannot vouch for reads the primary and is counted.
 //
-// # Consuming: one reader per partition
+// # Consuming
 //
-// kafka-go offers two ways to consume in a group. A group Reader merges
-// every assigned partition into one stream: it cannot pause a partition,
-// so a message waiting for a replica would stall every partition behind a
-// dispatcher (or, with per-partition queues, fill its queue and stall the
-// dispatcher anyway), and after a rebalance it can still deliver messages
-// it buffered for partitions it lost (kafka-go issue #1398). The lower-level
-// ConsumerGroup hands out one Generation per rebalance with the partitions
-// assigned to this member and their committed offsets. The Consumer uses
-// that: each generation starts one goroutine per assigned partition with
-// its own partition Reader (its own fetch loop and a buffer of
-// QueueCapacity messages) and one committer.
-//
-//   - Independence. A partition whose next message waits for a replica
-//     stops reading its own Reader and nothing else; the others keep
-//     flowing, with no dispatcher to block.
-//   - Order and commits. Each partition's messages are processed one at a
-//     time in offset order, and the committer commits, every
-//     CommitInterval, the offset after the last message done. A message is
-//     done when the handler returned nil, or it was republished to the
-//     retry topic or dead-lettered (each written and acknowledged first).
-//     So an offset is committed only once it and every message before it in
-//     its partition are done: a crash redelivers, never skips
-//     (at-least-once; handlers must be idempotent).
-//   - Rebalances. When a generation ends (kafka-go notices a rebalance on
-//     its next heartbeat, HeartbeatInterval), every partition's context is
-//     cancelled: waits end, the Reader and its buffered messages are
-//     closed, and a message not yet done is dropped uncommitted, to be
-//     delivered again to whichever member gets the partition. Once every
-//     worker has stopped the committer commits what was done and the member
-//     rejoins. Commits carry the generation, so the coordinator refuses
-//     them once the group has moved on: a member never commits a partition
-//     it no longer owns, and the buffer of a revoked partition dies with
-//     its Reader (no #1398).
-//   - Heartbeats run on their own goroutine: a long wait does not cost
-//     group membership. A handler that ignores its context, though, holds
-//     up the rebalance of the whole group (up to RebalanceTimeout).
-//
-// The price is one broker connection and one fetch loop per assigned
-// partition; fine for tens of partitions per member, worth measuring for
-// hundreds. Close latency is bounded by MaxWait (default 500ms, against
-// kafka-go's 10s).
-//
-// # Deferral modes
-//
-// Route waits in process first (consume.Config.WaitBudget). When a message
-// still cannot run it returns a *consume.DeferError, and Mode decides:
-//
-//   - InPlace (default) keeps the message at the head of its partition:
-//     hold it for the deferral's delay, or until a replica has replayed
-//     its token if that comes first (result woken; a token a Verifier
-//     must vouch for sleeps the delay), route again, until it runs on a
-//     replica or the token is older than the router's MaxAge (then it
-//     reads the primary). Per-key order is kept; the messages behind it in
-//     that partition wait with it.
-//   - RetryTopic republishes the message to RetryTopic with its token, a
-//     due time (HeaderDue) and HeaderDeferred, commits the original and
-//     moves on; the group reads the retry topic too. The worker of a retry
-//     partition takes its head message and waits until it is due or a
-//     replica has replayed its token, whichever comes first (woken by the
-//     tracker's observations, within milliseconds of the catch-up: result
-//     woken), then routes it again: a replica, another deferral if it is
-//     due and still behind, the primary after MaxAge. Retry partitions are
-//     roughly in due order (each message is appended at now + delay); a
-//     message behind the head waits for the head even when its own token
-//     is caught up. Partitions never wait, but a deferred message runs
-//     after later messages of its key: for work whose order does not
-//     matter. A crash between the republish and the commit writes the
-//     message to the retry topic twice; it is never lost.
-//
-// Deferrals never count as failed attempts (Attempt).
-//
-// # Handler errors
-//
-// A handler error is retried up to MaxAttempts runs, RetryBackoffInitial
-// doubling up to RetryBackoffMax between them: in place in InPlace mode
-// (the partition waits, order is kept), through the retry topic in
-// RetryTopic mode, where it waits out its backoff whatever the replicas
-// do (it carries no HeaderDeferred). Then the message goes to
-// DeadLetterTopic with HeaderError, HeaderAttempts and its origin, or to
-// the DeadLetter hook; only then is it committed. A panic counts as an
-// error. An error returned after the partition's context ended is not a
-// failure: the message is dropped and delivered again.
-//
-// Consumers must still tolerate a row that is not found: an asynchronously
-// committed write lost in a crash or failover can have its position reused,
-// and no token can tell.
+// One kafka-go Reader per assigned partition and generation, each in
+// order: a message waiting for a replica holds only its own partition, and
+// a message is committed only when it and everything before it in its
+// partition are done. Mode says how a message no replica can serve yet is
+// deferred: InPlace holds the partition (order kept), RetryTopic
+// republishes it to a retry topic with its due time (order per key lost,
+// the partition moves on); a deferral for lag ends early when a replica
+// passes the token. Handler errors are retried up to MaxAttempts, then the
+// message goes to the dead-letter topic or hook; deferrals never count as
+// attempts. Handlers must tolerate a row that is not found (a write lost in
+// a crash or failover). The details, rebalances and kafka-go's known
+// issues are in docs/kafka.md.
 //
 // # Metrics
 //
 // caughtup.kafka.messages ({message}) counts what happened to messages by
-// topic (messaging.destination.name) and result (handled, waited,
-// deferred, retried, dead_lettered, dropped), on the MeterProvider in
+// topic (messaging.destination.name) and caughtup.kafka.result (handled,
+// waited, deferred, retried, dead_lettered, dropped, woken), on the
+// MeterProvider in
 // ConsumerConfig; routing decisions are counted by the router. It is a
 // synchronous counter: its sums outlive Run, and consumers made one after
 // the other on one MeterProvider add to the same series.
