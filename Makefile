@@ -58,8 +58,8 @@ fuzz:
 # Benchmarks, including the throughput runs that print tables (kafka:
 # routed vs plain kafka-go consumer); never part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./outbox/ ./feed/ ./asynq/
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/
+	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./replay/ ./outbox/ ./feed/ ./asynq/...
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/...
 
 demo: deps
 	$(GO) run ./cmd/caughtup-demo
