@@ -31,12 +31,13 @@ type Config struct {
 	// two round trips). A replica that does not answer in time is unknown
 	// (ReasonReplicaError) and the event reads the primary, instead of a
 	// consumer hanging on a wedged or unreachable standby for as long as
-	// TCP takes to notice. Default DefaultQueryTimeout (1s): the checker's
-	// queries are trivial, so a second means trouble, the same bound the
-	// consume tracker puts on its observations.
+	// TCP takes to notice. Must not be negative.
+	// Default: DefaultQueryTimeout (1s).
+	// The checker's queries are trivial, so a second means trouble: the
+	// bound the replay tracker puts on its observations.
 	QueryTimeout time.Duration
-	// MeterProvider for caughtup.cdc.checks and caughtup.cdc.primary.
-	// Default nil: otel.GetMeterProvider().
+	// MeterProvider records caughtup.cdc.checks and caughtup.cdc.primary.
+	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 }
 

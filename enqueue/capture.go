@@ -25,19 +25,22 @@ type Config struct {
 	// Database is the logical name under which positions enter the token,
 	// the key consumers use to find this database's primary and replicas.
 	// It need not be the PostgreSQL database name. 1 to 63 of
-	// [A-Za-z0-9_-]. Default "main".
+	// [A-Za-z0-9_-].
+	// Default: DefaultDatabase ("main").
 	Database string
 
 	// SystemIDRefresh is how long a connection reuses the system
-	// identifier (and WAL geometry) it read before reading it again. Both
-	// are fixed at initdb, so this only matters when a proxy moves a live
-	// connection to another cluster. The timeline is read on every capture
-	// and is not affected. Negative: read it on every capture. Default
-	// DefaultSystemIDRefresh (1 minute).
+	// identifier (and WAL geometry) it read before reading it again. The
+	// timeline is read on every capture and is not affected. Negative:
+	// read it on every capture.
+	// Default: DefaultSystemIDRefresh (1 minute).
+	// Both are fixed at initdb, so this only matters when a proxy moves a
+	// live connection to another cluster.
 	SystemIDRefresh time.Duration
 
 	// Now is the clock that stamps Token.CapturedAt, which consumers use to
-	// bound waiting and deferral. Default time.Now.
+	// bound waiting and deferral.
+	// Default: time.Now.
 	Now func() time.Time
 }
 

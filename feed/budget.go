@@ -30,30 +30,37 @@ type BudgetConfig struct {
 	// Budget never closes it.
 	Client redis.UniversalClient
 
-	// Rate events per Period are allowed fleet-wide per key. Required.
+	// Rate events per Period are allowed fleet-wide per key. At least 1.
+	// Required.
 	Rate int
 
-	// Period is the window Rate is counted over. Default 1s.
+	// Period is the window Rate is counted over. Must not be negative.
+	// Default: 1s.
 	Period time.Duration
 
-	// Burst is how many events may pass at once after a quiet spell.
-	// Default Rate (one Period's worth), as redis_rate's PerSecond does.
-	// Over any span t, at most Rate×t/Period + Burst events pass.
+	// Burst is how many events may pass at once after a quiet spell. Over
+	// any span t, at most Rate×t/Period + Burst events pass. Must not be
+	// negative.
+	// Default: Rate (one Period's worth).
+	// As redis_rate's PerSecond does.
 	Burst int
 
-	// Prefix starts every key in Redis (after redis_rate's own "rate:"),
-	// so that one ACL pattern covers them (BudgetACL). Default
-	// DefaultBudgetPrefix.
+	// Prefix starts every key in Redis (after redis_rate's own "rate:").
+	// Default: DefaultBudgetPrefix ("caughtup.budget.").
+	// One ACL pattern then covers every key (BudgetACL).
 	Prefix string
 
-	// Timeout bounds each Allow's round trip. Default 50ms: a LAN round
-	// trip is well under a millisecond, so 50ms means trouble, and a job
-	// headed for the primary should not wait longer for the answer.
+	// Timeout bounds each Allow's round trip. Must not be negative.
+	// Default: 50ms.
+	// A LAN round trip is well under a millisecond, so 50ms means trouble,
+	// and a job headed for the primary should not wait longer for the
+	// answer.
 	Timeout time.Duration
 
 	// Cooldown: after an error, Allow returns ErrBudgetUnavailable at once
-	// for this long instead of asking Redis again, so that an unreachable
-	// or black-holed Redis costs routing nothing. Default 1s.
+	// for this long instead of asking Redis again. Must not be negative.
+	// Default: 1s.
+	// An unreachable or black-holed Redis then costs routing nothing.
 	Cooldown time.Duration
 }
 

@@ -26,57 +26,67 @@ var ErrBacklog = errors.New("caughtup/feed: publisher backlog full; observation 
 // but Client means its documented default; WithDefaults fills them in.
 type SenderConfig struct {
 	// Client is the Redis to publish to: a *redis.Client, a
-	// *redis.ClusterClient, or a Sentinel-backed failover client (see the
-	// package documentation). Required. The Sender never closes it.
+	// *redis.ClusterClient, or a Sentinel-backed failover client (see
+	// docs/feed.md, "Redis: keys, Cluster, Sentinel"). Required. The
+	// Sender never closes it.
 	Client redis.UniversalClient
 
 	// Feed names the feed: publishers and subscribers of one feed share
 	// it, and it is part of every key, the channel and every MAC (so a
-	// message of one feed never verifies on another). Default "default".
+	// message of one feed never verifies on another).
+	// Default: DefaultFeed ("default").
 	Feed string
 
 	// Name identifies this publisher across restarts, e.g. the host or
 	// pod name; each process adds a random instance ID to it. Stored
 	// values are kept per Name, so two publishers of one feed must not
-	// share one. Default: the host name.
+	// share one.
+	// Default: the host name ("publisher" if it is not a valid name).
+	// It is already unique per host and stable across restarts.
 	Name string
 
 	// Keys: the publisher signs every message with Keys.Current. Required
 	// unless Insecure.
 	Keys Keyring
 
-	// Insecure publishes unsigned messages when Keys is empty. It must be
-	// asked for: anyone who can publish on the channel could then move
-	// every router in the fleet. It is logged at NewSender. Default
-	// false.
+	// Insecure publishes unsigned messages when Keys is empty. It is
+	// logged at NewSender.
+	// Default: false.
+	// Unsigned, anyone who can publish on the channel could move every
+	// router in the fleet; that must be asked for.
 	Insecure bool
 
 	// TTL is the expiry the latest value of each node is stored with (SET
 	// … PX). A subscriber measures a stored value's age as TTL minus its
 	// remaining PTTL, both on Redis's clock; values of a publisher that
-	// stopped disappear after it. Default 10s: ten times the consume
-	// package's default staleness bound, so a stored value is always old
+	// stopped disappear after it. Under 1ms (but not zero) is refused:
+	// Redis expiries are whole milliseconds.
+	// Default: 10s.
+	// Ten times replay's default staleness bound, so a stored value is old
 	// enough to be recognised as stale before it vanishes, and a stopped
 	// publisher's values are gone within seconds.
 	TTL time.Duration
 
-	// MaxPending bounds the nodes with an observation waiting to be sent.
-	// A newer observation of a node replaces a waiting one (counted as
-	// superseded), so the backlog never holds more than one per node.
-	// Default 1024: far more nodes than one publisher polls.
+	// MaxPending bounds the nodes with an observation waiting to be sent;
+	// beyond it Publish returns ErrBacklog. A newer observation of a node
+	// replaces a waiting one (counted as superseded), so the backlog never
+	// holds more than one per node. Must not be negative.
+	// Default: 1024.
+	// Far more nodes than one publisher polls.
 	MaxPending int
 
-	// Timeout bounds each pipeline to Redis. Default 1s: a pipeline is a
-	// few commands per node, and a Redis that takes a second will be
-	// judged silent by subscribers anyway.
+	// Timeout bounds each pipeline to Redis. Must not be negative.
+	// Default: 1s.
+	// A pipeline is a few commands per node, and a Redis that takes a
+	// second will be judged silent by subscribers anyway.
 	Timeout time.Duration
 
-	// Logger receives failures (rate-limited) and recoveries. Default
-	// slog.Default().
+	// Logger receives failures (rate-limited) and recoveries.
+	// Default: slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider for the publisher's instruments. Default
-	// otel.GetMeterProvider().
+	// MeterProvider records the publisher's instruments.
+	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 }
 

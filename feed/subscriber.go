@@ -142,7 +142,8 @@ type SubscriberConfig struct {
 	// Required. The Subscriber never closes it.
 	Client redis.UniversalClient
 
-	// Feed names the feed. Default "default".
+	// Feed names the feed.
+	// Default: DefaultFeed ("default").
 	Feed string
 
 	// Keys: a message is accepted only when signed with one of Keys.
@@ -155,7 +156,9 @@ type SubscriberConfig struct {
 	// authentication off; with Keys set it is the step to enable signing
 	// without downtime (configure subscribers with Keys and Insecure, then
 	// publishers with Keys, then drop Insecure). Logged at NewSubscriber.
-	// Default false.
+	// Default: false.
+	// An unsigned message could come from anyone who can publish on the
+	// channel; accepting them must be asked for.
 	Insecure bool
 
 	// OnObservation receives every accepted observation, from Run's
@@ -169,44 +172,54 @@ type SubscriberConfig struct {
 	OnHealth func(Health)
 
 	// SilenceBound: with no authentic observation for this long the feed
-	// is StateSilent. Rejected messages do not count: a flood of forgeries
-	// cannot keep a dead feed looking alive. Default 1s, the consume
-	// package's default staleness bound; set it to the router's. The
-	// state changes within SilenceBound plus a quarter of it.
+	// is StateSilent; the state changes within SilenceBound plus a quarter
+	// of it. Rejected messages do not count: a flood of forgeries cannot
+	// keep a dead feed looking alive. Must not be negative; set it to the
+	// router's.
+	// Default: 1s.
+	// The default staleness bound of the router's tracker
+	// (replay.DefaultStalenessBound).
 	SilenceBound time.Duration
 
 	// PingInterval: after this long with nothing read the subscriber
 	// PINGs Redis, and drops the subscription (StateDropped) when no
 	// answer comes within ReadTimeout, so a half-open connection is
-	// noticed. Default 1s.
+	// noticed. Must not be negative.
+	// Default: 1s.
 	PingInterval time.Duration
 
 	// ReadTimeout bounds the SUBSCRIBE confirmation, each read of the
-	// stored values and the answer to a PING. Default 2s.
+	// stored values and the answer to a PING. Must not be negative.
+	// Default: 2s.
 	ReadTimeout time.Duration
 
 	// MinBackoff and MaxBackoff bound the exponential backoff between
-	// attempts to (re)subscribe. Defaults 50ms and 2s: a restarted Redis
-	// is back within a fraction of a second, and a fleet of subscribers
-	// retrying every 2s costs it nothing.
+	// attempts to (re)subscribe. Neither may be negative, and MaxBackoff
+	// must be at least MinBackoff.
+	// Default: 50ms and 2s.
+	// A restarted Redis is back within a fraction of a second, and a fleet
+	// of subscribers retrying every 2s costs it nothing.
 	MinBackoff, MaxBackoff time.Duration
 
 	// MaxStreams bounds the replay memory: the highest sequence number per
 	// publisher instance and node. Beyond it the streams heard from least
 	// recently are forgotten (a replay of their old messages is then
-	// accepted once; see the package documentation). Default 65536.
+	// accepted once; see docs/feed.md, "Replays"). Must not be negative.
+	// Default: 65536.
 	MaxStreams int
 
-	// MaxStored bounds the stored values read per (re)subscription.
-	// Default 4096.
+	// MaxStored bounds the stored values read per (re)subscription. Must
+	// not be negative.
+	// Default: 4096.
 	MaxStored int
 
 	// Logger receives health changes and rejected messages (rate-limited
-	// per reason). Default slog.Default().
+	// per reason).
+	// Default: slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider for the subscriber's instruments. Default
-	// otel.GetMeterProvider().
+	// MeterProvider records the subscriber's instruments.
+	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 }
 

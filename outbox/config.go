@@ -47,44 +47,55 @@ type PollingConfig struct {
 	// caughtupasynq.NewOutboxPublisher, or your own. Required.
 	Publisher Publisher
 	// Database is the logical database name in the tokens, the key
-	// consumers use to find this database's replicas. Default
-	// DefaultDatabase ("main"), as enqueue's.
+	// consumers use to find this database's replicas. 1 to 63 of
+	// [A-Za-z0-9_-].
+	// Default: DefaultDatabase ("main").
+	// enqueue's default, so that producers and relay agree unconfigured.
 	Database string
 	// Table is the outbox table, "name" or "schema.name" (see Table).
-	// Default DefaultTable.
+	// Default: DefaultTable.
 	Table string
-	// BatchSize is how many rows one transaction claims. Default 100:
-	// large enough to amortize the transaction and the position read,
+	// BatchSize is how many rows one transaction claims. Must not be
+	// negative.
+	// Default: 100.
+	// Large enough to amortize the transaction and the position read,
 	// small enough that row locks are held only for one publish round
 	// trip.
 	BatchSize int
-	// PollInterval is the pause after a batch that was not full. Default
-	// 100ms: an event waits at most that long in an idle outbox, at ten
-	// cheap index scans per second.
+	// PollInterval is the pause after a batch that was not full, and so
+	// the longest an event waits in an idle outbox. Must not be negative.
+	// Default: 100ms.
+	// A tenth of a second of latency, at ten cheap index scans per second.
 	PollInterval time.Duration
 	// KeepPublished sets published_at instead of deleting published rows,
-	// for audit trails; prune them yourself. Default false (delete): the
-	// table stays small and the claim query fast.
+	// for audit trails; prune them yourself.
+	// Default: false (delete).
+	// The table stays small and the claim query fast.
 	KeepPublished bool
 	// MinBackoff is the first pause after a failed batch; it doubles per
-	// failure up to MaxBackoff. Default 100ms: a blip in the broker or
-	// the database costs a tenth of a second.
+	// failure up to MaxBackoff. Must not be negative.
+	// Default: 100ms.
+	// A blip in the broker or the database costs a tenth of a second.
 	MinBackoff time.Duration
-	// MaxBackoff caps the pause between failed batches. Default 5s, or
-	// MinBackoff if that is larger: a relay whose broker is down retries
-	// a dozen times a minute, and resumes within 5s once it is back.
+	// MaxBackoff caps the pause between failed batches. Must not be
+	// negative or below MinBackoff.
+	// Default: 5s, or MinBackoff if that is larger.
+	// A relay whose broker is down retries a dozen times a minute, and
+	// resumes within 5s once it is back.
 	MaxBackoff time.Duration
 	// SystemIDRefresh is how long the system identifier, which is fixed at
 	// initdb, is reused before it is read again (enqueue.Config's field of
-	// the same name). Default enqueue.DefaultSystemIDRefresh (1 minute).
+	// the same name).
+	// Default: enqueue.DefaultSystemIDRefresh (1 minute).
 	SystemIDRefresh time.Duration
-	// Logger receives failed batches (the relay retries them). Default
-	// nil: slog.Default().
+	// Logger receives failed batches (the relay retries them).
+	// Default: slog.Default().
 	Logger *slog.Logger
-	// MeterProvider for the relay's instruments. Default nil:
-	// otel.GetMeterProvider().
+	// MeterProvider records the relay's instruments.
+	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
-	// Now stamps Token.CapturedAt. Default time.Now.
+	// Now stamps Token.CapturedAt.
+	// Default: time.Now.
 	Now func() time.Time
 }
 
@@ -156,62 +167,77 @@ type LogicalConfig struct {
 	// DialFunc, when set, dials every connection the relay opens (the
 	// replication stream, the drain, the row deletes), as pgconn.Config's
 	// field of the same name: for proxies, cloud connectors, or a
-	// fault-injecting dialer in tests. Default nil: pgconn's own.
+	// fault-injecting dialer in tests.
+	// Default: nil, pgconn's own.
 	DialFunc pgconn.DialFunc
 	// Publisher delivers stamped batches: caughtupkafka.NewOutboxPublisher,
 	// caughtupasynq.NewOutboxPublisher, or your own. Required.
 	Publisher Publisher
-	// Database is the logical database name in the tokens. Default
-	// DefaultDatabase ("main").
+	// Database is the logical database name in the tokens. 1 to 63 of
+	// [A-Za-z0-9_-].
+	// Default: DefaultDatabase ("main").
+	// enqueue's default, so that producers and relay agree unconfigured.
 	Database string
 	// Table is the outbox table, "name" or "schema.name" (see Table).
-	// Default DefaultTable.
+	// Default: DefaultTable.
 	Table string
 	// Publication is the publication the relay creates (FOR TABLE Table,
-	// inserts only) and streams. 1 to 63 of [a-z0-9_]. Default
-	// "caughtup_" + the table name, so relays of different tables do not
-	// collide.
+	// inserts only) and streams. 1 to 63 of [a-z0-9_].
+	// Default: "caughtup_" + the table name.
+	// Relays of different tables then do not collide.
 	Publication string
 	// Slot is the logical replication slot (pgoutput). It keeps every
 	// transaction the relay has not confirmed, which is what makes restarts
 	// lossless, and also keeps the WAL behind it: monitor
 	// pg_replication_slots when the relay is down for long. 1 to 63 of
-	// [a-z0-9_]. Default "caughtup_" + the table name.
+	// [a-z0-9_].
+	// Default: "caughtup_" + the table name.
+	// Relays of different tables then do not collide.
 	Slot string
 	// MaxBatch is how many events are collected before a publish.
-	// Transactions are never split, so a batch can exceed it. Default 500:
-	// a few hundred small messages make one broker round trip.
+	// Transactions are never split, so a batch can exceed it. Must not be
+	// negative.
+	// Default: 500.
+	// A few hundred small messages make one broker round trip.
 	MaxBatch int
 	// FlushDelay is how long the first committed transaction waits for
-	// others to join its batch. Default 5ms: under load batches fill to
-	// MaxBatch long before; when idle it adds 5ms of latency.
+	// others to join its batch; when idle it is added to every event's
+	// latency. Must not be negative.
+	// Default: 5ms.
+	// Under load batches fill to MaxBatch long before.
 	FlushDelay time.Duration
 	// StatusInterval is how often the relay reports its confirmed position
 	// even without progress; it must stay well below the server's
-	// wal_sender_timeout (60s). Default 10s, PostgreSQL's own
-	// wal_receiver_status_interval. The relay cannot answer the server
-	// while Publisher.Publish runs, so a publish that takes longer than
-	// wal_sender_timeout ends the session; it is retried.
+	// wal_sender_timeout (60s by default). The relay cannot answer the
+	// server while Publisher.Publish runs, so a publish that takes longer
+	// than wal_sender_timeout ends the session; it is retried. Must not be
+	// negative.
+	// Default: 10s.
+	// PostgreSQL's own wal_receiver_status_interval.
 	StatusInterval time.Duration
-	// KeepRows keeps relayed rows in the table, unmarked. Default false:
-	// the relay deletes them after confirming, on a second, ordinary
-	// connection. Deleting is safe at any time because the stream carries
-	// the inserted values; the rows matter only to the one-time drain
+	// KeepRows keeps relayed rows in the table, unmarked. Otherwise the
+	// relay deletes them after confirming, on a second, ordinary
+	// connection.
+	// Default: false (delete).
+	// Deleting is safe at any time because the stream carries the
+	// inserted values; the rows matter only to the one-time drain
 	// described on LogicalRelay.
 	KeepRows bool
 	// MinBackoff is the first pause before a reconnect; it doubles per
-	// failed session up to MaxBackoff. Default 100ms.
+	// failed session up to MaxBackoff. Must not be negative.
+	// Default: 100ms.
 	MinBackoff time.Duration
-	// MaxBackoff caps the pause between reconnects. Default 5s, or
-	// MinBackoff if that is larger: a standby instance waiting for the
-	// slot, or a relay whose broker is down, retries a dozen times a
-	// minute.
+	// MaxBackoff caps the pause between reconnects. Must not be negative
+	// or below MinBackoff.
+	// Default: 5s, or MinBackoff if that is larger.
+	// A standby instance waiting for the slot, or a relay whose broker is
+	// down, retries a dozen times a minute.
 	MaxBackoff time.Duration
-	// Logger receives reconnects and their reasons. Default nil:
-	// slog.Default().
+	// Logger receives reconnects and their reasons.
+	// Default: slog.Default().
 	Logger *slog.Logger
-	// MeterProvider for the relay's instruments. Default nil:
-	// otel.GetMeterProvider().
+	// MeterProvider records the relay's instruments.
+	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 }
 

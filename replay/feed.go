@@ -17,19 +17,19 @@ import (
 
 // FeedConfig makes a Router take replica and primary positions from a
 // position feed (package feed) that a few publishers fill, instead of
-// querying every node itself. See "Fleet scale: the position feed" in the
-// package documentation for what the router believes and why that never
-// reads stale.
+// querying every node itself. What a router on the feed believes, and why
+// that never reads stale, is in docs/design.md ("What a router on the feed
+// believes"); costs and sizing in docs/fleet.md.
 type FeedConfig struct {
 	// Client is the Redis the publishers publish to: a *redis.Client, a
 	// *redis.ClusterClient or a Sentinel failover client
-	// (redis.NewUniversalClient picks one from its options; see the feed
-	// package). Required. The Router never closes it; one subscription
-	// connection per Router comes from it.
+	// (redis.NewUniversalClient picks one from its options; see
+	// docs/feed.md). Required. The Router never closes it; one
+	// subscription connection per Router comes from it.
 	Client redis.UniversalClient
 
-	// Name is the feed's name, the publishers' PublisherConfig.Feed.
-	// Default feed.DefaultFeed ("default").
+	// Name is the feed's name, the publishers' PublisherConfig.Feed.Feed.
+	// Default: feed.DefaultFeed ("default").
 	Name string
 
 	// Keys are the keys publishers sign with (feed.ParseKeys reads them
@@ -38,32 +38,36 @@ type FeedConfig struct {
 	Keys feed.Keyring
 
 	// Insecure believes unsigned messages (and, with Keys set, messages
-	// signed with keys the router does not hold, which cannot be checked):
-	// anyone who can publish on the feed's channel could then send every
-	// router of the fleet to replicas that lack their rows. It must be
-	// asked for, and is logged as a warning when the Router starts.
-	// Default false.
+	// signed with keys the router does not hold, which cannot be
+	// checked). It is logged as a warning when the Router starts.
+	// Default: false.
+	// Believing unsigned messages, anyone who can publish on the feed's
+	// channel could send every router of the fleet to replicas that lack
+	// their rows; that must be asked for.
 	Insecure bool
 
 	// SilenceBound: a node of which no feed observation has been merged
 	// for this long is polled by the router itself until the feed covers
 	// it again, and a feed with no authentic message for this long counts
-	// as silent (every node is polled locally). Default half of
-	// Config.StalenessBound (500ms), so that local polling has taken over
-	// before what the feed said goes stale; it must be below
-	// StalenessBound. Raise it (with StalenessBound) only for publishers
-	// that poll slower than the default.
+	// as silent (every node is polled locally). It must not be negative,
+	// and must be below TrackerConfig.StalenessBound; raise it (with
+	// StalenessBound) only for publishers that poll slower than the
+	// default.
+	// Default: half of TrackerConfig.StalenessBound (500ms).
+	// Local polling has taken over before what the feed said goes stale.
 	SilenceBound time.Duration
 
 	// MaxDelay: a message received more than MaxDelay after its publisher
 	// sent it (the publisher's clock against the router's, less the time
-	// Redis measured it stored) is refused: an old message replayed, or a
-	// publisher stalled between polling and sending. The publisher's clock
-	// is used only to refuse, never to make an observation look fresher,
-	// so a clock more than MaxDelay behind the router's costs availability
-	// (its messages are refused, counted and logged, and the router polls
-	// by itself), never freshness. Keep clocks synchronized (NTP keeps
-	// them within milliseconds). Default 5s. Negative disables the check.
+	// Redis measured it stored) is refused, counted and logged, and the
+	// router polls by itself: an old message replayed, or a publisher
+	// stalled between polling and sending. The publisher's clock is used
+	// only to refuse, never to make an observation look fresher, so a
+	// publisher clock more than MaxDelay behind the router's costs
+	// availability, never freshness: keep clocks synchronized. Negative
+	// disables the check.
+	// Default: DefaultFeedMaxDelay (5s).
+	// Far above what NTP-synchronized clocks differ by (milliseconds).
 	MaxDelay time.Duration
 }
 

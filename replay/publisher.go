@@ -18,50 +18,39 @@ import (
 	"github.com/caughtup/caughtup/feed"
 )
 
-// DefaultFeedInterval is how often a Publisher polls every node by
-// default: 10ms. Routers on the feed of two such publishers learn that a
-// replica caught up within a few milliseconds (BenchmarkFeedInterval, on 2
-// cores shared with other test suites: catch-up → wait returns p50 4ms,
-// p90 12ms; at 20ms p50 11ms, p90 16ms; at 50ms p50 18ms, p90 38ms), at a
-// cost to each replica of 100 queries/s per publisher whatever the number
-// of routers: 175/s measured from two, about what a single router polling
-// by itself costs a replica while one of its jobs waits (WaitPollInterval
-// 5ms). 5ms halves the latency again for twice the load on replicas and
-// Redis; a wait of a few milliseconds is what the local tracker gives.
+// DefaultFeedInterval is PublisherConfig.PollInterval's default: how
+// often a Publisher polls every node. Routers on the feed learn that a
+// replica caught up within a few milliseconds, as a router polling by
+// itself does while a job waits, at 100 queries/s per publisher to each
+// replica whatever the number of routers (docs/measurements.md).
 const DefaultFeedInterval = 10 * time.Millisecond
 
-// DefaultFeedHeartbeat is how often a Publisher publishes a node whose
-// observations have not changed, by default: 100ms. A node's observation
-// goes out in the poll that sees it change (a replica passing a waiting
-// job's token wakes jobs as before), and a node that does not change costs
-// Redis, and every router subscribed, one message per heartbeat instead of
-// one per poll: with two publishers and three idle nodes, 60 messages/s
-// instead of 600 per router. The fleet simulation (`make fleet`) measured
-// 1,000 routers on one 2-core machine taking 56,000 deliveries/s for a
-// quarter of redis-server's core and a core of the routers' processes;
-// publishing every poll, the same fleet would take ten times that. 100ms is
-// 10 polls at the default interval and 5 heartbeats per router's default
+// DefaultFeedHeartbeat is PublisherConfig.Heartbeat's default: how often
+// a Publisher publishes a node whose observation has not changed. Ten
+// polls at the default interval and five heartbeats per router's default
 // SilenceBound (500ms), so a router finds a node silent only when several
-// in a row are lost, and what the feed says is never older than a
-// heartbeat plus transit, far within the staleness bound (1s).
+// in a row are lost, while an idle node costs a tenth of the messages of
+// publishing every poll (docs/measurements.md).
 const DefaultFeedHeartbeat = 100 * time.Millisecond
 
 // PublisherConfig configures a Publisher. The zero value of every field
 // but Feed.Client means its documented default.
 type PublisherConfig struct {
-	// Feed is the feed to publish to: Client (required), Feed (the
-	// name), Name (this publisher's, unique among the feed's publishers;
-	// default the host name), Keys (required unless Insecure), TTL… See
-	// feed.SenderConfig. A nil Logger or MeterProvider there means this
-	// config's.
+	// Feed is the feed to publish to and this publisher's part in it:
+	// Client (required), Feed (the feed's name), Name (this publisher's,
+	// unique among the feed's publishers), Keys (required unless
+	// Insecure), TTL… See feed.SenderConfig. A nil Logger or
+	// MeterProvider there means this config's.
+	// Default: feed.SenderConfig's defaults (Name: the host name).
 	Feed feed.SenderConfig
 
 	// PollInterval: every PollInterval each database's replicas are
 	// polled together, then its primary, and each observation is
 	// published as soon as it is read. Polling the primary after the
 	// replicas lets a router confirm within the round that no replica
-	// claims more than the primary had inserted. Default
-	// DefaultFeedInterval (10ms).
+	// claims more than the primary had inserted. Negative is refused.
+	// Default: DefaultFeedInterval (10ms).
+	// A catch-up reaches the routers within a few milliseconds.
 	PollInterval time.Duration
 
 	// Heartbeat: each node's observation is published when it differs
@@ -73,16 +62,19 @@ type PublisherConfig struct {
 	// time lag grows with every poll): routers see them at most a
 	// Heartbeat old. Keep it several times below the routers'
 	// FeedConfig.SilenceBound, after which a router polls a node the feed
-	// is silent about. Default DefaultFeedHeartbeat (100ms). Negative
-	// publishes every poll.
+	// is silent about. Negative publishes every poll.
+	// Default: DefaultFeedHeartbeat (100ms).
+	// Five heartbeats per default SilenceBound; an idle node costs a tenth
+	// of the messages of publishing every poll.
 	Heartbeat time.Duration
 
-	// Logger receives poll and publish failures (rate-limited). Default
-	// slog.Default().
+	// Logger receives poll and publish failures (rate-limited).
+	// Default: slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider for the feed publisher's instruments
-	// (caughtup.feed.published, …). Default otel.GetMeterProvider().
+	// MeterProvider records the feed publisher's instruments
+	// (caughtup.feed.published, …).
+	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 }
 

@@ -33,22 +33,24 @@ type MiddlewareConfig struct {
 	// data consistency where the worker is declared. Keys are matched the
 	// way asynq.ServeMux matches patterns: the exact type first, else the
 	// longest key that is a prefix of the type ("email:" covers
-	// "email:welcome"). Default: none, every type gets DefaultPolicy.
+	// "email:welcome"). An empty key, or a value that is not a
+	// consume.Policy, is refused.
+	// Default: none, every type gets DefaultPolicy.
 	Policies map[string]consume.Policy
 
 	// DefaultPolicy applies to task types Policies does not match.
-	// Default consume.PolicyDefault: the router's Config.DefaultPolicy
-	// (Delayed unless configured otherwise), so that one setting governs
-	// every adapter in the process.
+	// Default: consume.PolicyDefault, the router's Config.DefaultPolicy
+	// (Delayed unless configured otherwise).
+	// One setting then governs every adapter in the process.
 	DefaultPolicy consume.Policy
 
 	// Redis is the Redis the server's tasks are in: the middleware opens
-	// its Inspector there (asynq.NewInspector) unless Inspector is set.
-	// Middleware needs one of the two, or WakeCapacity -1: without an
-	// Inspector deferred tasks would silently wait out their whole delay.
-	// NewServer sets neither (it has the server's).
+	// its Inspector there (asynq.NewInspector) unless Inspector is set,
+	// and that Inspector lives as long as the process. Middleware needs
+	// one of the two, or WakeCapacity -1: without an Inspector deferred
+	// tasks would silently wait out their whole delay. NewServer sets
+	// neither (it has the server's).
 	// Default: nil.
-	// The Inspector it opens lives as long as the process.
 	Redis asynq.RedisConnOpt
 
 	// Inspector, on the Redis the server's tasks are in, does two things.
@@ -59,36 +61,39 @@ type MiddlewareConfig struct {
 	// deadline is too near for a deferral, to learn whether that deadline
 	// is the task's asynq.Deadline (absolute: deferring past it would
 	// archive the task) or its asynq.Timeout (per attempt: deferring is
-	// safe). Default nil: deferred tasks run when their delay ends, and
-	// the middleware reads HeaderDeadline, which Client writes, assuming
-	// the deadline is absolute for tasks without it
-	// (deadline_unknown). NewServer sets one on its Redis connection;
+	// safe). Without one (and without Redis), deferred tasks run when
+	// their delay ends, and the middleware reads HeaderDeadline, which
+	// Client writes, assuming the deadline is absolute for tasks without
+	// it (deadline_unknown). NewServer sets one on its Redis connection;
 	// with ServerConfig and Middleware, set Redis (or pass an Inspector
 	// here, which the middleware does not close).
+	// Default: nil (the middleware opens one on Redis).
 	Inspector *asynq.Inspector
 
 	// WakeCapacity bounds how many deferred tasks the middleware
-	// remembers to wake (with an Inspector). Each costs about 400 bytes
-	// with a one-database token (BenchmarkWakeSetMemory), so the default
-	// holds about 4 MB; a remembered task is forgotten when it comes back
-	// to this process, is woken, or its delay has ended. When the set is
-	// full the oldest task is forgotten (caughtup.asynq.wake.dropped,
-	// evicted): it runs when its delay ends, as every deferred task does if
-	// the process dies. Negative disables waking. Default
-	// DefaultWakeCapacity (10,000): more tasks than a worker process
-	// defers in a long replica outage at hundreds of tasks per second.
-	// The wake runs one goroutine while tasks are remembered: NewServer's
-	// Shutdown ends it; under Middleware alone it ends when the last
-	// remembered task is woken, comes back or has reached its delay.
+	// remembers to wake (with an Inspector). A remembered task is
+	// forgotten when it comes back to this process, is woken, or its
+	// delay has ended. When the set is full the oldest task is forgotten
+	// (caughtup.asynq.wake.dropped, evicted): it runs when its delay ends,
+	// as every deferred task does if the process dies. Negative disables
+	// waking. The wake runs one goroutine while tasks are remembered:
+	// NewServer's Shutdown ends it; under Middleware alone it ends when
+	// the last remembered task is woken, comes back or has reached its
+	// delay.
+	// Default: DefaultWakeCapacity (10,000).
+	// More tasks than a worker process defers in a long replica outage at
+	// hundreds of tasks per second, in a few MB (docs/measurements.md).
 	WakeCapacity int
 
 	// MeterProvider records caughtup.asynq.overrides and
-	// caughtup.asynq.hooks.missing. Default otel.GetMeterProvider(), as
-	// the OpenTelemetry contrib instrumentations do.
+	// caughtup.asynq.hooks.missing.
+	// Default: otel.GetMeterProvider().
+	// As the OpenTelemetry contrib instrumentations do.
 	MeterProvider metric.MeterProvider
 
 	// Logger reports, sampled, overrides that put load on the primary, and
-	// missing server hooks as errors. Default slog.Default().
+	// missing server hooks as errors.
+	// Default: slog.Default().
 	Logger *slog.Logger
 }
 

@@ -16,21 +16,21 @@ import (
 )
 
 // DelayedTaskCheckInterval is what ServerConfig sets
-// asynq.Config.DelayedTaskCheckInterval to when it is zero. asynq's own
-// default, 5s, would add up to 5s to every deferral (the router's first
-// is 1s) and to every retry; a due-task check per second is one cheap
-// Redis script per queue.
+// asynq.Config.DelayedTaskCheckInterval to when it is zero: how often
+// asynq moves due scheduled and retry tasks, deferrals included, to
+// pending. asynq's own default, 5s, would add up to 5s to every deferral
+// (the router's first is 1s) and every retry, while a check per second
+// costs one cheap Redis script per queue.
 const DelayedTaskCheckInterval = time.Second
 
 // TaskCheckInterval is what ServerConfig sets asynq.Config.TaskCheckInterval
-// to when it is zero. asynq polls its queues and, when they are all empty,
-// sleeps between half and one and a half of this interval before polling
-// again (it does not block on Redis). With asynq's default, 1s, a task
-// that becomes pending while the server is idle, such as a deferred task
-// the middleware wakes when its replica catches up, or a new task, waits
-// 0.5-1.5s for a worker. 20ms makes that 10-30ms, at the cost of an idle
-// server polling each of its queues 50 times a second (one short Redis
-// script each).
+// to when it is zero. An idle asynq server (all its queues empty) sleeps
+// between half and one and a half of this interval before polling its
+// queues again (it does not block on Redis), so a task that becomes
+// pending on it, such as a deferred task the middleware wakes when its
+// replica catches up, or a new task, waits that long for a worker:
+// 10-30ms rather than asynq's default 0.5-1.5s, for 50 short Redis scripts
+// a second per queue of an idle server (docs/measurements.md).
 const TaskCheckInterval = 20 * time.Millisecond
 
 // Server is an asynq server whose handler runs behind the middleware, with

@@ -108,100 +108,122 @@ type ConsumerConfig struct {
 	// consume.NewRouter; to read every message from the primary, keep the
 	// Router and set Policy to consume.Always.
 	Router *consume.Router
-	// Policy is the routing policy of every message. Default
-	// consume.PolicyDefault: the router's Config.DefaultPolicy, so that
-	// one setting in the router serves every adapter.
+	// Policy is the routing policy of every message.
+	// Default: consume.PolicyDefault, the router's Config.DefaultPolicy.
+	// One setting in the router then serves every adapter.
 	Policy consume.Policy
 
-	// TokenFormat says where each message's token comes from. Default
-	// TokenHeader: the header the stamping Writer (or an outbox relay)
-	// put on it. TokenDebezium reads Debezium change events instead, and
-	// routes each by its source position under the commit-safe rule
-	// (Debezium below).
+	// TokenFormat says where each message's token comes from.
+	// TokenDebezium reads Debezium change events instead, and routes each
+	// by its source position under the commit-safe rule (Debezium below).
+	// Default: TokenHeader, the header the stamping Writer (or an outbox
+	// relay) put on it.
 	TokenFormat TokenFormat
 	// Debezium configures TokenFormat TokenDebezium; unused otherwise.
 	Debezium DebeziumConfig
 
-	// Mode is what happens to a message no replica can serve yet. Default
-	// InPlace.
+	// Mode is what happens to a message no replica can serve yet.
+	// Default: InPlace.
+	// It keeps the order within a partition, and so per key.
 	Mode Mode
 	// RetryTopic is where RetryTopic mode republishes deferred and failed
 	// messages; the consumer group reads it as well as Topic. It must
-	// exist (or the cluster must create topics on first use). Default
-	// Topic + ".retry". Unused in InPlace mode.
+	// exist (or the cluster must create topics on first use), and must
+	// differ from Topic. Unused in InPlace mode.
+	// Default: Topic + ".retry".
 	RetryTopic string
 	// DeadLetterTopic receives messages whose handler failed MaxAttempts
 	// times, with HeaderError and HeaderAttempts, unless DeadLetter is set.
 	// It must exist (or be auto-created): until a dead letter is written,
-	// its partition does not move on. Default Topic + ".dlt".
+	// its partition does not move on. It must differ from Topic (and, in
+	// RetryTopic mode, from RetryTopic).
+	// Default: Topic + ".dlt".
 	DeadLetterTopic string
 	// DeadLetter, when set, is called instead of writing to
 	// DeadLetterTopic. An error makes the consumer call it again after a
 	// backoff; the message is committed only once it returns nil.
+	// Default: nil, write to DeadLetterTopic.
 	DeadLetter func(ctx context.Context, msg kafka.Message, err error) error
 
 	// MaxAttempts is how many times the handler runs a message that keeps
-	// failing before it is dead-lettered. Deferrals never count. Default
-	// DefaultMaxAttempts (5).
+	// failing before it is dead-lettered. Deferrals never count. Must not
+	// be negative.
+	// Default: DefaultMaxAttempts (5).
 	MaxAttempts int
 	// RetryBackoffInitial and RetryBackoffMax shape the delay between
 	// failed attempts: the initial delay, doubling up to the maximum.
 	// InPlace sleeps it in place; RetryTopic uses it as the due time.
-	// Defaults 100ms and 10s.
+	// Neither may be negative, and RetryBackoffMax must be at least
+	// RetryBackoffInitial.
+	// Default: DefaultRetryBackoffInitial (100ms), DefaultRetryBackoffMax
+	// (10s).
 	RetryBackoffInitial time.Duration
 	RetryBackoffMax     time.Duration
 
 	// CommitInterval is how often processed offsets are committed. Offsets
 	// are also committed when a generation ends and when the consumer
 	// stops. A crash redelivers at most what was processed in the last
-	// interval. Default 1s.
+	// interval. Must not be negative.
+	// Default: DefaultCommitInterval (1s).
 	CommitInterval time.Duration
 
-	// Group settings, passed to kafka.ConsumerGroupConfig; zero means
-	// kafka-go's default (Range then RoundRobin balancers; heartbeat 3s,
-	// session timeout 30s, rebalance timeout 30s, join backoff 5s).
+	// GroupBalancers, HeartbeatInterval, SessionTimeout, RebalanceTimeout
+	// and JoinGroupBackoff are passed to kafka.ConsumerGroupConfig.
 	// HeartbeatInterval also bounds how long a rebalance takes to be
 	// noticed.
+	// Default: kafka-go's (Range then RoundRobin balancers; heartbeat 3s,
+	// session timeout 30s, rebalance timeout 30s, join backoff 5s).
 	GroupBalancers    []kafka.GroupBalancer
 	HeartbeatInterval time.Duration
 	SessionTimeout    time.Duration
 	RebalanceTimeout  time.Duration
 	JoinGroupBackoff  time.Duration
 	// WatchPartitionChanges makes the group rebalance when partitions are
-	// added to its topics (checked every 5s); kafka-go leaves it off.
+	// added to its topics (checked every 5s).
+	// Default: false, as in kafka-go.
 	WatchPartitionChanges bool
 	// StartOffset is where a partition without a committed offset starts:
-	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	// kafka.FirstOffset or kafka.LastOffset.
+	// Default: kafka.FirstOffset.
 	StartOffset int64
 
-	// Fetch settings of the per-partition readers. MaxWait bounds how long
-	// a fetch waits for new data and so how long closing a reader at the
-	// end of a generation takes; default 500ms (kafka-go's own default is
-	// 10s). QueueCapacity is how many fetched messages each partition
-	// buffers ahead of its worker; default 100. MinBytes and MaxBytes:
-	// kafka-go's defaults (1 and 1MB).
-	MaxWait       time.Duration
+	// MaxWait bounds how long a per-partition reader's fetch waits for new
+	// data, and so how long closing a reader at the end of a generation
+	// takes. Must not be negative.
+	// Default: DefaultMaxWait (500ms).
+	// kafka-go's own 10s could hold up the end of every generation that
+	// long.
+	MaxWait time.Duration
+	// QueueCapacity is how many fetched messages each partition buffers
+	// ahead of its worker. Must not be negative.
+	// Default: DefaultQueueCapacity (100).
 	QueueCapacity int
-	MinBytes      int
-	MaxBytes      int
+	// MinBytes and MaxBytes bound each fetch of the per-partition readers.
+	// Must not be negative.
+	// Default: kafka-go's (1 and 1MB).
+	MinBytes int
+	MaxBytes int
 
 	// Dialer opens the group's and the readers' connections (and those of
-	// the default Writer). Default kafka.DefaultDialer.
+	// the default Writer).
+	// Default: kafka.DefaultDialer.
 	Dialer *kafka.Dialer
 	// Writer republishes to the retry and dead-letter topics; messages
 	// name their topic, so it must not set one. WriteMessages must return
 	// only once the broker has acknowledged the messages: the original is
-	// committed right after. Default: a kafka.Writer on Brokers, dialing
-	// with Dialer, with a Hash balancer (a key keeps its partition),
-	// RequiredAcks all and a 2ms batch timeout (each republish waits for
-	// its batch), closed when Run returns.
+	// committed right after.
+	// Default: a kafka.Writer on Brokers, dialing with Dialer, with a Hash
+	// balancer, RequiredAcks all and a DefaultRepublishBatch (2ms) batch
+	// timeout, closed when Run returns.
+	// Hash keeps a key on one partition; the batch timeout is short
+	// because each republish waits for its batch.
 	Writer MessageWriter
 
-	// Logger logs redeliveries, dead letters and broker errors. Default
-	// slog.Default().
+	// Logger logs redeliveries, dead letters and broker errors.
+	// Default: slog.Default().
 	Logger *slog.Logger
-	// MeterProvider records caughtup.kafka.messages. Default
-	// otel.GetMeterProvider(), the application's global one.
+	// MeterProvider records caughtup.kafka.messages.
+	// Default: otel.GetMeterProvider(), the application's global one.
 	MeterProvider metric.MeterProvider
 }
 
