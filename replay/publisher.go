@@ -89,6 +89,9 @@ type Publisher struct {
 	log *slog.Logger
 
 	heartbeat time.Duration
+	// now is the tracker's clock, kept here because the tracker's pollers
+	// publish before NewPublisher has stored the tracker in tr.
+	now func() time.Time
 	// sentMu guards sent: the last observation of each node handed to
 	// the feed, and when.
 	sentMu    sync.Mutex
@@ -158,7 +161,7 @@ func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherCon
 		return nil, fmt.Errorf("%w: PublisherConfig.Feed: %w", ErrInvalidConfig, err)
 	}
 	p := &Publisher{pub: pub, log: cfg.Logger, warn: rate.Sometimes{First: 1, Interval: 10 * time.Second},
-		heartbeat: cfg.Heartbeat, sent: make(map[feedNodeKey]sentObservation)}
+		heartbeat: cfg.Heartbeat, now: tcfg.Now, sent: make(map[feedNodeKey]sentObservation)}
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -219,7 +222,7 @@ func (p *Publisher) primary(pp *primaryPoller, o PrimaryObservation) {
 
 func (p *Publisher) publish(o feed.Observation) {
 	key := feedNodeKey{o.Database, o.Node, o.Role}
-	now := p.tr.cfg.Now()
+	now := p.now()
 	p.sentMu.Lock()
 	defer p.sentMu.Unlock()
 	prev, ok := p.sent[key]
