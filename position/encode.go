@@ -23,7 +23,9 @@ import (
 const (
 	// Version is the version Encode writes.
 	Version = 1
-	// HeaderName is the header (HTTP, asynq, Kafka) that carries a token.
+	// HeaderName is the header that carries a token in asynq task headers,
+	// Kafka message headers and outbox event headers. No HTTP integration
+	// ships yet; the value is a valid HTTP header value all the same.
 	HeaderName = "caughtup-token"
 	// MaxEncodedLen bounds the text Decode accepts.
 	MaxEncodedLen = 1024

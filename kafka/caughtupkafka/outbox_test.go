@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
@@ -27,6 +28,15 @@ func TestOutboxPublisherRefusesUnsafeWriters(t *testing.T) {
 	require.ErrorIs(t, err, caughtupkafka.ErrUnsafeWriter)
 	_, err = caughtupkafka.NewOutboxPublisher(nil)
 	require.Error(t, err)
+
+	// Code that drops that error holds a typed nil; the relays refuse it
+	// instead of panicking on the first batch.
+	pub, _ := caughtupkafka.NewOutboxPublisher(&kafka.Writer{Addr: kafka.TCP("localhost:9092")})
+	err = outbox.PollingConfig{Primary: &pgxpool.Pool{}, Publisher: pub}.Validate()
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
+	require.ErrorContains(t, err, "Publisher is nil (*caughtupkafka.OutboxPublisher)")
+	_, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: "postgres://x/y", Publisher: pub})
+	require.ErrorIs(t, err, outbox.ErrInvalidConfig)
 }
 
 // TestOutboxPublisher relays outbox rows from a real primary to a Kafka
