@@ -2,7 +2,8 @@
 // stamps each message with the position its producer committed, and a
 // Consumer that reads a topic in a consumer group, routes every message
 // with a consume.Router and hands the handler the pool it may read.
-// kafka-go v0.4.51 or later.
+// It requires kafka-go v0.4.51 or later (its go.mod; v0.4.48 is the
+// oldest kafka-go whose consumer groups join a Kafka 4 broker at all).
 //
 // Beside kafka-go:
 //
