@@ -41,9 +41,9 @@
 // a connection, a transaction); it runs at most two read-only queries and
 // has no side effect besides its counters, so a consumer can call it on
 // whichever replica its router chose. The Kafka adapter does exactly that
-// for Debezium topics (caughtup/kafka's TokenDebezium): ParseEnvelope
+// for Debezium topics (caughtupkafka.TokenDebezium): ParseEnvelope
 // once per message, then Check on each replica the router picks, through
-// consume.Router.RouteVerified, so that a replica where the transaction
+// consume.Job.Verify, so that a replica where the transaction
 // is not committed yet counts as behind and the message waits, is
 // deferred or reads the primary like any other.
 package cdc

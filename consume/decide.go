@@ -129,7 +129,7 @@ type DecideInput struct {
 	// of the token Decide does not allocate.
 	Buf []DatabaseDecision
 	// Verified is what a Verifier found on replicas earlier decisions
-	// for this job had chosen (Router.RouteVerified), index i for
+	// for this job had chosen (Job.Verify), index i for
 	// Token.Entries[i]; nil when there was nothing to add. It can only
 	// make a replica count as behind, or a database read the primary.
 	Verified []EntryCheck

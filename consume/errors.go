@@ -71,7 +71,7 @@ func (e *DeferError) Capped() bool { return e.Decision.Outcome == OutcomeCapped 
 func (e *DeferError) Refused() bool { return e.Decision.Action == ActionRefuse }
 
 // ErrNotRouted is returned by Pool and SQLDB for a context that did not
-// come from Router.Route (or RouteToken, RouteDecoded): a handler that is
+// come from Router.Route: a handler that is
 // not wrapped in an adapter's middleware, or a context made elsewhere.
 var ErrNotRouted = errors.New("caughtup/consume: the context was not routed: wrap the handler in the adapter's middleware (caughtupasynq.Middleware, caughtupkafka.NewConsumer with a Router) or call Router.Route")
 

@@ -211,7 +211,7 @@ const (
 	// ReasonReplicaBehind.
 	ReasonReplicaRestarted
 	// ReasonUnverified: the replica chosen could not confirm what its
-	// position suggested (Router.RouteVerified: the Verifier answered
+	// position suggested (Job.Verify: the Verifier answered
 	// VerifyUnknown, e.g. the commit status of a CDC event's transaction
 	// is unknown there or the replica did not answer); the database
 	// reads the primary.

@@ -86,7 +86,7 @@ func (s stamper) stamp(ev Event) (Event, error) {
 // TokenFromHeaders returns the token a relay of this package stamped on a
 // message, read with the header codec (position.DecodeHeaders): an
 // ordinary caughtup token in position.HeaderName, compared like any other
-// (consume.Router.RouteDecoded takes the pair as is). A missing header
+// (consume.Job takes the pair as Token and TokenErr). A missing header
 // returns the zero Token and no error, and a malformed one the zero Token
 // and a *position.DecodeError; consumers treat both as unknown and read
 // the primary.

@@ -75,7 +75,7 @@ func MergeHeaderValues(values ...string) (string, error) {
 // carries no token. If any value does not decode, DecodeHeaders returns
 // the zero Token and that value's *DecodeError: one unreadable value makes
 // the whole message unknown, whatever the others say, and the consumer
-// reads the primary (consume.Router.RouteDecoded takes the pair as is).
+// reads the primary (consume.Job takes the pair as Token and TokenErr).
 func DecodeHeaders(values ...string) (Token, error) {
 	var tok Token
 	for _, v := range values {

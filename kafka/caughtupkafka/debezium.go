@@ -55,7 +55,7 @@ const (
 	// Metrics are a stamped message's (caughtup.consume.decisions,
 	// caughtup.kafka.messages) plus the checker's (caughtup.cdc.checks).
 	// Jobs the handler enqueues inherit only the positions of the
-	// replicas it read (consume.RouteVerified), never source.lsn.
+	// replicas it read (consume.Job.Verify), never source.lsn.
 	TokenDebezium
 )
 

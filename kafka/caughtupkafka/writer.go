@@ -168,7 +168,7 @@ func tokenValues(hs []kafka.Header) []string {
 // from every position.HeaderName header: the zero Token and nil when it
 // carries none, the tokens of several headers merged, and the zero Token
 // with a *position.DecodeError when any of them does not decode. Give both
-// to consume.Router.RouteDecoded, which sends a message whose token does
+// to consume.Router.Route (as Job.Token and Job.TokenErr), which sends a message whose token does
 // not decode to the primary (ReasonMalformedToken); Middleware and the
 // Consumer do.
 func TokenOf(msg kafka.Message) (position.Token, error) {
