@@ -96,8 +96,8 @@ func ValidateDatabases(dbs map[string]Database) error {
 // its documented default; WithDefaults fills them in.
 //
 // The tracker's role needs pg_monitor (or pg_read_all_stats) and, after a
-// failover, the right to read the timeline history file (superuser or
-// pg_read_server_files); see docs/roles.md. Its connections are named
+// failover, the right to read the timeline history file (EXECUTE on
+// pg_read_file(text), or superuser); see docs/roles.md. Its connections are named
 // ApplicationName.
 type TrackerConfig struct {
 	// PollInterval is how often each node is queried: one query per node

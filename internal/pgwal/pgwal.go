@@ -307,8 +307,8 @@ const historyQuery = `SELECT pg_read_file('pg_wal/' || lpad(to_hex($1::int), 8, 
 
 // ReadHistory reads the history file of timeline tli (which must be above
 // 1; timeline 1 has no history) from the server's pg_wal: the ancestors of
-// tli with their switchpoints. It needs superuser or pg_read_server_files;
-// without them the error wraps ErrHistoryDenied.
+// tli with their switchpoints. It needs EXECUTE on pg_read_file(text) (or
+// superuser); without it the error wraps ErrHistoryDenied.
 func ReadHistory(ctx context.Context, q Querier, tli uint32) (position.History, error) {
 	if tli < 2 {
 		return nil, nil
