@@ -23,7 +23,7 @@ export CAUGHTUP_PG_VERSION := $(PG_VERSION)
 # The core packages that run on real clusters, those of them that exist.
 CORE_PKGS := $(foreach d,internal/pgwal enqueue consume replay cdc outbox testkit/pgtest,$(if $(wildcard $(d)/*.go),./$(d)))
 
-.PHONY: all deps build vet test test-core fuzz bench demo chaos chaos-short fleet
+.PHONY: all deps build vet test test-core fuzz bench demo chaos chaos-short fleet go-floor
 
 all: test
 
@@ -39,6 +39,11 @@ test-core: deps
 
 build:
 	$(GO) build ./...
+
+# Builds with the toolchain go.mod's go directive names (downloaded once),
+# to check that the directive is as low as the code allows.
+go-floor:
+	GOTOOLCHAIN=go$$(sed -n 's/^go //p' go.mod) $(GO) build ./...
 
 vet:
 	$(GO) vet ./...

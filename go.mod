@@ -1,5 +1,7 @@
 module github.com/caughtup/caughtup
 
+// The lowest go the dependencies allow (go.opentelemetry.io/otel v1.47 asks
+// for 1.26.0); make go-floor builds with exactly that toolchain.
 go 1.26.0
 
 require (
