@@ -22,27 +22,27 @@ type CaptureFunc func(ctx context.Context) (position.Token, error)
 // events whose context carries a token and publishes the others
 // unstamped.
 type StampingConfig struct {
-	// Primary, when set, captures a token on demand (one round trip on a
-	// connection from the pool, enqueue.Capturer.Capture) for events
-	// whose context carries none. That is only correct in a relay: code
-	// that publishes rows it has already read as committed, so that a
-	// position read afterwards is past their commits. Default nil: no
-	// capture.
+	// Primary captures a token on demand (one round trip on a connection
+	// from the pool) for events whose context carries none.
+	// Default: nil, no capture.
+	// Only a relay may set it: it publishes rows already read as
+	// committed, so a position read afterwards is past their commits.
 	Primary *pgxpool.Pool
-	// Database is the logical database name of captured tokens. Default
-	// DefaultDatabase ("main"). Used only with Primary.
+	// Database is the logical database name of captured tokens; used only
+	// with Primary.
+	// Default: DefaultDatabase ("main").
 	Database string
-	// Capture captures on demand instead of Primary: a Capturer you share
-	// with other code, another kind of pool. The same rule applies: call
-	// it only after the rows were read. Default nil. Set at most one of
-	// Primary and Capture.
+	// Capture captures on demand instead of Primary (a Capturer shared with
+	// other code, another kind of pool); set at most one of the two.
+	// Default: nil.
+	// The same rule as Primary's applies: call it only after the rows were read.
 	Capture CaptureFunc
-	// Required makes the decorated step fail the publish, with an error
-	// wrapping ErrNoToken, when it has no token, and return the error when
-	// the token cannot be merged into the event's header, instead of
-	// publishing the event unstamped. Default false, so that stamping can
-	// be rolled out without ever blocking the relay; turn it on in the
-	// last migration step, once every path stamps (MIGRATING.md).
+	// Required fails the publish (an error wrapping ErrNoToken) when there
+	// is no token, or when it cannot be merged into the event's header,
+	// instead of publishing the event unstamped.
+	// Default: false.
+	// Stamping can then be rolled out without blocking the relay; turn it
+	// on in the last migration step (MIGRATING.md).
 	Required bool
 }
 

@@ -92,13 +92,13 @@ func (s TokenFormat) String() string {
 type DebeziumConfig struct {
 	// Database is the logical database (a key of the Router's
 	// consume.Config.Databases) whose tables the connector captures.
-	// Default: the Router's only database; required when the Router has
-	// several.
+	// Default: the Router's only database.
+	// Required when the Router has several: an envelope names none.
 	Database string
-	// Checker applies the commit-safe rule on the replica the router
-	// chose. Default: cdc.NewChecker with the consumer's MeterProvider
-	// and cdc's defaults (a 1s bound on its queries, after which the
-	// replica counts as unable to tell and the message reads the primary).
+	// Checker applies the commit-safe rule on the replica the router chose.
+	// Default: cdc.NewChecker with the consumer's MeterProvider and cdc's defaults.
+	// cdc bounds its queries (1s), after which the replica counts as unable
+	// to tell and the message reads the primary.
 	Checker *cdc.Checker
 }
 
