@@ -25,8 +25,9 @@ type driver struct {
 }
 
 var (
-	_ conformance.Driver       = (*driver)(nil)
-	_ conformance.RetryCounter = (*driver)(nil)
+	_ conformance.Driver            = (*driver)(nil)
+	_ conformance.RetryCounter      = (*driver)(nil)
+	_ conformance.DeadLetterCounter = (*driver)(nil)
 )
 
 const conformanceType = "conformance:job"
@@ -73,6 +74,15 @@ func (d *driver) Consume(ctx context.Context, router *consume.Router, policy con
 func (d *driver) RetryCount(ctx context.Context) int {
 	n, _ := asynq.GetRetryCount(ctx)
 	return n
+}
+
+// DeadLettered is how many of the queue's tasks asynq archived.
+func (d *driver) DeadLettered(context.Context) (int, error) {
+	info, err := d.inspector.GetQueueInfo(d.queue)
+	if err != nil {
+		return 0, err
+	}
+	return info.Archived, nil
 }
 
 // TestConformance runs the freshness suite. The fresh-reads scenario has

@@ -2,6 +2,7 @@ package caughtupkafka_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -22,21 +23,23 @@ type driver struct {
 	t      *testing.T
 	mode   caughtupkafka.Mode
 	topic  string
+	dlt    string
 	group  string
 	raw    *kafka.Writer
 	writer *caughtupkafka.Writer
 }
 
 var (
-	_ conformance.Driver       = (*driver)(nil)
-	_ conformance.RetryCounter = (*driver)(nil)
+	_ conformance.Driver            = (*driver)(nil)
+	_ conformance.RetryCounter      = (*driver)(nil)
+	_ conformance.DeadLetterCounter = (*driver)(nil)
 )
 
 func newDriver(mode caughtupkafka.Mode) func(t *testing.T) conformance.Driver {
 	return func(t *testing.T) conformance.Driver {
 		names := newTopics(t, 4, "", ".retry", ".dlt")
 		raw := newWriter(t, names[0])
-		return &driver{t: t, mode: mode, topic: names[0], group: newGroup(t), raw: raw, writer: caughtupkafka.NewWriter(raw)}
+		return &driver{t: t, mode: mode, topic: names[0], dlt: names[2], group: newGroup(t), raw: raw, writer: caughtupkafka.NewWriter(raw)}
 	}
 }
 
@@ -79,6 +82,36 @@ func (d *driver) Consume(ctx context.Context, router *consume.Router, policy con
 // RetryCount is the handler's failed attempts so far; the suite checks
 // that deferrals never count.
 func (d *driver) RetryCount(ctx context.Context) int { return caughtupkafka.Attempt(ctx) }
+
+// DeadLettered is how many messages the dead-letter topic holds.
+func (d *driver) DeadLettered(ctx context.Context) (int, error) {
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers(d.t)...), Transport: tr, Timeout: 10 * time.Second}
+	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{d.dlt}})
+	if err != nil {
+		return 0, err
+	}
+	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		return 0, fmt.Errorf("metadata of %s: %+v", d.dlt, md.Topics)
+	}
+	var reqs []kafka.OffsetRequest
+	for _, p := range md.Topics[0].Partitions {
+		reqs = append(reqs, kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
+	}
+	resp, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{d.dlt: reqs}})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, po := range resp.Topics[d.dlt] {
+		if po.Error != nil {
+			return 0, fmt.Errorf("offsets of %s[%d]: %w", d.dlt, po.Partition, po.Error)
+		}
+		n += int(po.LastOffset - po.FirstOffset)
+	}
+	return n, nil
+}
 
 // TestConformance runs the freshness suite in both modes. The 10,000
 // message run with per-key order is TestInPlaceFreshAndOrderedUnderPausedReplay.

@@ -51,3 +51,13 @@ type RetryCounter interface {
 	// RetryCount returns the attempt count of the job being handled in ctx.
 	RetryCount(ctx context.Context) int
 }
+
+// DeadLetterCounter is implemented by drivers whose queue sets a job
+// aside after its last failed attempt (asynq archives it, the Kafka
+// consumer writes it to the dead-letter topic). The suite checks that no
+// job of a scenario ended there.
+type DeadLetterCounter interface {
+	// DeadLettered returns how many of this driver's jobs the queue has
+	// set aside so far.
+	DeadLettered(ctx context.Context) (int, error)
+}

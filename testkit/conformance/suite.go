@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
@@ -40,8 +41,13 @@ type Config struct {
 	Router func(*consume.Config)
 	// Producers is how many goroutines produce at once. Default 8.
 	Producers int
-	// OnReport receives the fresh-reads scenario's figures, for closing
-	// notes and benchmarks. Optional.
+	// BalancedJobs is the size of the balanced-pool scenario, in which the
+	// router's replica pool reaches both standbys through an HAProxy round
+	// robin. Default 1000.
+	BalancedJobs int
+	// OnReport receives the fresh-reads and the balanced-pool scenarios'
+	// figures (Report.Scenario says which), for closing notes and
+	// benchmarks. Optional.
 	OnReport func(Report)
 }
 
@@ -55,15 +61,33 @@ func (c Config) withDefaults() Config {
 	if c.Producers == 0 {
 		c.Producers = 8
 	}
+	if c.BalancedJobs == 0 {
+		c.BalancedJobs = 1000
+	}
 	return c
 }
 
-// Report is what the fresh-reads scenario measured, for closing notes.
+// Report is what the fresh-reads or the balanced-pool scenario measured,
+// for closing notes.
 type Report struct {
+	// Scenario is the subtest that measured it.
+	Scenario                  string
 	Jobs, Stale, Lost, Runs   int
 	ReplicaRuns, PrimaryRuns  int
 	Deferrals, Waits, Retried int64
-	Elapsed                   time.Duration
+	// DeadLettered is what the queue set aside after a job's last failed
+	// attempt (asynq archives, Kafka's dead-letter topic), for drivers
+	// that implement DeadLetterCounter; -1 for the others.
+	DeadLettered int
+	// Failed counts handler runs whose read failed and that the queue
+	// retried (in the balanced scenario: connections that kept reaching
+	// the standby behind the job, consume.ErrReplicaBehind).
+	Failed int
+	// Connections counts routed acquires of replica connections by
+	// result (caughtup.consume.replica.connections: same_server,
+	// verified, behind).
+	Connections map[string]int64
+	Elapsed     time.Duration
 }
 
 // ReplicaShare is the fraction of handler runs that read a replica.
@@ -75,8 +99,8 @@ func (r Report) ReplicaShare() float64 {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("jobs=%d stale=%d lost=%d runs=%d replica_share=%.3f primary_runs=%d deferrals=%d retried_by_deferral=%d elapsed=%s",
-		r.Jobs, r.Stale, r.Lost, r.Runs, r.ReplicaShare(), r.PrimaryRuns, r.Deferrals, r.Retried, r.Elapsed.Round(time.Millisecond))
+	return fmt.Sprintf("jobs=%d stale=%d lost=%d dead_lettered=%d runs=%d failed_runs=%d replica_share=%.3f primary_runs=%d deferrals=%d retried_by_deferral=%d connections=%v elapsed=%s",
+		r.Jobs, r.Stale, r.Lost, r.DeadLettered, r.Runs, r.Failed, r.ReplicaShare(), r.PrimaryRuns, r.Deferrals, r.Retried, r.Connections, r.Elapsed.Round(time.Millisecond))
 }
 
 // Run runs every scenario against the adapter. Scenarios run one after
@@ -87,6 +111,12 @@ func Run(t *testing.T, cfg Config) {
 	require.NotNil(t, cfg.NewDriver, "conformance.Config.NewDriver is required")
 	t.Run("FreshReadsUnderRandomPauses", func(t *testing.T) {
 		rep := FreshReads(t, cfg)
+		if cfg.OnReport != nil {
+			cfg.OnReport(rep)
+		}
+	})
+	t.Run("BalancedPoolUnderRandomPauses", func(t *testing.T) {
+		rep := Balanced(t, cfg)
 		if cfg.OnReport != nil {
 			cfg.OnReport(rep)
 		}
@@ -108,7 +138,11 @@ type env struct {
 	reader   *sdkmetric.ManualReader
 }
 
-func setup(t *testing.T, cfg Config) *env {
+func setup(t *testing.T, cfg Config) *env { return setupWith(t, cfg, nil) }
+
+// setupWith is setup with the router's replicas of "main" chosen by
+// replicas (given the database's name); nil means one pool per standby.
+func setupWith(t *testing.T, cfg Config, replicas func(db string) []replay.Replica) *env {
 	t.Helper()
 	ctx := t.Context()
 	c := pgtest.Shared(t)
@@ -127,8 +161,12 @@ func setup(t *testing.T, cfg Config) *env {
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	reps := replay.Replicas(e.replicas...)
+	if replicas != nil {
+		reps = replicas(db)
+	}
 	rc := consume.Config{
-		Databases:     map[string]replay.Database{"main": {Primary: e.primary, Replicas: replay.Replicas(e.replicas...)}},
+		Databases:     map[string]replay.Database{"main": {Primary: e.primary, Replicas: reps}},
 		MeterProvider: mp,
 		// Paused replicas are the point here; their warnings are noise.
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
@@ -167,9 +205,11 @@ type checker struct {
 	reasons  map[consume.Reason]int // of runs that read the primary
 	retried  atomic.Int64
 	failed   map[int64]bool // jobs whose handler returned a real error
-	done     chan struct{}
-	want     int
-	finished int
+	// failedRuns counts those errors; the queue retries each.
+	failedRuns int
+	done       chan struct{}
+	want       int
+	finished   int
 }
 
 func newChecker(want int) *checker {
@@ -195,6 +235,7 @@ func (c *checker) handler(d Driver) Handler {
 		case err != nil:
 			c.mu.Lock()
 			c.failed[job.ID] = true
+			c.failedRuns++
 			c.mu.Unlock()
 			return err // a real error: the adapter retries
 		case val != value(job.ID):
@@ -252,9 +293,23 @@ func (c *checker) wait(timeout time.Duration) bool {
 func FreshReads(t *testing.T, cfg Config) Report {
 	cfg = cfg.withDefaults()
 	e := setup(t, cfg)
+	rep := routed(t, cfg, e, cfg.NewDriver(t), cfg.Jobs, 0, func(ctx context.Context) {
+		e.cluster.PauseRandomly(ctx, cfg.MaxPause, 500*time.Millisecond, t.Errorf)
+	})
+	rep.Scenario = "FreshReadsUnderRandomPauses"
+	return rep
+}
+
+// routed produces jobs jobs through d, each right after its own insert
+// (at most perSecond a second; 0: as fast as the producers go), while lag
+// injects replica lag, runs them through the adapter under Delayed and
+// checks every run: none stale, none lost, none set aside by the queue,
+// no deferral counted as a failed attempt, and no read of the primary
+// for a reason other than unknown replica state.
+func routed(t *testing.T, cfg Config, e *env, d Driver, jobs int, perSecond rate.Limit, lag func(ctx context.Context)) Report {
+	t.Helper()
 	ctx := t.Context()
-	d := cfg.NewDriver(t)
-	chk := newChecker(cfg.Jobs)
+	chk := newChecker(jobs)
 	start := time.Now()
 	stop, err := d.Consume(ctx, e.router, consume.Delayed, chk.handler(d))
 	require.NoError(t, err)
@@ -263,7 +318,7 @@ func FreshReads(t *testing.T, cfg Config) Report {
 	pauserDone := make(chan struct{})
 	go func() {
 		defer close(pauserDone)
-		e.cluster.PauseRandomly(pauseCtx, cfg.MaxPause, 500*time.Millisecond, t.Errorf)
+		lag(pauseCtx)
 	}()
 
 	ids := make(chan int64)
@@ -282,7 +337,15 @@ func FreshReads(t *testing.T, cfg Config) Report {
 			}
 		})
 	}
-	for i := 1; i <= cfg.Jobs; i++ {
+	pace := rate.NewLimiter(rate.Inf, 0)
+	if perSecond > 0 {
+		pace = rate.NewLimiter(perSecond, 1)
+	}
+	for i := 1; i <= jobs; i++ {
+		if err := pace.Wait(ctx); err != nil {
+			produceErr.CompareAndSwap(nil, fmt.Errorf("job %d: %w", i, err))
+			break
+		}
 		ids <- int64(i)
 	}
 	close(ids)
@@ -296,10 +359,15 @@ func FreshReads(t *testing.T, cfg Config) Report {
 	completed := chk.wait(3*time.Minute + 10*cfg.MaxPause)
 	require.NoError(t, stop())
 
+	rep := Report{Jobs: jobs, DeadLettered: -1}
+	if dl, ok := d.(DeadLetterCounter); ok {
+		rep.DeadLettered, err = dl.DeadLettered(ctx)
+		require.NoError(t, err, "counting the jobs the queue set aside")
+	}
 	chk.mu.Lock()
 	defer chk.mu.Unlock()
-	rep := Report{Jobs: cfg.Jobs, Stale: len(chk.stale), Elapsed: time.Since(start), Retried: chk.retried.Load()}
-	for id := int64(1); id <= int64(cfg.Jobs); id++ {
+	rep.Stale, rep.Elapsed, rep.Retried, rep.Failed = len(chk.stale), time.Since(start), chk.retried.Load(), chk.failedRuns
+	for id := int64(1); id <= int64(jobs); id++ {
 		if chk.runs[id] == 0 {
 			rep.Lost++
 		}
@@ -315,12 +383,19 @@ func FreshReads(t *testing.T, cfg Config) Report {
 	}
 	rep.Deferrals = e.outcomeCount(t, consume.OutcomeDeferred)
 	rep.Waits = int64(chk.outcomes[consume.OutcomeReplicaWaited])
-	t.Logf("fresh reads: %s outcomes=%v", rep, chk.outcomes)
+	rep.Connections = map[string]int64{}
+	for _, res := range []string{"same_server", "verified", "behind"} {
+		rep.Connections[res] = metrictest.Sum(t, e.reader, "caughtup.consume.replica.connections", attribute.String("caughtup.result", res))
+	}
+	t.Logf("%s: %s outcomes=%v", t.Name(), rep, chk.outcomes)
 
-	require.Empty(t, chk.stale, "stale reads")
-	require.True(t, completed, "not every job completed: %d of %d", chk.finished, cfg.Jobs)
+	if n := len(chk.stale); n > 0 {
+		t.Fatalf("%d stale reads, e.g. %v", n, chk.stale[:min(n, 10)])
+	}
+	require.True(t, completed, "not every job completed: %d of %d", chk.finished, jobs)
 	require.Zero(t, rep.Lost, "lost jobs")
 	require.Zero(t, rep.Retried, "a deferral counted as a failed attempt")
+	require.LessOrEqual(t, rep.DeadLettered, 0, "jobs the queue set aside after their last attempt (archived, dead-lettered)")
 	// Delayed never promotes to the primary for lag while the token is
 	// younger than MaxAge: paused replicas are reachable and known, so a
 	// job runs on a replica once one has caught up, after waiting or a
