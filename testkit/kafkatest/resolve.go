@@ -13,11 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/caughtup/caughtup/testkit/testsvc"
@@ -128,7 +126,7 @@ func Resolve(ctx context.Context, logf func(string, ...any)) (*Artifacts, error)
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return nil, fmt.Errorf("kafkatest: cannot create the artifact cache (set CAUGHTUP_CACHE to a writable directory): %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(base, ".lock"), logf)
+	unlock, err := testsvc.LockFile(ctx, filepath.Join(base, ".lock"), "resolving the Kafka jars", logf)
 	if err != nil {
 		return nil, err
 	}
@@ -156,37 +154,6 @@ func Resolve(ctx context.Context, logf func(string, ...any)) (*Artifacts, error)
 func complete(a *Artifacts) bool {
 	_, err := os.Stat(filepath.Join(a.Dir, "complete"))
 	return err == nil
-}
-
-// lockFile takes an exclusive flock, polling so that ctx can end the wait
-// (flock itself cannot be interrupted). The lock dies with the process.
-func lockFile(ctx context.Context, path string, logf func(string, ...any)) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("kafkatest: %w", err)
-	}
-	said := false
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-				_ = f.Close()
-			}, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			_ = f.Close()
-			return nil, fmt.Errorf("kafkatest: lock %s: %w", path, err)
-		}
-		if !said && logf != nil {
-			logf("kafkatest: another process is resolving the jars; waiting for %s", path)
-			said = true
-		}
-		if err := testsvc.SleepCtx(ctx, 200*time.Millisecond); err != nil {
-			_ = f.Close()
-			return nil, fmt.Errorf("kafkatest: waited too long for another process resolving the jars (lock %s): %w", path, err)
-		}
-	}
 }
 
 // resolveInto runs mvn into a scratch directory next to dst and renames it
@@ -235,34 +202,11 @@ func resolveInto(ctx context.Context, base, key, dst string) error {
 	// downloads only what changed.
 	repo := filepath.Join(base, "m2")
 	logPath := filepath.Join(tmp, "mvn.log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return fmt.Errorf("kafkatest: %w", err)
-	}
-	cmd := exec.CommandContext(ctx, mvn, "-B", "-q", "-Dstyle.color=never",
+	if err := testsvc.RunMaven(ctx, mvn, tmp, logPath,
 		"-f", filepath.Join(pomDir, "pom.xml"),
 		"-Dmaven.repo.local="+repo,
 		"-Dkafkatest.lib="+filepath.Join(tmp, "lib"),
-		"dependency:copy-dependencies")
-	cmd.Dir = tmp
-	// No /tmp/hsperfdata_<user>/<pid> left behind if mvn is killed.
-	cmd.Env = append(os.Environ(), "MAVEN_OPTS="+strings.TrimSpace(os.Getenv("MAVEN_OPTS")+" -XX:-UsePerfData"))
-	cmd.Stdout, cmd.Stderr = lf, lf
-	// Own process group, killed whole on ctx: mvn is a shell script that
-	// execs java, and a timed-out resolution must not linger. Pdeathsig
-	// covers a test binary that is killed outright, so that no orphaned mvn
-	// writes into the local repository while the next resolver uses it; it
-	// fires when the forking thread exits, hence the locked thread.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	runtime.LockOSThread()
-	err = cmd.Run()
-	runtime.UnlockOSThread()
-	_ = lf.Close()
-	if err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
+		"dependency:copy-dependencies"); err != nil {
 		return fmt.Errorf("kafkatest: mvn dependency:copy-dependencies failed (%v); is Maven Central reachable? log %s:\n%s", err, logPath, testsvc.LogTailN(logPath, 0, 30))
 	}
 	// Connect's plugin.path wants a directory of plugin directories.

@@ -13,8 +13,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/caughtup/caughtup/testkit/testsvc"
@@ -154,34 +152,13 @@ func fetchJar(ctx context.Context, base, version, dir string) (string, error) {
 		return "", errors.New("pgtest: mvn not found on $PATH (or $MAVEN), and PostgreSQL " + version + " is not in the cache yet; " + resolveHint)
 	}
 	logPath := filepath.Join(dir, "mvn.log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return "", fmt.Errorf("pgtest: %w", err)
-	}
 	artifact := zonkyGroup + ":" + zonkyArtifact + ":" + version
-	cmd := exec.CommandContext(ctx, mvn, "-B", "-q", "-Dstyle.color=never",
+	// No pom in dir: mvn runs the goal without a project.
+	if err := testsvc.RunMaven(ctx, mvn, dir, logPath,
 		"-Dmaven.repo.local="+filepath.Join(base, "m2"),
 		mavenDependencyPlugin+":copy",
 		"-Dartifact="+artifact,
-		"-DoutputDirectory="+dir)
-	cmd.Dir = dir // no pom here: mvn runs the goal without a project
-	// No /tmp/hsperfdata_<user>/<pid> left behind if mvn is killed.
-	cmd.Env = append(os.Environ(), "MAVEN_OPTS="+strings.TrimSpace(os.Getenv("MAVEN_OPTS")+" -XX:-UsePerfData"))
-	cmd.Stdout, cmd.Stderr = lf, lf
-	// As in kafkatest: mvn is a shell script that execs java, so kill its
-	// whole group on ctx, and Pdeathsig (which fires when the forking
-	// thread exits, hence the locked thread) so that a killed test binary
-	// leaves no mvn writing into the local repository.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	runtime.LockOSThread()
-	err = cmd.Run()
-	runtime.UnlockOSThread()
-	_ = lf.Close()
-	if err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
+		"-DoutputDirectory="+dir); err != nil {
 		return "", fmt.Errorf("pgtest: mvn could not fetch %s (%v); is Maven Central reachable, and does it serve that version? log %s:\n%s", artifact, err, logPath, testsvc.LogTailN(logPath, 0, 30))
 	}
 	jar := filepath.Join(dir, zonkyArtifact+"-"+version+".jar")
