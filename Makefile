@@ -85,3 +85,22 @@ chaos-short: deps
 FLEETFLAGS ?=
 fleet: deps
 	$(GO) run ./chaos/fleet $(FLEETFLAGS)
+
+# One program under examples/ on the demo's cluster (a primary with two
+# streaming replicas and redis-server, plus a Kafka broker, and Kafka
+# Connect with Debezium, for the examples that need them), replay paused at
+# random for up to EXAMPLE_MAX_PAUSE at a time:
+#   make example EXAMPLE=kafka-consumer EXAMPLE_ARGS='-messages 1000'
+# make examples runs all four, one after another.
+EXAMPLE           ?= asynq-worker
+EXAMPLE_ARGS      ?=
+EXAMPLE_MAX_PAUSE ?= 1s
+EXAMPLES          := asynq-worker kafka-consumer outbox-relay debezium-consumer
+example_services   = $(if $(filter debezium-consumer,$(1)),-debezium,$(if $(filter kafka-consumer outbox-relay,$(1)),-kafka))
+
+.PHONY: example examples
+example: deps
+	$(GO) run ./cmd/caughtup-demo cluster $(call example_services,$(EXAMPLE)) -max-pause $(EXAMPLE_MAX_PAUSE) -- $(GO) run ./examples/$(EXAMPLE) $(EXAMPLE_ARGS)
+
+examples: deps
+	@set -e; for e in $(EXAMPLES); do $(MAKE) --no-print-directory example EXAMPLE=$$e; done

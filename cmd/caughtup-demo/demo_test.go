@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"testing"
 	"time"
 
@@ -10,6 +11,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(clusterHelper())
+	}
 	goleak.VerifyTestMain(m,
 		// kafka-go's shared DefaultTransport keeps idle broker
 		// connections of the Writer's metadata requests; they are not

@@ -8,6 +8,16 @@
 //	go run ./cmd/caughtup-demo
 //	go run ./cmd/caughtup-demo -duration 60s -rate 200
 //
+// Its cluster subcommand starts the demo's cluster alone (a primary with
+// two streaming replicas and redis-server; with -kafka a Kafka broker, with
+// -debezium also Kafka Connect with Debezium), pauses replay at random if
+// asked, and runs a command with the cluster's addresses in its
+// environment: that is how each program under examples/ runs with one
+// command.
+//
+//	go run ./cmd/caughtup-demo cluster -max-pause 1s -- go run ./examples/asynq-worker
+//	go run ./cmd/caughtup-demo cluster -kafka   # prints the environment and waits
+//
 // It is a separate command so that the product binary, cmd/caughtup,
 // links none of the test harnesses the demo starts its services with.
 package main
@@ -34,14 +44,20 @@ func main() {
 // run is the command; it returns the exit status: 2 for bad flags, 1 when
 // the demo failed or did not show what it should.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "cluster" {
+		return runCluster(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("caughtup-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "usage: caughtup-demo [-duration 30s] [-rate 80] [-live=auto]\n\n"+
+		fmt.Fprint(fs.Output(), "usage: caughtup-demo [-duration 30s] [-rate 80] [-live=auto]\n"+
+			"       caughtup-demo cluster [-kafka] [-debezium] [-max-pause 1s] [-- command [args...]]\n\n"+
 			"Starts a PostgreSQL primary with two streaming replicas, redis-server and an\n"+
 			"in-process Kafka broker; runs a profile-update app whose jobs and outbox events\n"+
 			"are consumed with and without caughtup through a lag spike and a failover; and\n"+
-			"prints what each saw. Needs no flags; cleans up after itself.\n\n")
+			"prints what each saw. Needs no flags; cleans up after itself.\n\n"+
+			"cluster starts the services alone and runs a command with them in its\n"+
+			"environment (caughtup-demo cluster -h says more).\n\n")
 		fs.PrintDefaults()
 	}
 	duration := fs.Duration("duration", 30*time.Second, "how long the traffic runs (at least 10s)")

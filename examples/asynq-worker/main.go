@@ -1,36 +1,43 @@
 // Command asynq-worker is caughtup's asynq adapter end to end: a producer
-// inserts rows on the primary and enqueues one task per row, a worker reads
-// each row from the pool caughtup chose for the task, and replay on the
-// replicas is paused at random meanwhile. It prints
+// inserts rows on the primary and enqueues one task per row, and a worker
+// reads each row from the pool caughtup chose for the task. It prints
 //
 //	tasks=100 stale=0 lost=0
 //
 // on stdout (a stale task read a replica that did not have its row yet; a
 // lost task never completed) and where the tasks ran on stderr.
 //
-// Without configuration it starts its own primary with two streaming
-// replicas and a redis-server (PostgreSQL 15 server binaries and
-// redis-server must be installed) and pauses their replay at random.
-// To use existing services instead:
+// One command runs it on the demo's cluster (a primary with two streaming
+// replicas and redis-server, replay paused at random on the replicas):
+//
+//	make example EXAMPLE=asynq-worker
+//
+// that is,
+//
+//	go run ./cmd/caughtup-demo cluster -max-pause 1s -- go run ./examples/asynq-worker
+//
+// On your own services:
 //
 //	CAUGHTUP_PRIMARY_URL=postgres://app@primary/app \
 //	CAUGHTUP_REPLICA_URLS=postgres://app@replica1/app,postgres://app@replica2/app \
-//	REDIS_ADDR=localhost:6379 asynq-worker -tasks 1000
+//	REDIS_ADDR=localhost:6379 go run ./examples/asynq-worker -tasks 1000
 //
-// It then creates the table caughtup_example_items (dropping an old one)
-// and pauses nothing.
+// It creates the table caughtup_example_items (dropping an old one).
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -41,10 +48,17 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/replay"
-	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
-func main() { examplesvc.Main("asynq-worker", run) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "asynq-worker:", err)
+		os.Exit(1)
+	}
+}
 
 const (
 	table    = "caughtup_example_items"
@@ -52,49 +66,63 @@ const (
 )
 
 type options struct {
-	tasks       int
-	producers   int
-	concurrency int
+	tasks, producers, concurrency int
+	timeout                       time.Duration
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var o options
-	fs := examplesvc.NewFlags("asynq-worker", stderr, 2*time.Second)
+	fs := flag.NewFlagSet("asynq-worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	fs.IntVar(&o.tasks, "tasks", 100, "tasks to produce")
 	fs.IntVar(&o.producers, "producers", 4, "producer goroutines")
 	fs.IntVar(&o.concurrency, "concurrency", 20, "asynq worker concurrency")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every task once produced; the rest are lost")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.tasks < 1 || o.producers < 1 || o.concurrency < 1 {
 		return errors.New("-tasks, -producers and -concurrency must be positive")
 	}
-
-	svc, err := examplesvc.Postgres(ctx, stderr)
+	primaryURL, err := need(getenv, "CAUGHTUP_PRIMARY_URL", "the primary's URL")
 	if err != nil {
 		return err
 	}
-	defer svc.Close()
-	redisAddr, err := svc.Redis(ctx, stderr)
+	replicaURLs, err := need(getenv, "CAUGHTUP_REPLICA_URLS", "its streaming replicas' URLs, comma-separated")
 	if err != nil {
+		return err
+	}
+	redisAddr, err := need(getenv, "REDIS_ADDR", "redis-server's host:port")
+	if err != nil {
+		return err
+	}
+
+	primary, err := pgxpool.New(ctx, primaryURL)
+	if err != nil {
+		return fmt.Errorf("CAUGHTUP_PRIMARY_URL: %w", err)
+	}
+	defer primary.Close()
+	var replicas []*pgxpool.Pool
+	for _, u := range strings.Split(replicaURLs, ",") {
+		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
+		if err != nil {
+			return fmt.Errorf("CAUGHTUP_REPLICA_URLS: %w", err)
+		}
+		defer p.Close()
+		replicas = append(replicas, p)
+	}
+	if _, err := primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, val text NOT NULL)`); err != nil {
 		return err
 	}
 	redisOpt := asynq.RedisClientOpt{Addr: redisAddr}
-	if _, err := svc.Primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, val text NOT NULL)`); err != nil {
-		return err
-	}
-	if svc.Cluster != nil {
-		if err := svc.Cluster.WaitReplicasCaughtUp(ctx); err != nil {
-			return err
-		}
-	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 
 	// The worker side: one router per process, and one server that routes
 	// every task before its handler runs and keeps deferrals from costing
 	// retries.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases: map[string]replay.Database{"main": {Primary: svc.Primary, Replicas: replay.Replicas(svc.Replicas...)}},
-		Logger:    slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(replicas...)}},
+		Logger:    logger,
 	})
 	if err != nil {
 		return err
@@ -109,7 +137,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		LogLevel:          asynq.ErrorLevel,
 	}, router, caughtupasynq.MiddlewareConfig{
 		Policies: map[string]consume.Policy{"item:": consume.Delayed},
-		Logger:   slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Logger:   logger,
 	})
 	if err != nil {
 		return err
@@ -125,22 +153,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// returned; the client stamps the task with its token.
 	aq := asynq.NewClient(redisOpt)
 	defer aq.Close()
-	client := caughtupasynq.NewClient(aq)
-
-	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
-	err = produce(ctx, o, svc.Primary, client)
-	stopPauses()
-	if err != nil {
+	if err := produce(ctx, o, primary, caughtupasynq.NewClient(aq)); err != nil {
 		return err
 	}
 
-	if err := examplesvc.Await(ctx, st.done, fs.Timeout); err != nil {
-		return err
+	timer := time.NewTimer(o.timeout)
+	defer timer.Stop()
+	select {
+	case <-st.done:
+	case <-timer.C: // the summary counts the missing tasks as lost
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	srv.Shutdown()
 	fmt.Fprintln(stdout, st.summary())
 	fmt.Fprintln(stderr, st.details())
 	return nil
+}
+
+// need returns the environment variable name, or an error that names it.
+func need(getenv func(string) string, name, what string) (string, error) {
+	if v := strings.TrimSpace(getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: it names %s (`make example EXAMPLE=asynq-worker` starts the demo's cluster and sets it)", name, what)
 }
 
 func produce(ctx context.Context, o options, primary *pgxpool.Pool, client *caughtupasynq.Client) error {
@@ -195,9 +231,9 @@ type stats struct {
 	mu       sync.Mutex
 	ran      map[int64]bool
 	outcomes map[consume.Outcome]int
+	runs     int
 	stale    int
 	retried  int // runs after a failed attempt: deferrals must not count as one
-	runs     atomic.Int64
 	done     chan struct{}
 }
 
@@ -219,9 +255,9 @@ func (s *stats) handle(ctx context.Context, task *asynq.Task) error {
 		return err // a real error: asynq retries it
 	}
 	d, _ := consume.DecisionFrom(ctx)
-	s.runs.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.runs++
 	s.outcomes[d.Outcome]++
 	if stale {
 		s.stale++
@@ -250,7 +286,7 @@ func (s *stats) details() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "runs=%d retried=%d", s.runs.Load(), s.retried)
+	fmt.Fprintf(&b, "runs=%d retried=%d", s.runs, s.retried)
 	for _, o := range []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited, consume.OutcomePrimary, consume.OutcomePrimaryNoToken, consume.OutcomePrimaryEpoch} {
 		if n := s.outcomes[o]; n > 0 {
 			fmt.Fprintf(&b, " %s=%d", o, n)

@@ -2,7 +2,7 @@
 // inserts rows on the primary and, right after each commit, writes one
 // keyed message stamped with the commit's position; a consumer group reads
 // the topic, and each handler reads its row from the pool caughtup chose
-// for the message while replay on the replicas pauses at random. It prints
+// for the message. It prints
 //
 //	messages=100 stale=0 lost=0 order_violations=0
 //
@@ -12,82 +12,120 @@
 // ran and what the consumer's caughtup.kafka.messages counter says once
 // it has stopped.
 //
-// Without configuration it starts its own primary with two streaming
-// replicas (PostgreSQL 15 server binaries must be installed) and a
-// single-node Apache Kafka 4.4 broker (Java 17; the jars come from Maven
-// Central, see scripts/install-deps), and pauses replay at random. To use
-// existing services instead:
+// One command runs it on the demo's cluster (a primary with two streaming
+// replicas and a Kafka broker, replay paused at random on the replicas):
+//
+//	make example EXAMPLE=kafka-consumer
+//
+// that is,
+//
+//	go run ./cmd/caughtup-demo cluster -kafka -max-pause 1s -- go run ./examples/kafka-consumer
+//
+// On your own services:
 //
 //	CAUGHTUP_PRIMARY_URL=postgres://app@primary/app \
 //	CAUGHTUP_REPLICA_URLS=postgres://app@replica1/app,postgres://app@replica2/app \
-//	KAFKA_BROKERS=kafka1:9092,kafka2:9092 kafka-consumer -messages 1000
+//	KAFKA_BROKERS=kafka1:9092,kafka2:9092 go run ./examples/kafka-consumer -messages 1000
 //
-// It then creates the table caughtup_kafka_example_items (dropping an old
-// one) and a topic named caughtup-kafka-example-<time> with its
-// dead-letter topic, and pauses nothing.
+// It creates the table caughtup_kafka_example_items (dropping an old one)
+// and a topic named caughtup-kafka-example-<time> with its dead-letter
+// topic.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/replay"
-	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
-func main() { examplesvc.Main("kafka-consumer", run) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kafka-consumer:", err)
+		os.Exit(1)
+	}
+}
 
 const table = "caughtup_kafka_example_items"
 
 type options struct {
-	messages   int
-	keys       int
-	partitions int
+	messages, keys, partitions int
+	timeout                    time.Duration
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var o options
-	fs := examplesvc.NewFlags("kafka-consumer", stderr, time.Second)
+	fs := flag.NewFlagSet("kafka-consumer", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	fs.IntVar(&o.messages, "messages", 100, "messages to produce")
 	fs.IntVar(&o.keys, "keys", 8, "distinct message keys")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the topic")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "how long to wait for every message once produced; the rest are lost")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.messages < 1 || o.keys < 1 || o.partitions < 1 {
 		return errors.New("-messages, -keys and -partitions must be positive")
 	}
+	primaryURL, err := need(getenv, "CAUGHTUP_PRIMARY_URL", "the primary's URL")
+	if err != nil {
+		return err
+	}
+	replicaURLs, err := need(getenv, "CAUGHTUP_REPLICA_URLS", "its streaming replicas' URLs, comma-separated")
+	if err != nil {
+		return err
+	}
+	brokerList, err := need(getenv, "KAFKA_BROKERS", "the Kafka brokers' host:port, comma-separated")
+	if err != nil {
+		return err
+	}
+	brokers := strings.Split(brokerList, ",")
 
-	svc, err := examplesvc.Postgres(ctx, stderr)
+	primary, err := pgxpool.New(ctx, primaryURL)
 	if err != nil {
-		return err
+		return fmt.Errorf("CAUGHTUP_PRIMARY_URL: %w", err)
 	}
-	defer svc.Close()
-	brokers, err := svc.Kafka(ctx, stderr)
-	if err != nil {
-		return err
+	defer primary.Close()
+	var replicas []*pgxpool.Pool
+	for _, u := range strings.Split(replicaURLs, ",") {
+		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
+		if err != nil {
+			return fmt.Errorf("CAUGHTUP_REPLICA_URLS: %w", err)
+		}
+		defer p.Close()
+		replicas = append(replicas, p)
 	}
-	if _, err := svc.Primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, key text NOT NULL, seq int NOT NULL)`); err != nil {
+	if _, err := primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, key text NOT NULL, seq int NOT NULL)`); err != nil {
 		return err
 	}
 	topic := fmt.Sprintf("caughtup-kafka-example-%d", time.Now().UnixNano())
 	for _, t := range []string{topic, topic + ".dlt"} {
-		if err := svc.CreateTopic(ctx, t, o.partitions); err != nil {
+		if err := createTopic(ctx, brokers, t, o.partitions); err != nil {
 			return err
 		}
 	}
@@ -97,12 +135,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	metrics := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))
 	defer func() { _ = mp.Shutdown(context.Background()) }()
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 
 	// The consumer side: one router per process, a consumer group whose
 	// handler reads from the pool the router chose for each message.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases:     map[string]replay.Database{"main": {Primary: svc.Primary, Replicas: replay.Replicas(svc.Replicas...)}},
-		Logger:        slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Databases:     map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(replicas...)}},
+		Logger:        logger,
 		MeterProvider: mp,
 	})
 	if err != nil {
@@ -120,39 +159,44 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Mode:           caughtupkafka.InPlace, // keep per-key order
 		CommitInterval: 200 * time.Millisecond,
 		MaxWait:        100 * time.Millisecond,
-		Logger:         slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Logger:         logger,
 		MeterProvider:  mp,
 	}, st.handle)
 	if err != nil {
 		return err
 	}
-	stopConsumer := examplesvc.Go(ctx, consumer.Run)
+	consumerCtx, stopConsumer := context.WithCancel(ctx)
 	defer stopConsumer()
-
-	// Lag: random replay pauses on our own cluster while producing.
-	stopPauses := svc.PauseReplay(ctx, fs.MaxPause, stderr)
+	consumerDone := make(chan error, 1)
+	go func() { consumerDone <- consumer.Run(consumerCtx) }()
 
 	// The producer side: commit, then write the message with the context
 	// the commit returned; the writer stamps the position on it.
-	err = produce(ctx, svc.Primary, brokers, topic, o)
-	stopPauses()
-	if err != nil {
+	if err := produce(ctx, primary, brokers, topic, o); err != nil {
 		return err
 	}
 
-	if err := examplesvc.Await(ctx, st.all, fs.Timeout); err != nil {
-		return err
+	timer := time.NewTimer(o.timeout)
+	defer timer.Stop()
+	select {
+	case <-st.all:
+	case <-timer.C: // the summary counts the missing messages as lost
+	case err := <-consumerDone:
+		return fmt.Errorf("consumer stopped: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if err := stopConsumer(); err != nil {
+	stopConsumer()
+	if err := <-consumerDone; err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 
 	stale, lost, violations := st.summary()
 	fmt.Fprintf(stdout, "messages=%d stale=%d lost=%d order_violations=%d\n", o.messages, stale, lost, violations)
-	fmt.Fprintf(stderr, "outcomes: %s\n", st.tally.Outcomes())
+	fmt.Fprintf(stderr, "outcomes: %s\n", st.outcomes())
 	// What the consumer did with the messages ("handled", "waited" per
 	// wait in place, ...): its counter outlives its Run.
-	results, err := examplesvc.CounterSums(ctx, metrics, "caughtup.kafka.messages", "caughtup.kafka.result")
+	results, err := counterSums(ctx, metrics, "caughtup.kafka.messages", "caughtup.kafka.result")
 	if err != nil {
 		return err
 	}
@@ -161,6 +205,43 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%d stale, %d lost, %d out of order", stale, lost, violations)
 	}
 	return nil
+}
+
+// need returns the environment variable name, or an error that names it.
+func need(getenv func(string) string, name, what string) (string, error) {
+	if v := strings.TrimSpace(getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: it names %s (`make example EXAMPLE=kafka-consumer` starts the demo's cluster and sets it)", name, what)
+}
+
+// createTopic creates topic and waits until every partition has a leader:
+// a consumer group that joins before that is assigned no partitions.
+func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	tr := &kafkago.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr}
+	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{
+		{Topic: topic, NumPartitions: partitions, ReplicationFactor: -1}, // -1: the brokers' default
+	}})
+	if err == nil {
+		err = resp.Errors[topic]
+	}
+	if err != nil {
+		return fmt.Errorf("create topic %s: %w", topic, err)
+	}
+	for {
+		md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && len(md.Topics[0].Partitions) == partitions &&
+			!slices.ContainsFunc(md.Topics[0].Partitions, func(p kafkago.Partition) bool { return p.Leader.Host == "" }) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topic %s has partitions without a leader: %w", topic, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // produce inserts rows 1..messages one transaction each and writes each
@@ -204,28 +285,27 @@ func produce(ctx context.Context, primary *pgxpool.Pool, brokers []string, topic
 	}
 	wg.Wait()
 	close(errs)
-	return errors.Join(collect(errs)...)
-}
-
-func collect(errs <-chan error) []error {
-	var out []error
+	var all []error
 	for err := range errs {
-		out = append(out, err)
+		all = append(all, err)
 	}
-	return out
+	return errors.Join(all...)
 }
 
 // stats checks what the handlers saw.
 type stats struct {
-	tally examplesvc.Tally // stale reads, where they went, per-key order
-	mu    sync.Mutex
-	want  int
-	ran   map[int64]bool
-	all   chan struct{} // closed once every message ran
+	mu         sync.Mutex
+	want       int
+	ran        map[int64]bool
+	next       map[string]int // per key: how many of its leading messages ran
+	where      map[string]int // per outcome (and replica): how many reads
+	stale      int
+	violations int
+	all        chan struct{} // closed once every message ran
 }
 
 func newStats(want int) *stats {
-	return &stats{want: want, ran: map[int64]bool{}, all: make(chan struct{})}
+	return &stats{want: want, ran: map[int64]bool{}, next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
 }
 
 // handle is the message handler: it reads the message's row from the pool
@@ -246,10 +326,25 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	if err != nil && !stale {
 		return err // a real error: the consumer retries
 	}
-	s.tally.Ran(ctx, "main", string(msg.Key), seq, stale)
 
+	// Where the read went: the outcome, and the replica chosen if any.
+	d, _ := consume.DecisionFrom(ctx)
+	where := d.Outcome.String()
+	if dd, ok := d.Database("main"); ok && dd.Replica != "" {
+		where += "@" + dd.Replica
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.where[where]++
+	if stale {
+		s.stale++
+	}
+	switch n := s.next[string(msg.Key)]; {
+	case seq == n:
+		s.next[string(msg.Key)] = n + 1
+	case seq > n: // an earlier message of the key has not run yet
+		s.violations++
+	} // seq < n: a redelivery, no violation
 	if !s.ran[id] {
 		s.ran[id] = true
 		if len(s.ran) == s.want {
@@ -262,5 +357,42 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 func (s *stats) summary() (stale, lost, violations int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.tally.Stale(), s.want - len(s.ran), s.tally.Violations()
+	return s.stale, s.want - len(s.ran), s.violations
+}
+
+func (s *stats) outcomes() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return counts(s.where)
+}
+
+// counterSums collects r and adds up the data points of the int64 counter
+// name by the value of its attribute attr.
+func counterSums(ctx context.Context, r *sdkmetric.ManualReader, name, attr string) (string, error) {
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(ctx, &rm); err != nil {
+		return "", err
+	}
+	by := map[string]int{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range sum.DataPoints {
+					v, _ := dp.Attributes.Value(attribute.Key(attr))
+					by[v.AsString()] += int(dp.Value)
+				}
+			}
+		}
+	}
+	return counts(by), nil
+}
+
+// counts formats "key=n" pairs in key order.
+func counts(m map[string]int) string {
+	parts := make([]string, 0, len(m))
+	for k, n := range m {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
 }

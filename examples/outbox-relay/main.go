@@ -1,40 +1,47 @@
 // Command outbox-relay runs the transactional outbox end to end: orders and
 // their events are written in one transaction, a relay publishes the events
 // to Kafka stamped with a caughtup token, and a consumer routes each event
-// with the token before reading the order — first while the replica's
-// replay is paused (the event must read the primary), then while it
-// streams (the event reads the replica). It prints one summary line,
+// with the token before reading its order. It prints
 //
-//	outbox-relay: relay=polling events=20 delivered=20 | replica paused, sticky: replica=0 primary=10 | replica streaming, delayed: replica=10 primary=0 | stale reads=0
+//	relay=polling events=20 delivered=20 stale=0 lost=0
 //
-// the same on every correct run.
+// on stdout (a stale event read a replica that did not have its order yet;
+// a lost one never arrived) and on stderr where the reads went.
 //
-// Without configuration it starts its own PostgreSQL primary with one
-// streaming replica (PostgreSQL 15 server binaries must be installed) and a
-// single-node Apache Kafka 4.4 broker (Java 17; the jars come from Maven
-// Central, see scripts/install-deps), and creates a topic of one partition
-// on it. To use existing services instead set
+// One command runs it on the demo's cluster (a primary with two streaming
+// replicas and a Kafka broker, replay paused at random on the replicas):
 //
-//	OUTBOX_PRIMARY_DSN  primary, superuser (creates the tables orders and the
-//	                    outbox's; the logical relay a publication and a slot)
-//	OUTBOX_REPLICA_DSN  a streaming replica of it (superuser: pauses replay)
-//	KAFKA_BROKERS       comma-separated brokers
-//	OUTBOX_TOPIC        the topic, read from its first offset at partition 0:
-//	                    created (one partition) if it does not exist; default
-//	                    caughtup-outbox-example-<time>, a new one every run
+//	make example EXAMPLE=outbox-relay
 //
-// and OUTBOX_RELAY=logical for the logical-replication relay instead of
-// the polling one.
+// that is,
+//
+//	go run ./cmd/caughtup-demo cluster -kafka -max-pause 1s -- go run ./examples/outbox-relay
+//
+// On your own services:
+//
+//	CAUGHTUP_PRIMARY_URL=postgres://app@primary/app \
+//	CAUGHTUP_REPLICA_URLS=postgres://app@replica1/app,postgres://app@replica2/app \
+//	KAFKA_BROKERS=kafka1:9092 go run ./examples/outbox-relay -relay logical
+//
+// It creates the outbox's tables (outbox.Migrate) and the table
+// caughtup_outbox_example_orders (dropping an old one), and a topic of one
+// partition named caughtup-outbox-example-<time>. -relay logical needs
+// wal_level = logical and a user that may create a publication and a slot.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,75 +53,65 @@ import (
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
-	"github.com/caughtup/caughtup/testkit/examplesvc"
 )
 
-// config says which services to use; zero values start throwaway ones
-// (the brokers come from $KAFKA_BROKERS, see examplesvc.Services.Kafka).
-type config struct {
-	PrimaryDSN, ReplicaDSN string
-	Topic                  string
-	Relay                  string // "polling" (default) or "logical"
-	Events                 int    // per phase; default 10
-}
-
-func configFromEnv() config {
-	return config{
-		PrimaryDSN: os.Getenv("OUTBOX_PRIMARY_DSN"),
-		ReplicaDSN: os.Getenv("OUTBOX_REPLICA_DSN"),
-		Relay:      os.Getenv("OUTBOX_RELAY"),
-		Topic:      os.Getenv("OUTBOX_TOPIC"),
-	}
-}
-
 func main() {
-	examplesvc.Main("outbox-relay", func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
-		return run(ctx, stdout, stderr, configFromEnv())
-	})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "outbox-relay:", err)
+		os.Exit(1)
+	}
 }
 
-// summary is what the consumer saw.
-type summary struct {
-	delivered, duplicates, stale int
-	phases                       [2]struct{ replica, primary int }
-}
+const orders = "caughtup_outbox_example_orders"
 
-func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute) // services start slowly on a busy machine
-	defer cancel()
-	if cfg.Relay == "" {
-		cfg.Relay = "polling"
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outbox-relay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	relayKind := fs.String("relay", "polling", "the relay: polling (reads the outbox table) or logical (logical replication)")
+	events := fs.Int("events", 20, "orders to write, each with its event")
+	policyName := fs.String("policy", "delayed", "for an event the replicas have not replayed yet: delayed (wait for one) or sticky (read the primary)")
+	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for every event; the rest are lost")
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
-	if cfg.Relay != "polling" && cfg.Relay != "logical" {
-		return fmt.Errorf("OUTBOX_RELAY=%q: want polling or logical", cfg.Relay)
+	policy, ok := map[string]consume.Policy{"delayed": consume.Delayed, "sticky": consume.Sticky}[*policyName]
+	if *relayKind != "polling" && *relayKind != "logical" || !ok || *events < 1 {
+		return errors.New("-relay must be polling or logical, -policy delayed or sticky, and -events positive")
 	}
-	if cfg.Events <= 0 {
-		cfg.Events = 10
-	}
-	if cfg.Topic == "" {
-		cfg.Topic = fmt.Sprintf("caughtup-outbox-example-%d", time.Now().UnixNano())
-	}
-	if cfg.PrimaryDSN != "" && cfg.ReplicaDSN == "" {
-		return errors.New("OUTBOX_REPLICA_DSN is required with OUTBOX_PRIMARY_DSN")
-	}
-
-	// Services: throwaway ones unless configured.
-	pg := examplesvc.PostgresConfig{PrimaryURL: cfg.PrimaryDSN, Replicas: 1, PrimaryEnv: "OUTBOX_PRIMARY_DSN"}
-	if cfg.ReplicaDSN != "" {
-		pg.ReplicaURLs = []string{cfg.ReplicaDSN}
-	}
-	svc, err := examplesvc.StartPostgres(ctx, stderr, pg)
+	primaryURL, err := need(getenv, "CAUGHTUP_PRIMARY_URL", "the primary's URL")
 	if err != nil {
 		return err
 	}
-	defer svc.Close()
-	primary, replica := svc.Primary, svc.Replicas[0]
-	brokers, err := svc.Kafka(ctx, stderr)
+	replicaURLs, err := need(getenv, "CAUGHTUP_REPLICA_URLS", "its streaming replicas' URLs, comma-separated")
 	if err != nil {
 		return err
+	}
+	brokerList, err := need(getenv, "KAFKA_BROKERS", "the Kafka brokers' host:port, comma-separated")
+	if err != nil {
+		return err
+	}
+	brokers := strings.Split(brokerList, ",")
+
+	primary, err := pgxpool.New(ctx, primaryURL)
+	if err != nil {
+		return fmt.Errorf("CAUGHTUP_PRIMARY_URL: %w", err)
+	}
+	defer primary.Close()
+	var replicas []*pgxpool.Pool
+	for _, u := range strings.Split(replicaURLs, ",") {
+		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
+		if err != nil {
+			return fmt.Errorf("CAUGHTUP_REPLICA_URLS: %w", err)
+		}
+		defer p.Close()
+		replicas = append(replicas, p)
 	}
 	// One partition: the reader below reads partition 0.
-	if err := svc.CreateTopic(ctx, cfg.Topic, 1); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+	topic := fmt.Sprintf("caughtup-outbox-example-%d", time.Now().UnixNano())
+	if err := createTopic(ctx, brokers, topic, 1); err != nil {
 		return err
 	}
 
@@ -122,30 +119,30 @@ func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
 	if err := outbox.Migrate(ctx, primary); err != nil {
 		return err
 	}
-	if _, err := primary.Exec(ctx, "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, item text NOT NULL)"); err != nil {
+	if _, err := primary.Exec(ctx, `DROP TABLE IF EXISTS `+orders+`; CREATE TABLE `+orders+` (id bigint PRIMARY KEY, item text NOT NULL)`); err != nil {
 		return err
 	}
 
 	// The relay: outbox → Kafka, every message stamped.
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
-	writer := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: cfg.Topic, Balancer: &kafka.Hash{},
+	writer := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, Transport: transport}
 	defer func() { _ = writer.Close() }()
 	pub, err := caughtupkafka.NewOutboxPublisher(writer)
 	if err != nil {
 		return err
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	var relay interface{ Run(context.Context) error }
-	switch cfg.Relay {
+	switch *relayKind {
 	case "polling":
 		relay, err = outbox.NewPollingRelay(outbox.PollingConfig{Primary: primary, Publisher: pub, PollInterval: 10 * time.Millisecond, Logger: quiet})
 	case "logical":
 		var lr *outbox.LogicalRelay
-		lr, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: primary.Config().ConnString(), Publisher: pub, Logger: quiet})
+		lr, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: primaryURL, Publisher: pub, Logger: quiet})
 		if err == nil {
-			err = lr.Setup(ctx)
+			err = lr.Setup(ctx) // the publication and the slot
 			defer func() { _ = lr.Teardown(context.WithoutCancel(ctx)) }()
 		}
 		relay = lr
@@ -153,12 +150,17 @@ func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
 	if err != nil {
 		return err
 	}
-	stopRelay := examplesvc.Go(ctx, relay.Run)
-	defer stopRelay()
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(relayCtx) }()
+	defer func() {
+		stopRelay()
+		<-relayDone
+	}()
 
 	// The consumer: one router for the process.
 	router, err := consume.NewRouter(ctx, consume.Config{
-		Databases:  map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(replica)}},
+		Databases:  map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(replicas...)}},
 		WaitBudget: 10 * time.Second,
 		Logger:     quiet,
 	})
@@ -166,90 +168,12 @@ func run(ctx context.Context, out, stderr io.Writer, cfg config) error {
 		return err
 	}
 	defer func() { _ = router.Close() }()
-	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: cfg.Topic, MaxWait: 20 * time.Millisecond})
-	defer func() { _ = reader.Close() }()
 
-	var s summary
-	seen := map[string]bool{}
-	consumeN := func(phase int, policy consume.Policy, n int) error {
-		for got := 0; got < n; {
-			m, err := reader.ReadMessage(ctx)
-			if err != nil {
-				return fmt.Errorf("read from Kafka: %w", err)
-			}
-			// The relay stamped the token; a malformed one routes to the
-			// primary (RouteDecoded takes the decode error as is).
-			tok, decodeErr := position.DecodeHeaders(headers(m.Headers, position.HeaderName)...)
-			id := headers(m.Headers, outbox.HeaderEventID)[0]
-			if seen[id] { // at-least-once delivery: dedupe on the event ID
-				s.duplicates++
-				continue
-			}
-			seen[id] = true
-			got++
-			s.delivered++
-			jobCtx, d, err := router.Route(ctx, consume.Job{Token: tok, TokenErr: decodeErr, Policy: policy})
-			if err != nil {
-				return fmt.Errorf("route event %s: %w", id, err)
-			}
-			if dd, _ := d.Database("main"); dd.Replica != "" {
-				s.phases[phase].replica++
-			} else {
-				s.phases[phase].primary++
-			}
-			var n int
-			if err := consume.DB(jobCtx, "main").QueryRow(ctx, "SELECT count(*) FROM orders WHERE id = $1", string(m.Key)).Scan(&n); err != nil {
-				return err
-			}
-			if n == 0 {
-				s.stale++
-			}
-		}
-		return nil
-	}
-
-	// Phase 1: the replica stops replaying before the orders are written.
-	// Every event's token is ahead of it; Sticky sends them to the primary.
-	if err := pauseReplay(ctx, primary, replica); err != nil {
-		return err
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			_, _ = replica.Exec(context.WithoutCancel(ctx), "SELECT pg_wal_replay_resume()")
-		}
-	}()
-	if err := writeOrders(ctx, primary, cfg.Topic, 1, cfg.Events); err != nil {
-		return err
-	}
-	if err := consumeN(0, consume.Sticky, cfg.Events); err != nil {
-		return err
-	}
-
-	// Phase 2: replay streams again. Delayed waits the few milliseconds
-	// until the replica has the order, then reads it there.
-	if _, err := replica.Exec(ctx, "SELECT pg_wal_replay_resume()"); err != nil {
-		return err
-	}
-	resumed = true
-	if err := writeOrders(ctx, primary, cfg.Topic, 1000, cfg.Events); err != nil {
-		return err
-	}
-	if err := consumeN(1, consume.Delayed, cfg.Events); err != nil {
-		return err
-	}
-
-	_, err = fmt.Fprintf(out, "outbox-relay: relay=%s events=%d delivered=%d | replica paused, sticky: replica=%d primary=%d | replica streaming, delayed: replica=%d primary=%d | stale reads=%d\n",
-		cfg.Relay, 2*cfg.Events, s.delivered, s.phases[0].replica, s.phases[0].primary, s.phases[1].replica, s.phases[1].primary, s.stale)
-	return err
-}
-
-// writeOrders writes each order and its event in one transaction: the
-// event exists if and only if the order does.
-func writeOrders(ctx context.Context, primary *pgxpool.Pool, topic string, from, n int) error {
-	for i := from; i < from+n; i++ {
+	// The producer: each order and its event in one transaction, so the
+	// event exists if and only if the order does.
+	for i := 1; i <= *events; i++ {
 		err := pgx.BeginFunc(ctx, primary, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "INSERT INTO orders (id, item) VALUES ($1, 'book')", i); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+orders+` (id, item) VALUES ($1, 'book')`, i); err != nil {
 				return err
 			}
 			id := strconv.Itoa(i)
@@ -260,31 +184,88 @@ func writeOrders(ctx context.Context, primary *pgxpool.Pool, topic string, from,
 			return err
 		}
 	}
+
+	// The consumer reads each event, routes it by the token the relay
+	// stamped on it, and reads the order from the pool it was given.
+	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, MaxWait: 20 * time.Millisecond})
+	defer func() { _ = reader.Close() }()
+	readCtx, cancelRead := context.WithTimeout(ctx, *timeout)
+	defer cancelRead()
+	seen := map[string]bool{}
+	var stale, duplicates, onReplica, onPrimary int
+	for len(seen) < *events {
+		m, err := reader.ReadMessage(readCtx)
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			break // the summary counts the missing events as lost
+		}
+		if err != nil {
+			return fmt.Errorf("read from Kafka: %w", err)
+		}
+		// A malformed token routes to the primary: Route takes the decode
+		// error as Job.TokenErr.
+		tok, decodeErr := position.DecodeHeaders(headers(m.Headers, position.HeaderName)...)
+		id := headers(m.Headers, outbox.HeaderEventID)[0]
+		if seen[id] { // at-least-once delivery: dedupe on the event ID
+			duplicates++
+			continue
+		}
+		seen[id] = true
+		jobCtx, d, err := router.Route(ctx, consume.Job{Token: tok, TokenErr: decodeErr, Policy: policy})
+		if err != nil {
+			return fmt.Errorf("route event %s: %w", id, err)
+		}
+		if dd, _ := d.Database("main"); dd.Replica != "" {
+			onReplica++
+		} else {
+			onPrimary++
+		}
+		var n int
+		if err := consume.DB(jobCtx, "main").QueryRow(ctx, `SELECT count(*) FROM `+orders+` WHERE id = $1`, string(m.Key)).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			stale++
+		}
+	}
+
+	fmt.Fprintf(stdout, "relay=%s events=%d delivered=%d stale=%d lost=%d\n", *relayKind, *events, len(seen), stale, *events-len(seen))
+	fmt.Fprintf(stderr, "reads: replica=%d primary=%d duplicates=%d\n", onReplica, onPrimary, duplicates)
 	return nil
 }
 
-// pauseReplay pauses the replica's replay and waits until it has taken
-// effect, which happens at the next WAL record: small transactions on the
-// primary make sure there is one.
-func pauseReplay(ctx context.Context, primary, replica *pgxpool.Pool) error {
-	if _, err := replica.Exec(ctx, "SELECT pg_wal_replay_pause()"); err != nil {
-		return fmt.Errorf("pause replay (needs superuser or pg_wal_replay_pause rights on the replica): %w", err)
+// need returns the environment variable name, or an error that names it.
+func need(getenv func(string) string, name, what string) (string, error) {
+	if v := strings.TrimSpace(getenv(name)); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("%s is not set: it names %s (`make example EXAMPLE=outbox-relay` starts the demo's cluster and sets it)", name, what)
+}
+
+// createTopic creates topic and waits until every partition has a leader:
+// a reader that starts before that fails its first fetches.
+func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: tr}
+	resp, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{
+		{Topic: topic, NumPartitions: partitions, ReplicationFactor: -1}, // -1: the brokers' default
+	}})
+	if err == nil {
+		err = resp.Errors[topic]
+	}
+	if err != nil {
+		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
 	for {
-		var state string
-		if err := replica.QueryRow(ctx, "SELECT pg_get_wal_replay_pause_state()").Scan(&state); err != nil {
-			return err
-		}
-		if state == "paused" {
+		md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && len(md.Topics[0].Partitions) == partitions &&
+			!slices.ContainsFunc(md.Topics[0].Partitions, func(p kafka.Partition) bool { return p.Leader.Host == "" }) {
 			return nil
-		}
-		if _, err := primary.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
-			return err
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+			return fmt.Errorf("topic %s has partitions without a leader: %w", topic, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

@@ -1,210 +1,170 @@
-// Package examplesvc gives the programs under examples/ their services:
-// the ones the environment names, or throwaway ones started with pgtest
-// and kafkatest (a real Kafka broker and Kafka Connect with Debezium; Java
-// 17 and the jars scripts/install-deps resolves), so that every example
-// runs on a fresh machine with no flags.
+// Package examplesvc starts the demo's cluster, the services the programs
+// under examples/ run on: a PostgreSQL primary with two streaming replicas
+// and redis-server (testkit/pgtest), and on request an Apache Kafka broker
+// and a Kafka Connect worker with the Debezium PostgreSQL connector
+// (testkit/kafkatest). Env says where they are in the variables the
+// examples read, and PauseReplay injects the lag the examples must survive.
+//
+// `caughtup-demo cluster` and the examples' tests use it; the examples
+// themselves import none of it, so that their main.go is what a user
+// copies.
 package examplesvc
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caughtup/caughtup/testkit/kafkatest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
-// Services are an example's connections. Close releases them and stops
-// whatever was started.
-type Services struct {
-	Primary  *pgxpool.Pool
-	Replicas []*pgxpool.Pool
-	// Cluster is the throwaway cluster, nil when the environment named
-	// the databases; examples inject lag only into their own.
-	Cluster *pgtest.Cluster
-	broker  *kafkatest.Broker
-	closers []func()
+// The variables the examples read.
+const (
+	// EnvPrimary is the primary's connection URL.
+	EnvPrimary = "CAUGHTUP_PRIMARY_URL"
+	// EnvReplicas are its streaming replicas' URLs, comma-separated.
+	EnvReplicas = "CAUGHTUP_REPLICA_URLS"
+	// EnvRedis is redis-server's host:port.
+	EnvRedis = "REDIS_ADDR"
+	// EnvKafka are the Kafka brokers' host:port, comma-separated.
+	EnvKafka = "KAFKA_BROKERS"
+	// EnvConnect is the Kafka Connect worker's REST URL.
+	EnvConnect = "KAFKA_CONNECT_URL"
+)
+
+// Database is the database Start creates for the examples.
+const Database = "example"
+
+// Options says which services Start starts beyond PostgreSQL and Redis.
+type Options struct {
+	// Kafka starts a single-node Kafka broker, or uses the cluster
+	// $KAFKA_BROKERS names (see kafkatest.Start).
+	Kafka bool
+	// Debezium starts a Kafka Connect worker with the Debezium PostgreSQL
+	// connector against the broker; it implies Kafka.
+	Debezium bool
+	// Logf receives the services' progress messages. Default: discarded.
+	Logf func(format string, args ...any)
 }
 
-// Close stops everything in reverse order of start.
-func (s *Services) Close() {
-	for i := len(s.closers) - 1; i >= 0; i-- {
-		s.closers[i]()
+// Cluster is the demo's cluster. Its fields are the harnesses, for tests
+// that act on the servers directly (pause one replica, say).
+type Cluster struct {
+	PG      *pgtest.Cluster
+	Redis   *pgtest.Redis
+	Broker  *kafkatest.Broker  // nil without Options.Kafka
+	Connect *kafkatest.Connect // nil without Options.Debezium
+}
+
+// Start starts the services opts asks for, PostgreSQL and Kafka side by
+// side, and creates the database Database on the primary. On error nothing
+// is left running.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	opts.Kafka = opts.Kafka || opts.Debezium
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
 	}
-	s.closers = nil
-}
-
-// PostgresConfig says which PostgreSQL an example uses.
-type PostgresConfig struct {
-	// PrimaryURL names an existing primary, and ReplicaURLs its streaming
-	// replicas. Empty: a throwaway primary is started, with Replicas
-	// replicas, and a fresh database "example" on it is used.
-	PrimaryURL  string
-	ReplicaURLs []string
-	// Replicas is how many streaming replicas a throwaway cluster gets.
-	// Default 2: enough to show a router choosing among them.
-	Replicas int
-	// PrimaryEnv names the variable that sets PrimaryURL, for the line that
-	// says how to use your own. Default "CAUGHTUP_PRIMARY_URL".
-	PrimaryEnv string
-}
-
-// Postgres connects to $CAUGHTUP_PRIMARY_URL and the comma-separated
-// $CAUGHTUP_REPLICA_URLS, or starts a primary with two streaming replicas
-// and uses a fresh database "example" on it.
-func Postgres(ctx context.Context, stderr io.Writer) (*Services, error) {
-	cfg := PostgresConfig{PrimaryURL: os.Getenv("CAUGHTUP_PRIMARY_URL")}
-	if v := os.Getenv("CAUGHTUP_REPLICA_URLS"); v != "" {
-		cfg.ReplicaURLs = strings.Split(v, ",")
+	c := &Cluster{}
+	var wg sync.WaitGroup
+	var pgErr, kafkaErr error
+	wg.Go(func() {
+		if c.PG, pgErr = pgtest.Start(ctx, pgtest.Options{Replicas: 2, Logf: logf}); pgErr != nil {
+			return
+		}
+		if pgErr = c.PG.CreateDatabase(ctx, Database); pgErr != nil {
+			return
+		}
+		c.Redis, pgErr = pgtest.StartRedis(ctx)
+	})
+	if opts.Kafka {
+		wg.Go(func() {
+			if c.Broker, kafkaErr = kafkatest.Start(ctx, kafkatest.Options{Logf: logf}); kafkaErr != nil || !opts.Debezium {
+				return
+			}
+			c.Connect, kafkaErr = kafkatest.StartConnect(ctx, c.Broker.Brokers(), kafkatest.ConnectOptions{Logf: logf})
+		})
 	}
-	return StartPostgres(ctx, stderr, cfg)
-}
-
-// StartPostgres connects to the servers cfg names, or starts a throwaway
-// cluster (testkit/pgtest) that Close stops.
-func StartPostgres(ctx context.Context, stderr io.Writer, cfg PostgresConfig) (s *Services, err error) {
-	s = &Services{}
-	defer func() {
-		if err != nil {
-			s.Close()
-		}
-	}()
-	primaryURL, replicaURLs := cfg.PrimaryURL, cfg.ReplicaURLs
-	if primaryURL == "" {
-		if cfg.Replicas <= 0 {
-			cfg.Replicas = 2
-		}
-		if cfg.PrimaryEnv == "" {
-			cfg.PrimaryEnv = "CAUGHTUP_PRIMARY_URL"
-		}
-		replicas := fmt.Sprintf("%d streaming replicas", cfg.Replicas)
-		if cfg.Replicas == 1 {
-			replicas = "one streaming replica"
-		}
-		fmt.Fprintf(stderr, "starting a primary with %s (set %s to use your own)\n", replicas, cfg.PrimaryEnv)
-		c, err := pgtest.Start(ctx, pgtest.Options{Replicas: cfg.Replicas})
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, func() { _ = c.Close() })
-		s.Cluster = c
-		if err := c.CreateDatabase(ctx, "example"); err != nil {
-			return nil, err
-		}
-		primaryURL = c.Primary().DSN("example")
-		replicaURLs = nil
-		for _, n := range c.Replicas() {
-			replicaURLs = append(replicaURLs, n.DSN("example"))
-		}
-	}
-	if s.Primary, err = pgxpool.New(ctx, primaryURL); err != nil {
+	wg.Wait()
+	if err := errors.Join(pgErr, kafkaErr); err != nil {
+		_ = c.Close()
 		return nil, err
 	}
-	s.closers = append(s.closers, s.Primary.Close)
-	for _, u := range replicaURLs {
-		p, err := pgxpool.New(ctx, strings.TrimSpace(u))
-		if err != nil {
-			return nil, err
-		}
-		s.closers = append(s.closers, p.Close)
-		s.Replicas = append(s.Replicas, p)
-	}
-	return s, nil
+	return c, nil
 }
 
-// Redis returns $REDIS_ADDR, or starts a throwaway redis-server.
-func (s *Services) Redis(ctx context.Context, stderr io.Writer) (string, error) {
-	if addr := os.Getenv("REDIS_ADDR"); addr != "" {
-		return addr, nil
+// Env is the environment of an example on database (Database, or one the
+// caller created with c.PG.CreateDatabase), as KEY=value strings: the
+// primary's and replicas' URLs, Redis, and the Kafka broker and the
+// Connect worker when started.
+func (c *Cluster) Env(database string) []string {
+	replicas := make([]string, 0, 2)
+	for _, n := range c.PG.Replicas() {
+		replicas = append(replicas, n.DSN(database))
 	}
-	fmt.Fprintln(stderr, "starting redis-server (set REDIS_ADDR to use your own)")
-	r, err := pgtest.StartRedis(ctx)
-	if err != nil {
-		return "", err
+	env := []string{
+		EnvPrimary + "=" + c.PG.Primary().DSN(database),
+		EnvReplicas + "=" + strings.Join(replicas, ","),
+		EnvRedis + "=" + c.Redis.Addr(),
 	}
-	s.closers = append(s.closers, func() { _ = r.Close() })
-	return r.Addr(), nil
+	if c.Broker != nil {
+		env = append(env, EnvKafka+"="+strings.Join(c.Broker.Brokers(), ","))
+	}
+	if c.Connect != nil {
+		env = append(env, EnvConnect+"="+c.Connect.URL())
+	}
+	return env
 }
 
-// Kafka returns the comma-separated $KAFKA_BROKERS, or starts a
-// single-node Apache Kafka 4 broker (testkit/kafkatest) that Close stops.
-func (s *Services) Kafka(ctx context.Context, stderr io.Writer) ([]string, error) {
-	if os.Getenv("KAFKA_BROKERS") == "" {
-		fmt.Fprintln(stderr, "starting a Kafka broker (set KAFKA_BROKERS to use your own)")
+// Getenv is Env as a lookup function, for an example's run(..., getenv, ...).
+func (c *Cluster) Getenv(database string) func(string) string {
+	vars := map[string]string{}
+	for _, kv := range c.Env(database) {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
 	}
-	b, err := kafkatest.Start(ctx, kafkatest.Options{}) // $KAFKA_BROKERS: starts nothing
-	if err != nil {
-		return nil, err
-	}
-	s.closers = append(s.closers, func() { _ = b.Close() })
-	s.broker = b
-	return b.Brokers(), nil
+	return func(k string) string { return vars[k] }
 }
 
-// CreateTopic creates a topic on the brokers Kafka returned, with the
-// cluster's default replication factor, and waits until every partition
-// has a leader: a consumer group that joins before that gets no partitions.
-func (s *Services) CreateTopic(ctx context.Context, name string, partitions int) error {
-	if s.broker == nil {
-		return errors.New("examplesvc: CreateTopic before Kafka")
-	}
-	return s.broker.CreateTopic(ctx, name, partitions)
-}
-
-// PauseReplay injects lag into a throwaway cluster: until stop is called
-// it pauses replay on its replicas at random for up to maxPause at a time
-// (pgtest's Cluster.PauseRandomly), reporting each pause on stderr. On
-// servers the environment named, or with maxPause 0, it does nothing.
-// stop resumes replay and waits; calling it again does nothing.
-func (s *Services) PauseReplay(ctx context.Context, maxPause time.Duration, stderr io.Writer) (stop func()) {
-	if s.Cluster == nil || maxPause <= 0 {
+// PauseReplay injects lag until stop is called: it pauses replay on one
+// replica or both at random, for up to maxPause at a time with rests of
+// up to 300 ms (pgtest's Cluster.PauseRandomly). Errors go to logf (nil
+// discards them). maxPause <= 0 pauses nothing. stop resumes replay and
+// waits; calling it again does nothing.
+func (c *Cluster) PauseReplay(ctx context.Context, maxPause time.Duration, logf func(format string, args ...any)) (stop func()) {
+	if maxPause <= 0 {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		s.Cluster.PauseRandomly(ctx, maxPause, 300*time.Millisecond, func(f string, a ...any) { fmt.Fprintf(stderr, f+"\n", a...) })
-	})
-	return func() {
+	wg.Go(func() { c.PG.PauseRandomly(ctx, maxPause, 300*time.Millisecond, logf) })
+	return sync.OnceFunc(func() {
 		cancel()
 		wg.Wait()
-	}
+	})
 }
 
-// Debezium starts a Kafka Connect worker (testkit/kafkatest) against
-// brokers, and on it a Debezium PostgreSQL connector (pgoutput) that
-// captures tables ("schema.table", which must exist) of the primary's
-// database into the topics "<prefix>.<schema>.<table>", and returns once
-// it streams. The primary must have wal_level = logical and its user the
-// REPLICATION attribute and the right to create a publication (the
-// throwaway cluster's "postgres" has both). Close deletes the connector,
-// its slot and its publication, and stops the worker.
-func (s *Services) Debezium(ctx context.Context, stderr io.Writer, brokers []string, prefix string, tables ...string) error {
-	src, err := kafkatest.PostgresFromDSN(s.Primary.Config().ConnString())
-	if err != nil {
-		return err
+// Close stops everything Start started, Kafka Connect first.
+func (c *Cluster) Close() error {
+	var errs []error
+	if c.Connect != nil {
+		errs = append(errs, c.Connect.Close())
 	}
-	fmt.Fprintln(stderr, "starting Kafka Connect with the Debezium PostgreSQL connector")
-	c, err := kafkatest.StartConnect(ctx, brokers, kafkatest.ConnectOptions{})
-	if err != nil {
-		return err
+	if c.Broker != nil {
+		errs = append(errs, c.Broker.Close())
 	}
-	s.closers = append(s.closers, func() { _ = c.Close() })
-	pc, err := c.StartPostgresConnector(ctx, prefix, kafkatest.DebeziumPostgres{Postgres: src, Tables: tables, TopicPrefix: prefix})
-	if err != nil {
-		return err
+	if c.Redis != nil {
+		errs = append(errs, c.Redis.Close())
 	}
-	s.closers = append(s.closers, func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = pc.Delete(dctx)
-	})
+	if c.PG != nil {
+		errs = append(errs, c.PG.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("examplesvc: %w", err)
+	}
 	return nil
 }
