@@ -192,6 +192,16 @@
 //     minute ago, of an unknown node, of another system). Each must be
 //     rejected under the counter its kind calls for, and the rejections
 //     must equal the injections.
+//   - balanced (balanced.go): the router's one replica pool is an HAProxy
+//     (testkit/proxytest) balancing connections round robin over both
+//     standbys, while replay pauses on one standby at a time, at random,
+//     for up to 5s (3s). The tracker watches one standby, the handlers'
+//     connections reach either; consume checks each routed acquire against
+//     the server the decision judged, and a job whose connections keep
+//     reaching the paused standby fails without reading and is retried.
+//     Checks besides stale and lost: replay was paused, and some routed
+//     connection reached the standby the tracker does not watch; a note
+//     gives the connection checks by result.
 //
 // A new scenario goes in a file of its own (diverged.go and timeouts.go
 // are examples): a constructor returning a *scenario, named on its own
@@ -237,7 +247,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: go run ./chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
+		fmt.Fprintln(stdout, "usage: go run ./chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages;\nand with the replicas behind a balancer),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")

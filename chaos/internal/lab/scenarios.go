@@ -48,6 +48,7 @@ var scenarioList = []func(sl scale) *scenario{
 	feedPublisherSigstopScenario,  // feedscenarios.go
 	feedFailoverScenario,          // feedscenarios.go
 	forgedFeedScenario,            // forged.go
+	balancedScenario,              // balanced.go
 }
 
 func replayPauseScenario(sl scale) *scenario {

@@ -14,6 +14,7 @@ import (
 	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -102,6 +103,11 @@ type scenario struct {
 	movablePrimary bool
 	policy         consume.Policy
 	router         func(*consume.Config)
+	// replicaPools, if set, returns the router's replica pools of "main"
+	// instead of newDBEnv's one direct pool per standby (a balancer in
+	// front of them, say); the router is rebuilt on them before the
+	// pipelines start. What it opens it closes through run.closers.
+	replicaPools func(ctx context.Context, r *run) ([]replay.Replica, error)
 	// configure, if set, changes the router's config with the run at
 	// hand (the services, run.closers), after router: a position feed's
 	// Redis client, say.
@@ -314,6 +320,13 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 		return res
 	}
 	r.env = env
+	if sc.replicaPools != nil {
+		if err := r.rebuildRouter(ctx, rc); err != nil {
+			env.close()
+			res.Failures = append(res.Failures, fmt.Sprintf("set up the replica pools: %v", err))
+			return res
+		}
+	}
 	cfg := env.router.Config()
 	res.CapRate, res.CapBurst = float64(cfg.PrimaryRate), cfg.PrimaryBurst
 	res.CapWindowLimit = int(float64(cfg.PrimaryRate)) + cfg.PrimaryBurst
@@ -409,6 +422,27 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	res.Failures = append(res.Failures, r.failures...)
 	r.mu.Unlock()
 	return res
+}
+
+// rebuildRouter replaces the router newDBEnv built on one pool per standby
+// with one on the pools scenario.replicaPools returns, configured as
+// newDBEnv configured its own.
+func (r *run) rebuildRouter(ctx context.Context, rc consume.Config) error {
+	reps, err := r.sc.replicaPools(ctx, r)
+	if err != nil {
+		return err
+	}
+	rc.Databases = map[string]replay.Database{"main": {Primary: r.env.primary, Replicas: reps}}
+	if rc.Logger == nil {
+		rc.Logger = r.s.log
+	}
+	router, err := consume.NewRouter(ctx, rc)
+	if err != nil {
+		return err
+	}
+	_ = r.env.router.Close()
+	r.env.router = router
+	return nil
 }
 
 // streams are the scenario's pipelines: asynq, Kafka in place unless
