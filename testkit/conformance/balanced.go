@@ -35,7 +35,11 @@ func Balanced(t *testing.T, cfg Config) Report {
 	c := pgtest.Shared(t)
 	h := proxytest.StartHAProxy(t, proxytest.HAProxyConfig{Backends: proxytest.Addrs(c.Replicas()...)})
 	e := setupWith(t, cfg, func(db string) []replay.Replica {
-		lb, err := pgxpool.New(t.Context(), fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", h.Addr(), db))
+		// Connections live a second, so that the pools keep reconnecting
+		// through the balancer throughout: a connection on the standby
+		// that is not watched is dropped when it is behind, and without
+		// churn the handlers' pool can settle on the watched one.
+		lb, err := pgxpool.New(t.Context(), fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&pool_max_conn_lifetime=1s", h.Addr(), db))
 		require.NoError(t, err)
 		t.Cleanup(lb.Close)
 		return []replay.Replica{{Name: "haproxy", Pool: lb}}

@@ -64,6 +64,11 @@ func balancedPools(ctx context.Context, r *run) ([]replay.Replica, error) {
 		return nil, err
 	}
 	cfg.MaxConns = 24 // as newDBEnv's pool per standby
+	// Connections live a second, so that the pools keep reconnecting
+	// through the balancer throughout: a connection on the standby that is
+	// not watched is dropped when it is behind, and without churn the
+	// handlers' pool can settle on the watched one.
+	cfg.MaxConnLifetime, cfg.MaxConnLifetimeJitter = time.Second, 200*time.Millisecond
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
