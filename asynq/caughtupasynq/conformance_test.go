@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
@@ -60,7 +61,13 @@ func (d *driver) Consume(ctx context.Context, router *consume.Router, policy con
 		}
 		return handle(ctx, conformance.Job{ID: n, Key: key})
 	})
-	srv, err := caughtupasynq.NewServer(d.opt, d.serverConfig(asynq.Config{Concurrency: 32}), router,
+	// A real handler error (in the balanced scenario, connections that
+	// kept reaching the paused standby) is retried soon, as the chaos lab
+	// retries them: asynq's default delay (15s to 45s for the first retry)
+	// would make a scenario's length depend on whether one happened.
+	// Deferrals keep the router's delays (ServerConfig).
+	cfg := d.serverConfig(asynq.Config{Concurrency: 32, RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return 200 * time.Millisecond }})
+	srv, err := caughtupasynq.NewServer(d.opt, cfg, router,
 		caughtupasynq.MiddlewareConfig{DefaultPolicy: policy})
 	if err != nil {
 		return nil, err
