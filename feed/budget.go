@@ -158,6 +158,10 @@ func (b *Budget) Allow(ctx context.Context, key string) (allowed bool, err error
 		if b.cfg.Cooldown > 0 && ctx.Err() == nil {
 			b.until.Store(time.Now().Add(b.cfg.Cooldown).UnixNano())
 		}
+		if ctx.Err() == nil {
+			// A Cluster's slot map may name a dead master (cluster.go).
+			reloadSlots(ctx, b.cfg.Client)
+		}
 		return false, fmt.Errorf("%w: %w", ErrBudgetUnavailable, err)
 	}
 	b.until.Store(0)

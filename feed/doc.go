@@ -38,8 +38,11 @@
 // HMAC-SHA256 under a key of the Keyring (Insecure must be asked for to
 // accept unsigned ones), a publisher instance and a sequence, so that
 // forged, unsigned, unknown-key, malformed, replayed and impossible
-// messages are rejected and counted, never delivered; the feed's keys share
-// one hash slot, so Cluster and Sentinel clients work as they are;
+// messages are rejected and counted, never delivered; the feed's keys and
+// channel share one hash slot, so Cluster and Sentinel clients work as
+// they are (on a *redis.ClusterClient the feed uses sharded pub/sub,
+// SPUBLISH and SSUBSCRIBE, so that a message reaches only its slot's
+// shard rather than every node; see cluster.go);
 // PublisherACL, SubscriberACL and BudgetACL give the least rights each
 // role needs.
 //

@@ -27,7 +27,7 @@ func Example_acl() {
 	fmt.Println("ACL SETUSER caughtup-router on >SUBSECRET", feed.SubscriberACL("default"), feed.BudgetACL(""))
 	fmt.Println(feed.ChannelName("default"))
 	// Output:
-	// ACL SETUSER caughtup-feed-pub on >PUBSECRET resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping
-	// ACL SETUSER caughtup-router on >SUBSECRET resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping ~rate:caughtup.budget.* +evalsha +eval +get +set +time
+	// ACL SETUSER caughtup-feed-pub on >PUBSECRET resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +spublish +ping
+	// ACL SETUSER caughtup-router on >SUBSECRET resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ssubscribe +sunsubscribe +ping ~rate:caughtup.budget.* +evalsha +eval +get +set +time
 	// {caughtup.feed.default}:obs
 }

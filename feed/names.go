@@ -61,7 +61,11 @@ func valueKey(feed, publisher string, o *Observation) string {
 // channel, and nothing else. Use it after the user name, state and
 // password:
 //
-//	ACL SETUSER caughtup-feed-pub on >secret resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +ping
+//	ACL SETUSER caughtup-feed-pub on >secret resetkeys resetchannels -@all ~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +set +sadd +pexpire +publish +spublish +ping
+//
+// +spublish is the sharded PUBLISH that publishers use in a Redis Cluster
+// (docs/feed.md); there a go-redis ClusterClient also needs +cluster|slots
+// to read the slot map.
 //
 // go-redis sends CLIENT SETINFO when it connects and ignores a refusal;
 // on Redis 7.2 and later, where the command exists, add +client|setinfo
@@ -70,7 +74,7 @@ func valueKey(feed, publisher string, o *Observation) string {
 func PublisherACL(feed string) string {
 	t := hashTag(feed)
 	return "resetkeys resetchannels -@all ~" + t + ":* &" + ChannelName(feed) +
-		" +set +sadd +pexpire +publish +ping"
+		" +set +sadd +pexpire +publish +spublish +ping"
 }
 
 // SubscriberACL returns the Redis 7 ACL rules a feed subscriber needs: it
@@ -78,11 +82,14 @@ func PublisherACL(feed string) string {
 // command could touch them even if one were allowed) and subscribes to
 // its channel:
 //
-//	ACL SETUSER caughtup-feed-sub on >secret resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping
+//	ACL SETUSER caughtup-feed-sub on >secret resetkeys resetchannels -@all %R~{caughtup.feed.default}:* &{caughtup.feed.default}:obs +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ssubscribe +sunsubscribe +ping
+//
+// +ssubscribe and +sunsubscribe are the sharded pub/sub subscribers use
+// in a Redis Cluster.
 func SubscriberACL(feed string) string {
 	t := hashTag(feed)
 	return "resetkeys resetchannels -@all %R~" + t + ":* &" + ChannelName(feed) +
-		" +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ping"
+		" +get +pttl +smembers +multi +exec +subscribe +unsubscribe +ssubscribe +sunsubscribe +ping"
 }
 
 // BudgetACL returns the Redis 7 ACL rules that a Budget with the given

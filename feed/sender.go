@@ -194,6 +194,7 @@ type Sender struct {
 	seq     uint64
 	failing bool
 	warned  time.Time
+	sharded bool // SPUBLISH rather than PUBLISH (see cluster.go)
 }
 
 type flusher struct {
@@ -222,6 +223,7 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 		pending: make(map[nodeID]Observation),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
+		sharded: shardedClient(cfg.Client),
 	}
 	if k := cfg.Keys.current(); k != nil {
 		p.keyID = k.ID
@@ -394,8 +396,9 @@ func (p *Sender) run() {
 }
 
 // send stores and publishes one batch in one pipeline: per observation a
-// SET with expiry and a PUBLISH of the same bytes, then one SADD of the
-// keys to the index and a PEXPIRE of the index.
+// SET with expiry and a PUBLISH (SPUBLISH in a Cluster) of the same
+// bytes, then one SADD of the keys to the index and a PEXPIRE of the
+// index.
 func (p *Sender) send(batch map[nodeID]Observation) error {
 	if len(batch) == 0 {
 		return nil
@@ -416,10 +419,13 @@ func (p *Sender) send(batch map[nodeID]Observation) error {
 		}
 		key := valueKey(p.cfg.Feed, p.cfg.Name, &o)
 		keys = append(keys, key)
-		cmds = append(cmds, sent{
-			set: pipe.Set(ctx, key, b, p.cfg.TTL),
-			pub: pipe.Publish(ctx, p.channel, b),
-		})
+		c := sent{set: pipe.Set(ctx, key, b, p.cfg.TTL)}
+		if p.sharded {
+			c.pub = pipe.SPublish(ctx, p.channel, b)
+		} else {
+			c.pub = pipe.Publish(ctx, p.channel, b)
+		}
+		cmds = append(cmds, c)
 	}
 	if len(keys) > 0 {
 		pipe.SAdd(ctx, p.index, keys...)
@@ -439,6 +445,14 @@ func (p *Sender) send(batch map[nodeID]Observation) error {
 		}
 	}
 	bg := context.Background()
+	if err != nil {
+		reloadSlots(bg, p.cfg.Client)
+		if p.sharded && len(cmds) > 0 && unknownCommand(cmds[0].pub.Err()) {
+			p.sharded = false
+			p.log.Warn("caughtup/feed: this Redis Cluster does not know SPUBLISH (Redis before 7.0); publishing with classic PUBLISH, which subscribers detect alike",
+				slog.String("publisher", p.id.String()))
+		}
+	}
 	if ok > 0 {
 		p.m.published.Add(bg, ok)
 	}

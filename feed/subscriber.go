@@ -328,6 +328,7 @@ type Subscriber struct {
 	macs    *macs
 	streams map[streamKey]*streamState
 	warn    [numRejectReasons]rate.Sometimes
+	sharded bool // SSUBSCRIBE rather than SUBSCRIBE (see cluster.go)
 }
 
 // NewSubscriber validates cfg; nothing runs until Run.
@@ -346,6 +347,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		health:      Health{State: StateConnecting, Since: time.Now()},
 		macs:        newMACs(cfg.Feed, cfg.Keys.Keys),
 		streams:     make(map[streamKey]*streamState),
+		sharded:     shardedClient(cfg.Client),
 	}
 	for i := range s.warn {
 		s.warn[i] = rate.Sometimes{First: 3, Interval: 10 * time.Second}
@@ -408,6 +410,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		// A Cluster's slot map may name a dead master; have it reloaded
+		// before the next attempt.
+		reloadSlots(ctx, s.cfg.Client)
 		wait := bo.NextBackOff()
 		if subscribed {
 			s.setState(StateDropped, err)
@@ -430,20 +435,36 @@ func (s *Subscriber) Run(ctx context.Context) error {
 // session subscribes, reads the stored values and streams until the
 // subscription breaks; subscribed says whether it got that far.
 func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
-	ps := s.cfg.Client.Subscribe(ctx)
+	var ps *redis.PubSub
+	cmd := "subscribe"
+	if s.sharded {
+		ps, cmd = s.cfg.Client.SSubscribe(ctx), "ssubscribe"
+	} else {
+		ps = s.cfg.Client.Subscribe(ctx)
+	}
 	defer func() { _ = ps.Close() }()
 	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
 	defer stop()
 
-	if err := ps.Subscribe(ctx, s.channel); err != nil {
-		return false, fmt.Errorf("subscribe: %w", err)
+	if s.sharded {
+		err = ps.SSubscribe(ctx, s.channel)
+	} else {
+		err = ps.Subscribe(ctx, s.channel)
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", cmd, err)
 	}
 	msg, err := ps.ReceiveTimeout(ctx, s.cfg.ReadTimeout)
 	if err != nil {
-		return false, fmt.Errorf("subscribe: %w", err)
+		if s.sharded && unknownCommand(err) {
+			s.sharded = false
+			s.log.Warn("caughtup/feed: this Redis Cluster does not know SSUBSCRIBE (Redis before 7.0); subscribing with classic SUBSCRIBE, as publishers detect alike",
+				slog.String("channel", s.channel))
+		}
+		return false, fmt.Errorf("%s: %w", cmd, err)
 	}
-	if sub, ok := msg.(*redis.Subscription); !ok || sub.Kind != "subscribe" {
-		return false, fmt.Errorf("subscribe: unexpected reply %v", msg)
+	if sub, ok := msg.(*redis.Subscription); !ok || sub.Kind != cmd {
+		return false, fmt.Errorf("%s: unexpected reply %v", cmd, msg)
 	}
 	// Subscribed before reading the store: whatever is published from now
 	// on arrives live, so nothing falls between the two.
@@ -495,8 +516,10 @@ func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
 				}
 			}
 		case *redis.Subscription:
-			if m.Kind == "unsubscribe" {
-				return true, errors.New("unsubscribed by the server")
+			// sunsubscribe: the server no longer serves the channel's
+			// slot (a failover demoted it, or the slot moved).
+			if m.Kind == "unsubscribe" || m.Kind == "sunsubscribe" {
+				return true, fmt.Errorf("%s by the server", m.Kind)
 			}
 		}
 	}

@@ -1,0 +1,105 @@
+package redistest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/testkit/redistest"
+	"github.com/caughtup/caughtup/testkit/testsvc"
+)
+
+// TestClusterFailover: a SIGKILLed master's replica takes its slots, the
+// data written before the kill is there, and the killed node comes back
+// as a replica. Both ways of creating the cluster.
+func TestClusterFailover(t *testing.T) {
+	for _, noCLI := range []bool{false, true} {
+		t.Run(map[bool]string{false: "redis-cli", true: "from-go"}[noCLI], func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			began := time.Now()
+			c, err := redistest.StartCluster(ctx, redistest.ClusterOptions{NoRedisCLI: noCLI})
+			require.NoError(t, err)
+			t.Logf("cluster up in %v", time.Since(began))
+			t.Cleanup(func() { require.NoError(t, c.Close()) })
+			require.Len(t, c.Addrs(), 6)
+			dirs := []string{}
+			for _, n := range c.Nodes() {
+				dirs = append(dirs, n.Dir())
+			}
+
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: time.Second, ReadTimeout: time.Second})
+			defer func() { require.NoError(t, rdb.Close()) }()
+			const key = "{caughtup.feed.x}:k"
+			require.NoError(t, rdb.Set(ctx, key, "v", 0).Err())
+			old, err := c.MasterOf(ctx, key)
+			require.NoError(t, err)
+			// The write has reached the replica before the kill.
+			require.NoError(t, rdb.Do(ctx, "WAIT", 1, 5000).Err())
+			killed := time.Now()
+			require.NoError(t, old.Kill())
+			require.False(t, old.Running())
+			require.NoError(t, c.WaitHealthy(ctx))
+			took := time.Since(killed)
+			nu, err := c.MasterOf(ctx, key)
+			require.NoError(t, err)
+			require.NotSame(t, old, nu)
+			require.Eventually(t, func() bool { return rdb.Get(ctx, key).Val() == "v" }, 30*time.Second, 10*time.Millisecond)
+			t.Logf("%s killed; %s serves its slots %v later; the client read from it %v after the kill", old.Name(), nu.Name(), took, time.Since(killed))
+
+			restarted := time.Now()
+			require.NoError(t, old.Start(ctx))
+			require.NoError(t, c.WaitHealthy(ctx))
+			t.Logf("%s restarted and rejoined within %v", old.Name(), time.Since(restarted))
+			again, err := c.MasterOf(ctx, key)
+			require.NoError(t, err)
+			require.Same(t, nu, again, "the restarted node rejoined as a replica")
+			require.NotEmpty(t, testsvc.ProcessesIn(dirs))
+			require.NoError(t, c.Close())
+			require.Empty(t, testsvc.ProcessesIn(dirs), "Close stops every node")
+			t.Logf("closed")
+		})
+	}
+}
+
+// TestSentinelFailover: the sentinels replace a SIGKILLed master with a
+// replica, and a client through them writes to the new one.
+func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := redistest.StartSentinel(ctx, redistest.SentinelOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	require.Len(t, s.SentinelAddrs(), 3)
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{MasterName: s.MasterName(), Addrs: s.SentinelAddrs(),
+		DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer func() { require.NoError(t, rdb.Close()) }()
+	require.NoError(t, rdb.Set(ctx, "k", "v", 0).Err())
+	old, err := s.Master(ctx)
+	require.NoError(t, err)
+	require.Same(t, s.Servers()[0], old)
+	require.NoError(t, rdb.Do(ctx, "WAIT", 2, 5000).Err())
+	killed := time.Now()
+	require.NoError(t, old.Kill())
+	require.NoError(t, s.WaitSettled(ctx))
+	took := time.Since(killed)
+	nu, err := s.Master(ctx)
+	require.NoError(t, err)
+	require.NotSame(t, old, nu)
+	t.Logf("%s killed; the sentinels settled on %s %v later", old.Name(), nu.Name(), took)
+	require.Eventually(t, func() bool { return rdb.Set(ctx, "k2", "v", 0).Err() == nil }, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, "v", rdb.Get(ctx, "k").Val())
+
+	restarted := time.Now()
+	require.NoError(t, old.Start(ctx))
+	require.NoError(t, s.WaitSettled(ctx))
+	t.Logf("%s restarted and re-pointed within %v", old.Name(), time.Since(restarted))
+	again, err := s.Master(ctx)
+	require.NoError(t, err)
+	require.Same(t, nu, again, "the restarted master rejoined as a replica")
+}
