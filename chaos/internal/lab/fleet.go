@@ -58,7 +58,7 @@ import (
 //     Delayed job per router waiting for its token, replay resumed; per
 //     router, from the moment a replica passed the token (a probe looping
 //     on pg_last_wal_replay_lsn() on its own connection to each replica,
-//     midpoint of the first query that saw it) to the job's RouteToken
+//     midpoint of the first query that saw it) to the job's Route
 //     returning; and, on the feed, from the first publisher read that
 //     showed it (firstCaughtUp over the publishers' recorded
 //     snapshots);
