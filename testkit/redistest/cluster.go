@@ -213,6 +213,9 @@ func (c *Cluster) Nodes() []*Server { return c.nodes }
 // Options are the options the cluster was started with, defaults filled.
 func (c *Cluster) Options() ClusterOptions { return c.opts }
 
+// Dir is the temporary directory Close removes; every node runs in it.
+func (c *Cluster) Dir() string { return c.sb.Root() }
+
 func (c *Cluster) byAddr(addr string) *Server {
 	for _, s := range c.nodes {
 		if s.Addr() == addr {

@@ -2,6 +2,9 @@ package redistest_test
 
 import (
 	"context"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +34,7 @@ func TestClusterFailover(t *testing.T) {
 			for _, n := range c.Nodes() {
 				dirs = append(dirs, n.Dir())
 			}
+			requireServiceUser(t, dirs)
 
 			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), DialTimeout: time.Second, ReadTimeout: time.Second})
 			defer func() { require.NoError(t, rdb.Close()) }()
@@ -66,6 +70,30 @@ func TestClusterFailover(t *testing.T) {
 	}
 }
 
+// requireServiceUser checks that the processes in dirs run as the
+// unprivileged service user when the test binary is root.
+func requireServiceUser(t *testing.T, dirs []string) {
+	t.Helper()
+	cred, err := testsvc.ServiceCredential()
+	require.NoError(t, err)
+	if cred == nil {
+		return // not root: our own user
+	}
+	pids := testsvc.ProcessesIn(dirs)
+	require.NotEmpty(t, pids)
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		require.NoError(t, err)
+		var uid string
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				uid = f[1]
+			}
+		}
+		require.Equal(t, strconv.Itoa(int(cred.Uid)), uid, "pid %d", pid)
+	}
+}
+
 // TestSentinelFailover: the sentinels replace a SIGKILLed master with a
 // replica, and a client through them writes to the new one.
 func TestSentinelFailover(t *testing.T) {
@@ -76,6 +104,7 @@ func TestSentinelFailover(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	require.Len(t, s.SentinelAddrs(), 3)
+	requireServiceUser(t, []string{s.Dir()})
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{MasterName: s.MasterName(), Addrs: s.SentinelAddrs(),
 		DialTimeout: time.Second, ReadTimeout: time.Second})
 	defer func() { require.NoError(t, rdb.Close()) }()

@@ -199,6 +199,9 @@ func (s *Sentinel) Sentinels() []*Server { return s.sentinels }
 // Options are the options the set was started with, defaults filled.
 func (s *Sentinel) Options() SentinelOptions { return s.opts }
 
+// Dir is the temporary directory Close removes; every process runs in it.
+func (s *Sentinel) Dir() string { return s.sb.Root() }
+
 // Master returns the server that a running sentinel names as master.
 func (s *Sentinel) Master(ctx context.Context) (*Server, error) {
 	var last error
