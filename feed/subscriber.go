@@ -519,7 +519,7 @@ func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
 			// sunsubscribe: the server no longer serves the channel's
 			// slot (a failover demoted it, or the slot moved).
 			if m.Kind == "unsubscribe" || m.Kind == "sunsubscribe" {
-				return true, fmt.Errorf("%s by the server", m.Kind)
+				return true, fmt.Errorf("unsubscribed by the server (%s)", m.Kind)
 			}
 		}
 	}
