@@ -248,12 +248,13 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context
 		tok = position.Token{}
 	}
 	rc, buf := newRouted(len(tok.Entries), t)
+	now := r.cfg.Now() // one clock read for the decision and the exclusions
 	in := DecideInput{
 		Policy:   job.Policy,
 		Token:    tok,
 		TokenErr: tokErr,
-		Snapshot: r.snapshot(),
-		Now:      r.cfg.Now(),
+		Snapshot: r.snapshotAt(now),
+		Now:      now,
 		Config:   &r.cfg,
 		NoWait:   r.cfg.WaitBudget < 0,
 		NoDefer:  job.NoDefer,

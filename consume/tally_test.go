@@ -3,9 +3,11 @@ package consume
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -134,6 +136,30 @@ func TestTallyConcurrent(t *testing.T) {
 	<-flushed
 	tally.Flush(ctx)
 	require.Equal(t, sums(t, directReader), sums(t, talliedReader))
+}
+
+var slabSink []*routedSlab
+
+// TestRoutedSlabFillsSizeClass: a Tally's batch of contexts leaves less
+// than one context's bytes of its allocation unused, so that routedBatch
+// is retuned when a field changes the contexts' size (a batch of 8 left
+// 312 of 2688 bytes unused when DatabaseDecision grew to 128 bytes).
+// Memory, not time: the runtime counts the size class it allocated.
+func TestRoutedSlabFillsSizeClass(t *testing.T) {
+	const n = 4096
+	slabSink = make([]*routedSlab, 0, n)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range n {
+		slabSink = append(slabSink, &routedSlab{})
+	}
+	runtime.ReadMemStats(&after)
+	slabSink = nil
+	perSlab := (after.TotalAlloc - before.TotalAlloc) / n
+	size, item := unsafe.Sizeof(routedSlab{}), unsafe.Sizeof(routedOne{})
+	t.Logf("%d contexts of %d bytes: %d bytes, allocated %d (%d per job)", routedBatch, item, size, perSlab, perSlab/routedBatch)
+	require.Less(t, perSlab, uint64(size+item),
+		"a batch of %d contexts of %d bytes (%d bytes) takes %d: set routedBatch so that the batch fills its size class", routedBatch, item, size, perSlab)
 }
 
 // BenchmarkTallyRoute is what a Kafka consumer's worker spends routing one
