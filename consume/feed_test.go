@@ -599,7 +599,13 @@ func TestFleetBudgetShared(t *testing.T) {
 	t.Parallel()
 	f := newFleetEnv(t, pgtest.Shared(t), "")
 	const rate_, burst = 40, 5
-	budget, err := feed.NewBudget(feed.BudgetConfig{Client: f.rdb, Rate: rate_, Burst: burst, Prefix: "caughtup.budget." + f.name + "."})
+	// The budget is what is measured, so it gets the time to answer that
+	// a loaded 2-core machine under -race needs: an answer later than
+	// Timeout counts as unavailable, and with the per-process cap off such
+	// a fallback is admitted unbounded (TestFleetBudgetRedisDown covers
+	// that path). Any unavailable answer fails the test below, by name.
+	budget, err := feed.NewBudget(feed.BudgetConfig{Client: f.rdb, Rate: rate_, Burst: burst, Prefix: "caughtup.budget." + f.name + ".",
+		Timeout: 2 * time.Second})
 	require.NoError(t, err)
 	mk := func() *Router {
 		return f.router(t, func(c *Config) {
@@ -622,6 +628,9 @@ func TestFleetBudgetShared(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	require.Zero(t, metrictest.Sum(t, f.reader, "caughtup.consume.fallback.budget",
+		attribute.String(attrBudget, "fleet"), attribute.String(attrResult, "unavailable")),
+		"the fleet budget did not answer within its Timeout: those fallbacks passed on the (disabled) per-process cap alone")
 	slices.SortFunc(all, func(a, b admission) int { return a.before.Compare(b.before) })
 	// Every admission i..j happened, on Redis's clock, between i's
 	// before and the latest after among them: GCRA bounds their number.
