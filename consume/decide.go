@@ -511,11 +511,11 @@ func deferDelay(age time.Duration, cfg *Config) time.Duration {
 // the result is a function of age) until the deferrals it implies add up
 // to more than age.
 func deferStep(age time.Duration, cfg *Config) time.Duration {
-	b := retry.Exponential(cfg.DeferInitial, cfg.DeferMax, cfg.DeferMultiplier, 0)
+	b := retry.NewSteps(cfg.DeferInitial, cfg.DeferMax, cfg.DeferMultiplier)
 	var elapsed time.Duration
-	d := b.NextBackOff()
+	d := b.Next()
 	for elapsed+d <= age && d < cfg.DeferMax {
-		next := b.NextBackOff()
+		next := b.Next()
 		if next <= d {
 			break // a multiplier of 1 never grows
 		}

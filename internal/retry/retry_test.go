@@ -40,3 +40,29 @@ func TestSleep(t *testing.T) {
 	require.False(t, Sleep(ctx, time.Hour))
 	require.False(t, Sleep(ctx, 0))
 }
+
+// TestStepsIsExponential: Steps and backoff's ExponentialBackOff without
+// jitter are one schedule, for every shape the router's config allows
+// (a multiplier of 1, an initial interval above the cap, intervals that
+// would overflow).
+func TestStepsIsExponential(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		initial, max time.Duration
+		multiplier   float64
+	}{
+		{100 * time.Millisecond, 30 * time.Second, 2},
+		{time.Second, time.Minute, 1.5},
+		{time.Second, time.Second, 2},
+		{5 * time.Second, time.Second, 2},
+		{time.Millisecond, time.Hour, 1},
+		{3 * time.Millisecond, 7 * time.Second, 3.7},
+		{time.Nanosecond, time.Duration(1<<62 + 12345), 10},
+	} {
+		b := Exponential(tc.initial, tc.max, tc.multiplier, 0)
+		s := NewSteps(tc.initial, tc.max, tc.multiplier)
+		for i := range 80 {
+			require.Equal(t, b.NextBackOff(), s.Next(), "%+v step %d", tc, i)
+		}
+	}
+}
