@@ -1,0 +1,357 @@
+package caughtupkafka_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/catchup"
+	"github.com/caughtup/caughtup/testkit/latency"
+)
+
+// BenchmarkDrain measures how fast N messages held back by lag start once
+// they all become runnable at once (issue #27), against plain kafka-go
+// starting N messages on the same partitions that become runnable at
+// once, for N = 1,000, 5,000 and 10,000 (or CAUGHTUP_DRAIN_N,
+// comma-separated), with a trivial handler and one that sleeps 1ms. Each
+// round runs the two sides one after the other, in alternating order
+// (CAUGHTUP_DRAIN_ROUNDS rounds, default 3), each on a fresh topic of
+// benchPartitions partitions and a fresh group whose members own every
+// partition before the messages are written:
+//
+//   - caughtup: the Consumer in InPlace mode (router defaults), every
+//     replica's replay paused, N messages stamped with tokens written
+//     during the pause (a row per 100 messages), so that each partition's
+//     head waits for a replica; then replay resumes. Time: from the
+//     catch-up of the newest token (catchup.FirstCaughtUp, CatchUp.Read)
+//     to the last handler start.
+//   - bare: one plain kafka-go group Reader per partition (FetchMessage,
+//     handler, CommitMessages), whose handlers hold on a gate until all N
+//     messages are written; then the gate opens. Time: from the gate's
+//     opening to the last handler start.
+//
+// Both sides commit every second, fetch with MaxWait 100ms and
+// QueueCapacity 100. The table gives each side's median over the rounds
+// and the median of the rounds' ratios bare/caughtup (≥ 0.9 is the
+// goal). Handler starts not on a replica or before their token's
+// catch-up count as stale (must be 0). It asserts nothing about time. Run
+// it alone (it takes minutes):
+//
+//	go test -run '^$' -bench Drain -benchtime 1x -timeout 30m ./kafka/caughtupkafka/
+func BenchmarkDrain(b *testing.B) {
+	e := setupDB(b, nil)
+	ns := drainSizes(b)
+	rounds := drainRounds(b)
+	type cell struct {
+		n        int
+		handler  string
+		caughtup []time.Duration
+		bare     []time.Duration
+		ratios   []float64
+		stale    int
+	}
+	var cells []cell
+	for b.Loop() {
+		cells = cells[:0]
+		for _, n := range ns {
+			for _, hd := range []time.Duration{0, time.Millisecond} {
+				c := cell{n: n, handler: "trivial"}
+				if hd > 0 {
+					c.handler = "1 ms"
+				}
+				for r := range rounds {
+					var ct, bt time.Duration
+					var stale int
+					if r%2 == 0 {
+						ct, stale = drainCaughtup(b, e, n, hd)
+						bt = drainBare(b, e, n, hd)
+					} else {
+						bt = drainBare(b, e, n, hd)
+						ct, stale = drainCaughtup(b, e, n, hd)
+					}
+					c.caughtup = append(c.caughtup, ct)
+					c.bare = append(c.bare, bt)
+					c.ratios = append(c.ratios, float64(bt)/float64(ct))
+					c.stale += stale
+				}
+				cells = append(cells, c)
+			}
+		}
+	}
+	var tb strings.Builder
+	fmt.Fprintf(&tb, "\n| kafka InPlace, %d partitions | N | handler | caughtup: catch-up → last start (median) | bare: gate → last start (median) | ratio bare/caughtup (median; min–max) | rounds | stale |\n|---|---|---|---|---|---|---|---|\n", benchPartitions)
+	for _, c := range cells {
+		fmt.Fprintf(&tb, "| kafka | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %d | %d |\n", c.n, c.handler,
+			latency.Percentile(c.caughtup, 0.5).Round(time.Millisecond), latency.Percentile(c.bare, 0.5).Round(time.Millisecond),
+			medianF(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.stale)
+		b.ReportMetric(medianF(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
+	}
+	b.Log(tb.String())
+}
+
+// drainSizes is CAUGHTUP_DRAIN_N (comma-separated), default 1000,5000,10000.
+func drainSizes(b *testing.B) []int {
+	s := os.Getenv("CAUGHTUP_DRAIN_N")
+	if s == "" {
+		return []int{1000, 5000, 10000}
+	}
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		require.NoError(b, err, "CAUGHTUP_DRAIN_N")
+		out = append(out, n)
+	}
+	return out
+}
+
+// drainRounds is CAUGHTUP_DRAIN_ROUNDS, default 3.
+func drainRounds(b *testing.B) int {
+	if s := os.Getenv("CAUGHTUP_DRAIN_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(b, err, "CAUGHTUP_DRAIN_ROUNDS")
+		return n
+	}
+	return 3
+}
+
+func medianF(s []float64) float64 {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	if len(c) == 0 {
+		return math.NaN()
+	}
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
+}
+
+// drainStarts records each message's first handler start, by index.
+type drainStarts struct {
+	at   []atomic.Int64 // UnixNano, 0 until started
+	left atomic.Int64
+	all  chan struct{}
+}
+
+func newDrainStarts(n int) *drainStarts {
+	s := &drainStarts{at: make([]atomic.Int64, n), all: make(chan struct{})}
+	s.left.Store(int64(n))
+	return s
+}
+
+func (s *drainStarts) start(i int, at time.Time) {
+	if i < 0 || i >= len(s.at) || !s.at[i].CompareAndSwap(0, at.UnixNano()) {
+		return
+	}
+	if s.left.Add(-1) == 0 {
+		close(s.all)
+	}
+}
+
+func (s *drainStarts) wait(b *testing.B, what string) {
+	select {
+	case <-s.all:
+	case <-time.After(3 * time.Minute):
+		b.Fatalf("%s: %d messages had not started after 3 minutes", what, s.left.Load())
+	}
+}
+
+func (s *drainStarts) last() time.Time {
+	var m int64
+	for i := range s.at {
+		m = max(m, s.at[i].Load())
+	}
+	return time.Unix(0, m)
+}
+
+// drainTopic is a fresh topic of benchPartitions partitions and a writer
+// that spreads messages over them evenly.
+func drainTopic(b *testing.B) (string, *kafka.Writer) {
+	topic := newTopics(b, benchPartitions, "", ".dlt")[0]
+	w := newWriter(b, topic)
+	w.Balancer = &kafka.RoundRobin{}
+	w.BatchSize = 1000
+	return topic, w
+}
+
+// writeDrain writes n messages (value: the index), message i stamped with
+// toks[i/100] if toks is not nil.
+func writeDrain(b *testing.B, w *kafka.Writer, n int, toks []position.Token) {
+	ctx := context.Background()
+	batch := make([]kafka.Message, 0, 1000)
+	for i := range n {
+		msg := kafka.Message{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))}
+		if toks != nil {
+			require.NoError(b, caughtupkafka.Stamp(enqueue.WithToken(ctx, toks[i/100]), &msg))
+		}
+		batch = append(batch, msg)
+		if len(batch) == cap(batch) || i == n-1 {
+			require.NoError(b, w.WriteMessages(ctx, batch...))
+			batch = batch[:0]
+		}
+	}
+}
+
+// drainCaughtup runs the caughtup side of one round.
+func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Duration, int) {
+	ctx := context.Background()
+	topic, w := drainTopic(b)
+	st := newDrainStarts(n)
+	var stale atomic.Int64
+	group := newGroup(b)
+	warm := make(chan struct{})
+	var warmOnce sync.Once
+	c := startConsumer(b, caughtupkafka.ConsumerConfig{
+		Topic: topic, GroupID: group, Router: e.router, Policy: consume.Delayed, CommitInterval: time.Second,
+		Dialer: kafka.DefaultDialer, MeterProvider: e.mp,
+	}, func(ctx context.Context, msg kafka.Message) error {
+		at := time.Now()
+		if string(msg.Value) == "warm" {
+			warmOnce.Do(func() { close(warm) })
+			return nil
+		}
+		i, err := strconv.Atoi(string(msg.Value))
+		if err != nil {
+			return err
+		}
+		if d, ok := consume.DecisionFrom(ctx); !ok || d.Outcome != consume.OutcomeReplica && d.Outcome != consume.OutcomeReplicaWaited {
+			stale.Add(1)
+		}
+		st.start(i, at)
+		if work > 0 {
+			time.Sleep(work)
+		}
+		return nil
+	})
+	defer func() { require.NoError(b, c.stop()) }()
+	waitStable(b, group, 1)
+	// One message per partition first, so that every partition reader
+	// runs before the clock starts.
+	for range benchPartitions {
+		require.NoError(b, w.WriteMessages(ctx, kafka.Message{Value: []byte("warm")}))
+	}
+	select {
+	case <-warm:
+	case <-time.After(time.Minute):
+		b.Fatal("the warm-up messages did not run within a minute")
+	}
+
+	for _, nd := range e.c.Replicas() {
+		require.NoError(b, nd.PauseReplay(ctx))
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			for _, nd := range e.c.Replicas() {
+				_ = nd.ResumeReplay(context.Background())
+			}
+		}
+	}()
+	toks := make([]position.Token, (n+99)/100)
+	for k := range toks {
+		pctx, err := e.insert(ctx, stampedIDs.Add(1), "drain", k)
+		require.NoError(b, err)
+		toks[k], _ = enqueue.TokenFrom(pctx)
+	}
+	newest := toks[len(toks)-1]
+	writeDrain(b, w, n, toks)
+	// Let the readers fetch and every partition's head wait.
+	time.Sleep(time.Second)
+	if started := n - int(st.left.Load()); started > 0 {
+		b.Fatalf("caughtup side: %d messages ran while every replica was paused", started)
+	}
+	runtime.GC()
+	stopFollow := latency.Follow(e.router.Snapshot)
+	for _, nd := range e.c.Replicas() {
+		require.NoError(b, nd.ResumeReplay(ctx))
+	}
+	resumed = true
+	st.wait(b, "caughtup side")
+	recorded := stopFollow()
+	cfg := e.router.Config()
+	caught, ok := catchup.FirstCaughtUp(newest, recorded, &cfg)
+	require.True(b, ok, "the recorded snapshots never show the newest token caught up")
+	bad := int(stale.Load())
+	for i := range n {
+		if cu, ok := catchup.FirstCaughtUp(toks[i/100], recorded, &cfg); !ok || st.at[i].Load() < cu.Read.UnixNano() {
+			bad++
+		}
+	}
+	return st.last().Sub(caught.Read), bad
+}
+
+// drainBare runs the bare side of one round: a plain kafka-go group
+// Reader per partition, as startKafkaGo.
+func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
+	topic, w := drainTopic(b)
+	st := newDrainStarts(n)
+	gate := make(chan struct{})
+	group := newGroup(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	readers := make([]*kafka.Reader, benchPartitions)
+	for i := range readers {
+		r := kafka.NewReader(kafka.ReaderConfig{
+			Brokers: brokers(b), GroupID: group, Topic: topic,
+			MaxWait: 100 * time.Millisecond, QueueCapacity: caughtupkafka.DefaultQueueCapacity,
+			CommitInterval: time.Second, HeartbeatInterval: 200 * time.Millisecond,
+		})
+		readers[i] = r
+		wg.Go(func() {
+			for {
+				msg, err := r.FetchMessage(ctx)
+				if err != nil {
+					return
+				}
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return
+				}
+				at := time.Now()
+				if i, err := strconv.Atoi(string(msg.Value)); err == nil {
+					st.start(i, at)
+					if work > 0 {
+						time.Sleep(work)
+					}
+				}
+				_ = r.CommitMessages(ctx, msg)
+			}
+		})
+	}
+	stop := func() error {
+		cancel()
+		wg.Wait()
+		var err error
+		for _, r := range readers {
+			err = errors.Join(err, r.Close())
+		}
+		return err
+	}
+	defer func() { require.NoError(b, stop()) }()
+	waitStable(b, group, benchPartitions)
+	writeDrain(b, w, n, nil)
+	time.Sleep(time.Second)
+	runtime.GC()
+	t0 := time.Now()
+	close(gate)
+	st.wait(b, "bare side")
+	return st.last().Sub(t0)
+}
