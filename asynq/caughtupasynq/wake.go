@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -32,6 +33,10 @@ const (
 	// wakeWorkers bounds the Redis calls in flight when many tasks catch
 	// up at once (each wake is two lookups, GetTaskInfo then RunTask).
 	wakeWorkers = 16
+	// wakeScripts bounds the wakeMoveScript calls in flight (moveWith):
+	// Redis runs one at a time; a few in flight keep it busy while the
+	// results of the last one are handled here.
+	wakeScripts = 4
 	// wakeRetryMin and wakeRetryMax bound the backoff between attempts at
 	// a task that was not movable yet: still active (asynq had not yet
 	// moved it to the retry set after the middleware returned, or another
@@ -173,10 +178,14 @@ func newWakeMetrics(mp metric.MeterProvider) (*wakeMetrics, error) {
 // counted as a wakeError and forgotten or tried again later; the task's
 // own delay, with which asynq scheduled it, still runs it if this
 // process dies or forgets it. RunTask does not touch the retry count.
+// Given a Redis client (moveWith), the waker instead moves tasks with
+// wakeMoveScript, which checks the state and the retry count and moves
+// in one script: no window remains.
 type waker struct {
 	router *consume.Router
 	rcfg   consume.Config
 	insp   *asynq.Inspector
+	rdb    redis.UniversalClient // set by moveWith: moves by wakeMoveScript
 	met    *wakeMetrics
 	log    *slog.Logger
 	warn   *rate.Sometimes
@@ -209,6 +218,15 @@ func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp me
 		done:   make(chan struct{}),
 	}, nil
 }
+
+// moveWith makes w move caught-up tasks with wakeMoveScript on c (the
+// Redis the server's tasks are in), wakeBatch tasks per call per queue,
+// instead of an Inspector.GetTaskInfo and RunTask per task: a drain of
+// thousands of deferred tasks then costs Redis about what asynq's own
+// forwarder does, and the check and the move are one step, so the window
+// the lookup leaves (see waker) is closed. c is not closed by w. Call it
+// before the waker's first remember.
+func (w *waker) moveWith(c redis.UniversalClient) { w.rdb = c }
 
 // remember notes that the middleware is deferring the task ctx belongs
 // to, until tok is caught up, for delay.
@@ -356,9 +374,14 @@ func (w *waker) run() {
 	}
 }
 
-// attemptAll tries to move every due task, wakeWorkers at a time, and
-// starts no more once the waker is closed (close forgets them all).
+// attemptAll tries to move every due task, wakeWorkers at a time (or
+// with moveAll), and starts no more once the waker is closed (close
+// forgets them all).
 func (w *waker) attemptAll(due []*wakeEntry) {
+	if w.rdb != nil {
+		w.moveAll(due)
+		return
+	}
 	sem := make(chan struct{}, wakeWorkers)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -372,6 +395,37 @@ func (w *waker) attemptAll(due []*wakeEntry) {
 			defer func() { <-sem }()
 			w.finish(e, w.attempt(e))
 		})
+	}
+}
+
+// moveAll moves every due task with wakeMoveScript, wakeBatch tasks of
+// one queue per call, wakeScripts calls at a time.
+func (w *waker) moveAll(due []*wakeEntry) {
+	byQueue := map[string][]*wakeEntry{}
+	for _, e := range due {
+		byQueue[e.key.queue] = append(byQueue[e.key.queue], e)
+	}
+	sem := make(chan struct{}, wakeScripts)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for queue, es := range byQueue {
+		for len(es) > 0 {
+			batch := es[:min(len(es), wakeBatch)]
+			es = es[len(batch):]
+			select {
+			case sem <- struct{}{}:
+			case <-w.done:
+				return
+			}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				for i, r := range moveBatch(ctx, w.rdb, queue, batch) {
+					w.finish(batch[i], r)
+				}
+			})
+		}
 	}
 }
 

@@ -1,0 +1,156 @@
+package caughtupasynq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/testkit/metrictest"
+	"github.com/caughtup/caughtup/testkit/pgtest"
+)
+
+// TestWakeMoveScript checks wakeMoveScript against tasks that a real
+// asynq server left in each state: it moves a retry task whose retry
+// count is the one given, and nothing else.
+func TestWakeMoveScript(t *testing.T) {
+	t.Parallel()
+	r := pgtest.SharedRedis(t)
+	opt := asynq.RedisClientOpt{Addr: r.Addr()}
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	insp := asynq.NewInspector(opt)
+	t.Cleanup(func() { _ = insp.Close() })
+	client := asynq.NewClient(opt)
+	t.Cleanup(func() { _ = client.Close() })
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	queue := "wake_move_" + hex.EncodeToString(b)
+
+	errDefer, errFail := errors.New("defer"), errors.New("fail")
+	srv := asynq.NewServer(opt, asynq.Config{
+		Concurrency: 4, Queues: map[string]int{queue: 1}, LogLevel: asynq.FatalLevel,
+		DelayedTaskCheckInterval: time.Hour, TaskCheckInterval: 10 * time.Millisecond,
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		// A deferral keeps the retry count, a failure raises it.
+		IsFailure: func(err error) bool { return !errors.Is(err, errDefer) },
+	})
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
+		switch string(task.Payload()) {
+		case "defer":
+			return errDefer
+		case "fail":
+			return errFail
+		}
+		return nil
+	})))
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			srv.Shutdown()
+		}
+	}
+	t.Cleanup(stop)
+	enqueue := func(payload string, opts ...asynq.Option) string {
+		info, err := client.Enqueue(asynq.NewTask("t", []byte(payload)), append([]asynq.Option{asynq.Queue(queue), asynq.MaxRetry(10)}, opts...)...)
+		require.NoError(t, err)
+		return info.ID
+	}
+	deferred := enqueue("defer")
+	failed := enqueue("fail")
+	archived := enqueue("fail", asynq.MaxRetry(0))
+	completed := enqueue("ok", asynq.Retention(time.Hour))
+	scheduled := enqueue("ok", asynq.ProcessIn(time.Hour))
+	want := map[string]asynq.TaskState{deferred: asynq.TaskStateRetry, failed: asynq.TaskStateRetry,
+		archived: asynq.TaskStateArchived, completed: asynq.TaskStateCompleted, scheduled: asynq.TaskStateScheduled}
+	require.Eventually(t, func() bool {
+		for id, st := range want {
+			if info, err := insp.GetTaskInfo(queue, id); err != nil || info.State != st {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 10*time.Millisecond, "the tasks never reached their states")
+	stop()
+	pending := enqueue("ok")
+	info, err := insp.GetTaskInfo(queue, failed)
+	require.NoError(t, err)
+	require.Equal(t, 1, info.Retried)
+	info, err = insp.GetTaskInfo(queue, deferred)
+	require.NoError(t, err)
+	require.Equal(t, 0, info.Retried)
+
+	entry := func(id string, retried int) *wakeEntry {
+		return &wakeEntry{key: taskKey{queue: queue, id: id}, retried: retried}
+	}
+	ctx := context.Background()
+	got := moveBatch(ctx, c, queue, []*wakeEntry{
+		entry(deferred, 0), entry(failed, 0), entry(archived, 0), entry(completed, 0),
+		entry(scheduled, 0), entry(pending, 0), entry("no-such-task", 0),
+	})
+	require.Equal(t, []attemptResult{
+		{woken: true},
+		{err: wakeChanged}, // failed since: its retry count is 1
+		{err: wakeFinished},
+		{err: wakeFinished},
+		{err: wakeChanged},
+		{err: wakePending},
+		{err: wakeNotFound},
+	}, got)
+	states := map[string]asynq.TaskState{deferred: asynq.TaskStatePending, failed: asynq.TaskStateRetry,
+		archived: asynq.TaskStateArchived, completed: asynq.TaskStateCompleted, scheduled: asynq.TaskStateScheduled,
+		pending: asynq.TaskStatePending}
+	for id, st := range states {
+		info, err := insp.GetTaskInfo(queue, id)
+		require.NoError(t, err)
+		require.Equal(t, st, info.State, "task %s", id)
+	}
+	qi, err := insp.GetQueueInfo(queue)
+	require.NoError(t, err)
+	require.Equal(t, 2, qi.Pending, "the moved task and the pending one")
+	require.Equal(t, 1, qi.Retry, "the failed task stays in the retry set")
+
+	// Through a waker that moves by script: the count the failure left
+	// matches, so the task is moved, once; both are forgotten.
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	met, err := newWakeMetrics(mp)
+	require.NoError(t, err)
+	w := &waker{met: met, log: slog.New(slog.DiscardHandler), warn: &rate.Sometimes{First: 1}, set: newWakeSet(10),
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	w.moveWith(c)
+	again := []*wakeEntry{entry(failed, 1), entry(deferred, 0)}
+	for _, e := range again {
+		e.expires = time.Now().Add(time.Hour)
+		w.set.add(e)
+	}
+	w.attemptAll(again)
+	require.Zero(t, w.set.len(), "both forgotten")
+	require.Equal(t, int64(1), metrictest.Sum(t, reader, "caughtup.asynq.wake.tasks"))
+	require.Equal(t, int64(1), metrictest.Sum(t, reader, "caughtup.asynq.wake.errors", attribute.String("error.type", "pending")))
+	qi, err = insp.GetQueueInfo(queue)
+	require.NoError(t, err)
+	require.Equal(t, 3, qi.Pending)
+	require.Zero(t, qi.Retry)
+
+	// A Redis that cannot answer: every task is tried again later.
+	closed := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	require.NoError(t, closed.Close())
+	for _, r := range moveBatch(ctx, closed, queue, []*wakeEntry{entry(failed, 1)}) {
+		require.Equal(t, wakeRedis, r.err)
+		require.True(t, r.retry)
+		require.Error(t, r.cause)
+	}
+}
