@@ -2,6 +2,9 @@ package pgtest_test
 
 import (
 	"context"
+	"os"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -9,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/testkit/pgtest"
+	"github.com/caughtup/caughtup/testkit/testsvc"
 )
 
 func TestRedisStopKillStart(t *testing.T) {
@@ -17,6 +21,14 @@ func TestRedisStopKillStart(t *testing.T) {
 	r, err := pgtest.StartRedis(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
+
+	pids := testsvc.ProcessesIn([]string{r.Dir()})
+	require.Len(t, pids, 1)
+	fi, err := os.Stat("/proc/" + strconv.Itoa(pids[0]))
+	require.NoError(t, err)
+	// Even as root, unlike PostgreSQL: tests CONFIG SET it to their own
+	// files (feed's TestTLS, certificates in a 0700 t.TempDir).
+	require.Equal(t, uint32(os.Geteuid()), fi.Sys().(*syscall.Stat_t).Uid, "redis-server runs as the test binary")
 
 	client := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1, DialTimeout: time.Second})
 	defer func() { require.NoError(t, client.Close()) }()
@@ -37,6 +49,8 @@ func TestRedisStopKillStart(t *testing.T) {
 	require.NoError(t, r.Close())
 	require.NoError(t, r.Close(), "Close is idempotent")
 	require.False(t, r.Running())
+	require.Error(t, r.Start(ctx), "a closed Redis does not start again")
+	require.NoDirExists(t, r.Dir())
 }
 
 func TestSharedRedis(t *testing.T) {

@@ -1,11 +1,7 @@
 package redistest_test
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,53 +12,34 @@ import (
 )
 
 // helperEnv makes the test binary act as a "test binary that dies": it
-// starts a Cluster and a Sentinel set, reports where they live, then
-// waits to be killed or told to panic.
+// starts a Cluster, a Sentinel set and a Standalone, reports where they
+// live, then waits to be killed or told to panic.
 const helperEnv = "REDISTEST_CLEANUP_HELPER"
 
 func helperMain(mode string) int {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := redistest.StartCluster(ctx, redistest.ClusterOptions{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 3
-	}
-	s, err := redistest.StartSentinel(ctx, redistest.SentinelOptions{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 3
-	}
-	fmt.Printf("READY %s %s\n", c.Dir(), s.Dir())
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
-	if mode == "panic" {
-		panic("redistest cleanup helper: simulated test panic")
-	}
-	time.Sleep(time.Hour)
-	return 0
+	return testsvc.RunHelper(mode, func(ctx context.Context) ([]string, error) {
+		c, err := redistest.StartCluster(ctx, redistest.ClusterOptions{})
+		if err != nil {
+			return nil, err
+		}
+		s, err := redistest.StartSentinel(ctx, redistest.SentinelOptions{})
+		if err != nil {
+			return nil, err
+		}
+		r, err := redistest.StartStandalone(ctx, redistest.StandaloneOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return []string{c.Dir(), s.Dir(), r.Dir()}, nil
+	})
 }
 
 // TestCleanupWhenTestBinaryDies: however the test binary dies (SIGKILL,
 // SIGTERM, a panic such as go test -timeout's), no Redis process and no
 // directory of the harness survives it.
 func TestCleanupWhenTestBinaryDies(t *testing.T) {
-	for _, mode := range []string{"kill", "term", "panic"} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			h := testsvc.StartHelperBinary(t, helperEnv, mode, 60*time.Second)
-			require.Len(t, h.Dirs, 2, "the cluster's and the sentinel set's; stderr:\n%s", h.Stderr())
-			before := testsvc.ProcessesIn(h.Dirs)
-			require.Len(t, before, 6+3+3, "6 cluster nodes, a master, 2 replicas, 3 sentinels in %v", h.Dirs)
-			switch mode {
-			case "kill":
-				require.NoError(t, h.Signal(syscall.SIGKILL))
-			case "term":
-				require.NoError(t, h.Signal(syscall.SIGTERM))
-			case "panic":
-				require.NoError(t, h.Tell("go"))
-			}
-			require.Error(t, h.Wait())
-			h.RequireGone(t, 10*time.Second)
-		})
-	}
+	testsvc.RequireCleanupWhenHelperDies(t, helperEnv, 60*time.Second, func(t *testing.T, h *testsvc.HelperBinary) {
+		require.Len(t, h.Dirs, 3, "the cluster's, the sentinel set's and the standalone's; stderr:\n%s", h.Stderr())
+		require.Len(t, testsvc.ProcessesIn(h.Dirs), 6+3+3+1, "6 cluster nodes, a master, 2 replicas, 3 sentinels, a standalone in %v", h.Dirs)
+	})
 }

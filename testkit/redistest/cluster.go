@@ -57,13 +57,9 @@ func (o ClusterOptions) withDefaults() ClusterOptions {
 // the signal handler, or the sandbox's watchdog when the test binary dies)
 // stops every node.
 type Cluster struct {
-	opts       ClusterOptions
-	sb         *testsvc.Sandbox
-	nodes      []*Server
-	unregister func()
-
-	mu     sync.Mutex
-	closed bool
+	*deployment
+	opts  ClusterOptions
+	nodes []*Server
 }
 
 // StartCluster starts the nodes, joins them into one cluster (redis-cli
@@ -72,22 +68,17 @@ type Cluster struct {
 // replica is attached to its master.
 func StartCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 	opts = opts.withDefaults()
-	bin, err := redisBinary()
+	d, err := newDeployment("redistest-cluster-", false)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := newSandbox("redistest-cluster-")
-	if err != nil {
-		return nil, err
-	}
-	c := &Cluster{opts: opts, sb: sb}
-	c.unregister = testsvc.Register(c.Close)
+	c := &Cluster{deployment: d, opts: opts}
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
 	n := opts.Masters * (1 + opts.ReplicasPerMaster)
 	timeout := strconv.FormatInt(opts.NodeTimeout.Milliseconds(), 10)
 	for i := range n {
-		s, err := newServer(sb, bin, "node-"+strconv.Itoa(i+1), func(port int) []string {
+		s, err := d.add("node-"+strconv.Itoa(i+1), func(port int) []string {
 			args := append(baseArgs(port),
 				"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 				"--cluster-node-timeout", timeout,
@@ -338,19 +329,4 @@ func (c *Cluster) healthy(ctx context.Context) error {
 }
 
 // Close kills every node and removes the sandbox; idempotent.
-func (c *Cluster) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
-	c.closed = true
-	c.mu.Unlock()
-	var errs []error
-	for _, s := range c.nodes {
-		errs = append(errs, s.close())
-	}
-	errs = append(errs, c.sb.Remove())
-	c.unregister()
-	return errors.Join(errs...)
-}
+func (c *Cluster) Close() error { return c.close() }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,4 +132,47 @@ func TestSentinelFailover(t *testing.T) {
 	again, err := s.Master(ctx)
 	require.NoError(t, err)
 	require.Same(t, nu, again, "the restarted master rejoined as a replica")
+}
+
+// TestStandalone: one redis-server, as the service user unless AsCaller,
+// with Args after the harness's own, on a port that survives Kill and
+// Start; Close stops it and removes its directory.
+func TestStandalone(t *testing.T) {
+	for _, asCaller := range []bool{false, true} {
+		t.Run(map[bool]string{false: "service-user", true: "as-caller"}[asCaller], func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			s, err := redistest.StartStandalone(ctx, redistest.StandaloneOptions{AsCaller: asCaller, Args: []string{"--loglevel", "warning"}})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, s.Close()) })
+			if asCaller {
+				pids := testsvc.ProcessesIn([]string{s.Dir()})
+				require.Len(t, pids, 1)
+				fi, err := os.Stat("/proc/" + strconv.Itoa(pids[0]))
+				require.NoError(t, err)
+				require.Equal(t, uint32(os.Geteuid()), fi.Sys().(*syscall.Stat_t).Uid, "runs as the test binary")
+			} else {
+				requireServiceUser(t, []string{s.Dir()})
+			}
+			require.True(t, strings.HasPrefix(s.Server.Dir(), s.Dir()+"/"), "the server's directory is in the sandbox")
+
+			rdb := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second})
+			defer func() { require.NoError(t, rdb.Close()) }()
+			require.Equal(t, map[string]string{"loglevel": "warning"}, rdb.ConfigGet(ctx, "loglevel").Val(), "Args come last")
+			addr := s.Addr()
+			require.NoError(t, s.Kill())
+			require.False(t, s.Running())
+			require.Error(t, rdb.Ping(ctx).Err())
+			require.NoError(t, s.Start(ctx))
+			require.Equal(t, addr, s.Addr())
+			require.NoError(t, rdb.Ping(ctx).Err())
+
+			require.NoError(t, s.Close())
+			require.NoError(t, s.Close(), "Close is idempotent")
+			require.False(t, s.Running())
+			require.Error(t, s.Start(ctx), "a closed Standalone does not start again")
+			require.NoDirExists(t, s.Dir())
+		})
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,14 +69,10 @@ func (o SentinelOptions) withDefaults() SentinelOptions {
 // is root. Close (or the signal handler, or the sandbox's watchdog when
 // the test binary dies) stops them all.
 type Sentinel struct {
-	opts       SentinelOptions
-	sb         *testsvc.Sandbox
-	data       []*Server // the master first, then the replicas, as started
-	sentinels  []*Server
-	unregister func()
-
-	mu     sync.Mutex
-	closed bool
+	*deployment
+	opts      SentinelOptions
+	data      []*Server // the master first, then the replicas, as started
+	sentinels []*Server
 }
 
 // StartSentinel starts the master, the replicas (waiting until each has
@@ -85,23 +80,18 @@ type Sentinel struct {
 // every other sentinel).
 func StartSentinel(ctx context.Context, opts SentinelOptions) (*Sentinel, error) {
 	opts = opts.withDefaults()
-	bin, err := redisBinary()
+	d, err := newDeployment("redistest-sentinel-", false)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := newSandbox("redistest-sentinel-")
-	if err != nil {
-		return nil, err
-	}
-	s := &Sentinel{opts: opts, sb: sb}
-	s.unregister = testsvc.Register(s.Close)
+	s := &Sentinel{deployment: d, opts: opts}
 	ctx, cancel := testsvc.WithDefaultTimeout(ctx, time.Minute)
 	defer cancel()
 	fail := func(err error) (*Sentinel, error) {
 		_ = s.Close()
 		return nil, err
 	}
-	master, err := newServer(sb, bin, "master", baseArgs)
+	master, err := d.add("master", baseArgs)
 	if err != nil {
 		return fail(err)
 	}
@@ -110,7 +100,7 @@ func StartSentinel(ctx context.Context, opts SentinelOptions) (*Sentinel, error)
 		return fail(err)
 	}
 	for i := range opts.Replicas {
-		r, err := newServer(sb, bin, "replica-"+strconv.Itoa(i+1), func(port int) []string {
+		r, err := d.add("replica-"+strconv.Itoa(i+1), func(port int) []string {
 			// The first start replicates the first master; a restart
 			// comes up as a replica of the same address and the sentinels
 			// re-point it at whichever is master now.
@@ -130,7 +120,7 @@ func StartSentinel(ctx context.Context, opts SentinelOptions) (*Sentinel, error)
 		}
 	}
 	for i := range opts.Sentinels {
-		sn, err := newServer(sb, bin, "sentinel-"+strconv.Itoa(i+1), nil)
+		sn, err := d.add("sentinel-"+strconv.Itoa(i+1), nil)
 		if err != nil {
 			return fail(err)
 		}
@@ -331,23 +321,6 @@ func (s *Sentinel) settled(ctx context.Context) error {
 	return nil
 }
 
-// Close kills every process and removes the sandbox; idempotent.
-func (s *Sentinel) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	s.mu.Unlock()
-	var errs []error
-	for _, sn := range s.sentinels {
-		errs = append(errs, sn.close())
-	}
-	for _, d := range s.data {
-		errs = append(errs, d.close())
-	}
-	errs = append(errs, s.sb.Remove())
-	s.unregister()
-	return errors.Join(errs...)
-}
+// Close kills every process, the sentinels first, and removes the
+// sandbox; idempotent.
+func (s *Sentinel) Close() error { return s.close() }

@@ -43,6 +43,7 @@ type Server struct {
 	dir     string
 	logPath string
 	args    func(port int) []string // the command line after the binary
+	cred    *syscall.Credential     // whom it runs as; nil: as the test binary
 
 	opMu sync.Mutex
 
@@ -53,14 +54,16 @@ type Server struct {
 	closed bool
 }
 
-func newServer(sb *testsvc.Sandbox, bin, name string, args func(port int) []string) (*Server, error) {
-	s := &Server{name: name, sb: sb, bin: bin, dir: filepath.Join(sb.Root(), name), args: args, hold: -1}
+func newServer(sb *testsvc.Sandbox, bin, name string, cred *syscall.Credential, args func(port int) []string) (*Server, error) {
+	s := &Server{name: name, sb: sb, bin: bin, dir: filepath.Join(sb.Root(), name), args: args, cred: cred, hold: -1}
 	s.logPath = filepath.Join(s.dir, "redis.log")
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("redistest: %w", err)
 	}
-	if err := testsvc.ChownService(s.dir); err != nil {
-		return nil, fmt.Errorf("redistest: %w", err)
+	if cred != nil {
+		if err := os.Chown(s.dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -135,10 +138,6 @@ func (s *Server) startOn(ctx context.Context, port int) error {
 	if closed {
 		return errClosed
 	}
-	cred, err := testsvc.ServiceCredential()
-	if err != nil {
-		return err
-	}
 	offset := testsvc.FileSize(s.logPath)
 	lf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -149,9 +148,9 @@ func (s *Server) startOn(ctx context.Context, port int) error {
 	cmd.Env = serviceEnv(s.dir)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	// Own process group: a terminal's Ctrl-C goes to our handler, not here.
-	// Run as the unprivileged service user when we are root, as pgtest
-	// runs PostgreSQL.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
+	// Credential: the unprivileged service user when we are root, as
+	// pgtest runs PostgreSQL, unless the harness runs it as us.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
 	s.mu.Lock()
 	testsvc.UnholdPort(&s.hold)
 	s.mu.Unlock()
@@ -238,11 +237,14 @@ func (s *Server) reserve() {
 	}
 }
 
-// close kills the server for good and releases its port.
+// close kills the server for good and releases its port; a Start racing
+// with it fails with errClosed.
 func (s *Server) close() error {
-	err := s.Kill()
 	s.mu.Lock()
 	s.closed = true
+	s.mu.Unlock()
+	err := s.Kill()
+	s.mu.Lock()
 	testsvc.UnholdPort(&s.hold)
 	s.mu.Unlock()
 	return err
