@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
@@ -46,10 +47,12 @@ type MiddlewareConfig struct {
 
 	// Redis is the Redis the server's tasks are in: the middleware opens
 	// its Inspector there (asynq.NewInspector) unless Inspector is set,
-	// and that Inspector lives as long as the process. Middleware needs
-	// one of the two, or WakeCapacity -1: without an Inspector deferred
-	// tasks would silently wait out their whole delay. NewServer sets
-	// neither (it has the server's).
+	// and a client there that moves caught-up tasks to pending many per
+	// round trip; both live as long as the process. Middleware needs
+	// Redis or Inspector, or WakeCapacity -1: without an Inspector
+	// deferred tasks would silently wait out their whole delay. With an
+	// Inspector alone, each woken task costs its own lookup and move.
+	// NewServer sets it to the server's.
 	// Default: nil.
 	Redis asynq.RedisConnOpt
 
@@ -239,6 +242,9 @@ type middleware struct {
 	// waker runs deferred tasks once a replica has caught up; nil without
 	// an Inspector or with WakeCapacity < 0.
 	waker *waker
+	// rdb is the client on MiddlewareConfig.Redis the waker moves tasks
+	// with; nil without Redis. Server.Shutdown closes it.
+	rdb redis.UniversalClient
 
 	// deferMax is the router's longest deferral (consume.Config.DeferMax):
 	// a deadline further than it plus deadlineSlack cannot be missed.
@@ -285,6 +291,15 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 	if cfg.Inspector != nil && cfg.WakeCapacity > 0 {
 		if m.waker, err = newWaker(router, cfg.Inspector, cfg.WakeCapacity, cfg.MeterProvider, m.log); err != nil {
 			return nil, err
+		}
+		// asynq builds its clients on go-redis v9, the module caughtup uses;
+		// an option that makes another kind of client keeps the per-task
+		// path.
+		if cfg.Redis != nil {
+			if c, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient); ok {
+				m.rdb = c
+				m.waker.moveWith(c)
+			}
 		}
 	}
 	return m, nil

@@ -67,6 +67,9 @@ func NewServer(redis asynq.RedisConnOpt, cfg asynq.Config, router *consume.Route
 		return nil, fmt.Errorf("%w: NewServer needs the RedisConnOpt of the Redis the tasks are in", ErrInvalidConfig)
 	}
 	s := &Server{redis: redis}
+	if mcfg.Redis == nil {
+		mcfg.Redis = redis
+	}
 	if mcfg.Inspector == nil {
 		s.inspector = asynq.NewInspector(redis)
 		mcfg.Inspector = s.inspector
@@ -123,6 +126,9 @@ func (s *Server) closeInspector() {
 	s.closeOnce.Do(func() {
 		if s.mw != nil && s.mw.waker != nil {
 			s.mw.waker.close()
+		}
+		if s.mw != nil && s.mw.rdb != nil {
+			_ = s.mw.rdb.Close()
 		}
 		if s.inspector != nil {
 			_ = s.inspector.Close()
