@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -25,6 +24,7 @@ import (
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/catchup"
+	"github.com/caughtup/caughtup/testkit/drain"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -68,8 +68,8 @@ func BenchmarkDrain(b *testing.B) {
 		c.DeferInitial = 30 * time.Second
 		c.DeferMax = 30 * time.Second
 	})
-	ns := drainSizes(b)
-	rounds := drainRounds(b)
+	ns := drain.Sizes(b)
+	rounds := drain.Rounds(b)
 	type cell struct {
 		n        int
 		handler  string
@@ -128,8 +128,8 @@ func BenchmarkDrain(b *testing.B) {
 	for _, c := range cells {
 		fmt.Fprintf(&tb, "| asynq | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %d | %d | %s | %d |\n", c.n, c.handler,
 			median(c.caughtup).Round(time.Millisecond), median(c.bare).Round(time.Millisecond),
-			medianF(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.woken, c.errs, c.stale)
-		b.ReportMetric(medianF(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
+			drain.Median(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.woken, c.errs, c.stale)
+		b.ReportMetric(drain.Median(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
 	}
 	b.Log(tb.String())
 }
@@ -154,84 +154,7 @@ func drainProfile(b *testing.B) (stop func()) {
 	}
 }
 
-// drainSizes is CAUGHTUP_DRAIN_N (comma-separated), default 1000,5000,10000.
-func drainSizes(b *testing.B) []int {
-	s := os.Getenv("CAUGHTUP_DRAIN_N")
-	if s == "" {
-		return []int{1000, 5000, 10000}
-	}
-	var out []int
-	for f := range strings.SplitSeq(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		require.NoError(b, err, "CAUGHTUP_DRAIN_N")
-		out = append(out, n)
-	}
-	return out
-}
-
-// drainRounds is CAUGHTUP_DRAIN_ROUNDS, default 3.
-func drainRounds(b *testing.B) int {
-	if s := os.Getenv("CAUGHTUP_DRAIN_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(b, err, "CAUGHTUP_DRAIN_ROUNDS")
-		return n
-	}
-	return 3
-}
-
 func median(s []time.Duration) time.Duration { return latency.Percentile(s, 0.5) }
-
-func medianF(s []float64) float64 {
-	c := slices.Clone(s)
-	slices.Sort(c)
-	if len(c) == 0 {
-		return math.NaN()
-	}
-	if len(c)%2 == 1 {
-		return c[len(c)/2]
-	}
-	return (c[len(c)/2-1] + c[len(c)/2]) / 2
-}
-
-// drainStarts records each task's first handler start, by index.
-type drainStarts struct {
-	at   []atomic.Int64 // UnixNano, 0 until started
-	left atomic.Int64
-	all  chan struct{}
-}
-
-func newDrainStarts(n int) *drainStarts {
-	s := &drainStarts{at: make([]atomic.Int64, n), all: make(chan struct{})}
-	s.left.Store(int64(n))
-	return s
-}
-
-// start records task i's start; reports whether it was the first.
-func (s *drainStarts) start(i int, at time.Time) bool {
-	if !s.at[i].CompareAndSwap(0, at.UnixNano()) {
-		return false
-	}
-	if s.left.Add(-1) == 0 {
-		close(s.all)
-	}
-	return true
-}
-
-func (s *drainStarts) wait(b *testing.B, what string) {
-	select {
-	case <-s.all:
-	case <-time.After(3 * time.Minute):
-		b.Fatalf("%s: %d tasks had not started after 3 minutes", what, s.left.Load())
-	}
-}
-
-func (s *drainStarts) last() time.Time {
-	var m int64
-	for i := range s.at {
-		m = max(m, s.at[i].Load())
-	}
-	return time.Unix(0, m)
-}
 
 // enqueueAll enqueues n tasks through enq, 8 at a time.
 func enqueueAll(b *testing.B, n int, enq func(i int) error) {
@@ -264,7 +187,7 @@ func enqueueAll(b *testing.B, n int, enq func(i int) error) {
 func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) (time.Duration, int) {
 	ctx := context.Background()
 	queue := queueName(b)
-	st := newDrainStarts(n)
+	st := drain.NewStarts(n)
 	var stale atomic.Int64
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("drain", func(ctx context.Context, task *asynq.Task) error {
@@ -276,7 +199,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) 
 		if d, ok := consume.DecisionFrom(ctx); !ok || d.Outcome != consume.OutcomeReplica && d.Outcome != consume.OutcomeReplicaWaited {
 			stale.Add(1) // not on a caught-up replica: the pause was not measured
 		}
-		st.start(i, at)
+		st.Start(i, at)
 		if work > 0 {
 			time.Sleep(work)
 		}
@@ -325,7 +248,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) 
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if started := n - int(st.left.Load()); started > 0 {
+	if started := st.Started(); started > 0 {
 		b.Fatalf("caughtup side: %d tasks ran while every replica was paused", started)
 	}
 	runtime.GC()
@@ -335,7 +258,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) 
 		require.NoError(b, nd.ResumeReplay(ctx))
 	}
 	resumed = true
-	st.wait(b, "caughtup side")
+	st.Wait(b, "caughtup side")
 	stopProfile()
 	recorded := stopFollow()
 	cfg := e.router.Config()
@@ -344,18 +267,18 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) 
 	// A start before its own token's catch-up would be stale.
 	bad := int(stale.Load())
 	for i := range n {
-		if c, ok := catchup.FirstCaughtUp(toks[i/100], recorded, &cfg); !ok || st.at[i].Load() < c.Read.UnixNano() {
+		if c, ok := catchup.FirstCaughtUp(toks[i/100], recorded, &cfg); !ok || st.At(i).Before(c.Read) {
 			bad++
 		}
 	}
-	return st.last().Sub(caught.Read), bad
+	return st.Last().Sub(caught.Read), bad
 }
 
 // drainBare runs the bare side of one round: plain asynq, same config,
 // n tasks made pending at once.
 func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 	queue := queueName(b)
-	st := newDrainStarts(n)
+	st := drain.NewStarts(n)
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("drain", func(ctx context.Context, task *asynq.Task) error {
 		at := time.Now()
@@ -363,7 +286,7 @@ func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 		if err != nil {
 			return err
 		}
-		st.start(i, at)
+		st.Start(i, at)
 		if work > 0 {
 			time.Sleep(work)
 		}
@@ -381,6 +304,6 @@ func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 	moved, err := e.inspector.RunAllScheduledTasks(queue)
 	require.NoError(b, err)
 	require.Equal(b, n, moved)
-	st.wait(b, "bare side")
-	return st.last().Sub(t0)
+	st.Wait(b, "bare side")
+	return st.Last().Sub(t0)
 }

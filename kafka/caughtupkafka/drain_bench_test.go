@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -23,6 +21,7 @@ import (
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/catchup"
+	"github.com/caughtup/caughtup/testkit/drain"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -57,8 +56,8 @@ import (
 //	go test -run '^$' -bench Drain -benchtime 1x -timeout 30m ./kafka/caughtupkafka/
 func BenchmarkDrain(b *testing.B) {
 	e := setupDB(b, nil)
-	ns := drainSizes(b)
-	rounds := drainRounds(b)
+	ns := drain.Sizes(b)
+	rounds := drain.Rounds(b)
 	type cell struct {
 		n        int
 		handler  string
@@ -100,85 +99,10 @@ func BenchmarkDrain(b *testing.B) {
 	for _, c := range cells {
 		fmt.Fprintf(&tb, "| kafka | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %d | %d |\n", c.n, c.handler,
 			latency.Percentile(c.caughtup, 0.5).Round(time.Millisecond), latency.Percentile(c.bare, 0.5).Round(time.Millisecond),
-			medianF(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.stale)
-		b.ReportMetric(medianF(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
+			drain.Median(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.stale)
+		b.ReportMetric(drain.Median(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
 	}
 	b.Log(tb.String())
-}
-
-// drainSizes is CAUGHTUP_DRAIN_N (comma-separated), default 1000,5000,10000.
-func drainSizes(b *testing.B) []int {
-	s := os.Getenv("CAUGHTUP_DRAIN_N")
-	if s == "" {
-		return []int{1000, 5000, 10000}
-	}
-	var out []int
-	for f := range strings.SplitSeq(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		require.NoError(b, err, "CAUGHTUP_DRAIN_N")
-		out = append(out, n)
-	}
-	return out
-}
-
-// drainRounds is CAUGHTUP_DRAIN_ROUNDS, default 3.
-func drainRounds(b *testing.B) int {
-	if s := os.Getenv("CAUGHTUP_DRAIN_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(b, err, "CAUGHTUP_DRAIN_ROUNDS")
-		return n
-	}
-	return 3
-}
-
-func medianF(s []float64) float64 {
-	c := slices.Clone(s)
-	slices.Sort(c)
-	if len(c) == 0 {
-		return math.NaN()
-	}
-	if len(c)%2 == 1 {
-		return c[len(c)/2]
-	}
-	return (c[len(c)/2-1] + c[len(c)/2]) / 2
-}
-
-// drainStarts records each message's first handler start, by index.
-type drainStarts struct {
-	at   []atomic.Int64 // UnixNano, 0 until started
-	left atomic.Int64
-	all  chan struct{}
-}
-
-func newDrainStarts(n int) *drainStarts {
-	s := &drainStarts{at: make([]atomic.Int64, n), all: make(chan struct{})}
-	s.left.Store(int64(n))
-	return s
-}
-
-func (s *drainStarts) start(i int, at time.Time) {
-	if i < 0 || i >= len(s.at) || !s.at[i].CompareAndSwap(0, at.UnixNano()) {
-		return
-	}
-	if s.left.Add(-1) == 0 {
-		close(s.all)
-	}
-}
-
-func (s *drainStarts) wait(b *testing.B, what string) {
-	select {
-	case <-s.all:
-	case <-time.After(3 * time.Minute):
-		b.Fatalf("%s: %d messages had not started after 3 minutes", what, s.left.Load())
-	}
-}
-
-func (s *drainStarts) last() time.Time {
-	var m int64
-	for i := range s.at {
-		m = max(m, s.at[i].Load())
-	}
-	return time.Unix(0, m)
 }
 
 // drainTopic is a fresh topic of benchPartitions partitions and a writer
@@ -213,7 +137,7 @@ func writeDrain(b *testing.B, w *kafka.Writer, n int, toks []position.Token) {
 func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Duration, int) {
 	ctx := context.Background()
 	topic, w := drainTopic(b)
-	st := newDrainStarts(n)
+	st := drain.NewStarts(n)
 	var stale atomic.Int64
 	group := newGroup(b)
 	warm := make(chan struct{})
@@ -234,7 +158,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 		if d, ok := consume.DecisionFrom(ctx); !ok || d.Outcome != consume.OutcomeReplica && d.Outcome != consume.OutcomeReplicaWaited {
 			stale.Add(1)
 		}
-		st.start(i, at)
+		st.Start(i, at)
 		if work > 0 {
 			time.Sleep(work)
 		}
@@ -274,7 +198,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 	writeDrain(b, w, n, toks)
 	// Let the readers fetch and every partition's head wait.
 	time.Sleep(time.Second)
-	if started := n - int(st.left.Load()); started > 0 {
+	if started := st.Started(); started > 0 {
 		b.Fatalf("caughtup side: %d messages ran while every replica was paused", started)
 	}
 	runtime.GC()
@@ -283,25 +207,25 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 		require.NoError(b, nd.ResumeReplay(ctx))
 	}
 	resumed = true
-	st.wait(b, "caughtup side")
+	st.Wait(b, "caughtup side")
 	recorded := stopFollow()
 	cfg := e.router.Config()
 	caught, ok := catchup.FirstCaughtUp(newest, recorded, &cfg)
 	require.True(b, ok, "the recorded snapshots never show the newest token caught up")
 	bad := int(stale.Load())
 	for i := range n {
-		if cu, ok := catchup.FirstCaughtUp(toks[i/100], recorded, &cfg); !ok || st.at[i].Load() < cu.Read.UnixNano() {
+		if cu, ok := catchup.FirstCaughtUp(toks[i/100], recorded, &cfg); !ok || st.At(i).Before(cu.Read) {
 			bad++
 		}
 	}
-	return st.last().Sub(caught.Read), bad
+	return st.Last().Sub(caught.Read), bad
 }
 
 // drainBare runs the bare side of one round: a plain kafka-go group
 // Reader per partition, as startKafkaGo.
 func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 	topic, w := drainTopic(b)
-	st := newDrainStarts(n)
+	st := drain.NewStarts(n)
 	gate := make(chan struct{})
 	group := newGroup(b)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -327,7 +251,7 @@ func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 				}
 				at := time.Now()
 				if i, err := strconv.Atoi(string(msg.Value)); err == nil {
-					st.start(i, at)
+					st.Start(i, at)
 					if work > 0 {
 						time.Sleep(work)
 					}
@@ -352,6 +276,6 @@ func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 	runtime.GC()
 	t0 := time.Now()
 	close(gate)
-	st.wait(b, "bare side")
-	return st.last().Sub(t0)
+	st.Wait(b, "bare side")
+	return st.Last().Sub(t0)
 }
