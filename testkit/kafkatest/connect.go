@@ -317,12 +317,41 @@ func (c *Connect) Kill() error {
 	return c.j.crash()
 }
 
-// Close stops the worker and removes its temp dir. The stop is clean
-// (SIGTERM, up to 15 s) so that connectors run their own shutdown: a
-// Debezium connector with slot.drop.on.stop drops its replication slot,
-// which would otherwise hold WAL and block DROP DATABASE. Idempotent.
+// Connectors returns the names of the connectors the worker runs.
+func (c *Connect) Connectors(ctx context.Context) ([]string, error) {
+	status, body, err := c.do(ctx, http.MethodGet, "/connectors", nil)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatest: list connectors: %w", err)
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("kafkatest: list connectors: %d %s", status, bytes.TrimSpace(body))
+	}
+	var names []string
+	if err := json.Unmarshal(body, &names); err != nil {
+		return nil, fmt.Errorf("kafkatest: list connectors: %w in %q", err, firstLines(string(body), 3))
+	}
+	return names, nil
+}
+
+// Close stops the worker and removes its temp dir. While connectors run,
+// the stop is clean (SIGTERM, up to 30 s) so that they run their own
+// shutdown: a Debezium connector with slot.drop.on.stop drops its
+// replication slot, which would otherwise hold WAL and block DROP
+// DATABASE. A worker that runs none has nothing to finish and is killed:
+// its clean stop (leaving the group, flushing the config topic) can take
+// longer than any grace on a loaded 2-core machine, and its data is thrown
+// away. Idempotent.
 func (c *Connect) Close() error {
-	err := c.j.close(syscall.SIGTERM, 15*time.Second)
+	sig, grace := syscall.SIGTERM, 30*time.Second
+	if c.j.running() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		names, err := c.Connectors(ctx)
+		cancel()
+		if err == nil && len(names) == 0 {
+			sig, grace = syscall.SIGKILL, 10*time.Second
+		}
+	}
+	err := c.j.close(sig, grace)
 	c.transport.CloseIdleConnections()
 	c.unregister()
 	return err
