@@ -207,6 +207,9 @@ type LogicalConfig struct {
 	// lossless, and also keeps the WAL behind it: monitor
 	// pg_replication_slots when the relay is down for long. 1 to 63 of
 	// [a-z0-9_].
+	// Slot names are the cluster's: relays of the same table in two
+	// databases of one cluster need their own (Setup refuses another
+	// database's slot with ErrSlotInOtherDatabase).
 	// Default: "caughtup_" + the table name.
 	// Relays of different tables then do not collide.
 	Slot string

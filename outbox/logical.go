@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -126,18 +127,37 @@ func (r *LogicalRelay) Setup(ctx context.Context) error {
 	return err
 }
 
+// teardownActiveWait bounds how long Teardown waits for the walsender of a
+// relay that just stopped to let go of the slot.
+const teardownActiveWait = 10 * time.Second
+
 // Teardown drops the slot and the publication, releasing the WAL the slot
-// holds. Stop the relay first: an active slot cannot be dropped. Events
-// committed after Teardown and before a new slot exists are drained, not
-// streamed, when a relay starts again.
+// holds. Stop the relay first: an active slot cannot be dropped. The
+// server's walsender outlives a relay that just stopped by a moment, so
+// Teardown waits up to teardownActiveWait for the slot to become inactive
+// (longer means another relay streams it: an error). Events committed
+// after Teardown and before a new slot exists are drained, not streamed,
+// when a relay starts again.
 func (r *LogicalRelay) Teardown(ctx context.Context) error {
 	conn, err := pgx.ConnectConfig(ctx, r.regular.Copy())
 	if err != nil {
 		return fmt.Errorf("caughtup/outbox: logical relay teardown: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Slot); err != nil {
-		return fmt.Errorf("caughtup/outbox: drop slot %s: %w", r.cfg.Slot, err)
+	// Only this database's slot: one of that name elsewhere belongs to
+	// another relay.
+	const drop = "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()"
+	for deadline := time.Now().Add(teardownActiveWait); ; {
+		_, err := conn.Exec(ctx, drop, r.cfg.Slot)
+		if err == nil {
+			break
+		}
+		if !isCode(err, pgerrcode.ObjectInUse) || time.Now().After(deadline) {
+			return fmt.Errorf("caughtup/outbox: drop slot %s: %w", r.cfg.Slot, err)
+		}
+		if !retry.Sleep(ctx, 20*time.Millisecond) {
+			return fmt.Errorf("caughtup/outbox: drop slot %s: %w", r.cfg.Slot, ctx.Err())
+		}
 	}
 	if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{r.cfg.Publication}.Sanitize()); err != nil {
 		return fmt.Errorf("caughtup/outbox: drop publication %s: %w", r.cfg.Publication, err)

@@ -43,6 +43,12 @@ func isCode(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
+// ErrSlotInOtherDatabase is returned by LogicalRelay.Setup, and logged by
+// Run on each reconnect, when LogicalConfig.Slot names a slot of another
+// database of the cluster: replication slot names are cluster-wide, and a
+// logical slot decodes only the database it was created in.
+var ErrSlotInOtherDatabase = errors.New("caughtup/outbox: the replication slot belongs to another database")
+
 // setup makes sure the publication and the slot exist and that rows from
 // before the slot have been drained; it returns the slot's confirmed
 // position.
@@ -61,9 +67,15 @@ func (r *LogicalRelay) setup(ctx context.Context, conn *pgconn.PgConn) (pglogrep
 			return 0, fmt.Errorf("caughtup/outbox: create publication %s: %w", r.cfg.Publication, err)
 		}
 	}
-	slotRows, err := simpleQuery(ctx, conn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = "+quoteLiteral(r.cfg.Slot))
+	slotRows, err := simpleQuery(ctx, conn, "SELECT confirmed_flush_lsn::text, database, current_database() FROM pg_replication_slots WHERE slot_name = "+quoteLiteral(r.cfg.Slot))
 	if err != nil {
 		return 0, fmt.Errorf("caughtup/outbox: look up slot: %w", err)
+	}
+	if len(slotRows) == 1 && len(slotRows[0]) == 3 && string(slotRows[0][1]) != string(slotRows[0][2]) {
+		// Slot names are the cluster's, a logical slot decodes one
+		// database: START_REPLICATION would fail on every reconnect.
+		return 0, fmt.Errorf("%w: slot %s decodes database %q, this relay's is %q; give each database's relay its own LogicalConfig.Slot (or tear the other relay down)",
+			ErrSlotInOtherDatabase, r.cfg.Slot, slotRows[0][1], slotRows[0][2])
 	}
 	if len(slotRows) == 0 {
 		// A new slot needs a new drain: clear the marker first, so that a

@@ -363,6 +363,47 @@ func TestLogicalRelayStandbyInstanceTakesOver(t *testing.T) {
 	pub.waitFor(t, ctx, more)
 }
 
+// TestLogicalRelaySlotOfAnotherDatabase: slot names are the cluster's. A
+// relay whose Slot names another database's slot gets a clear error from
+// Setup instead of a START_REPLICATION that fails on every reconnect, and
+// its Teardown leaves the other database's slot alone.
+func TestLogicalRelaySlotOfAnotherDatabase(t *testing.T) {
+	t.Parallel()
+	ours, theirs := setup(t), setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	slot := uniqueSlot(theirs.Database)
+	require.NoError(t, newLogical(t, theirs, LogicalConfig{Slot: slot, Publisher: newMemPublisher()}).Setup(ctx))
+
+	r := newLogical(t, ours, LogicalConfig{Slot: slot, Publisher: newMemPublisher()})
+	err := r.Setup(ctx)
+	require.ErrorIs(t, err, ErrSlotInOtherDatabase)
+	require.ErrorContains(t, err, theirs.Database)
+	require.NoError(t, r.Teardown(ctx))
+	var db string
+	require.NoError(t, theirs.Primary.QueryRow(ctx, "SELECT database FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&db))
+	require.Equal(t, theirs.Database, db)
+}
+
+// TestLogicalRelayTeardownRightAfterStop: the walsender outlives a
+// stopped relay by a moment; one Teardown call still drops the slot.
+func TestLogicalRelayTeardownRightAfterStop(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pub := newMemPublisher()
+	r := newLogical(t, e, LogicalConfig{Publisher: pub})
+	require.NoError(t, r.Setup(ctx))
+	stop := runInBackground(t, ctx, r.Run)
+	pub.waitFor(t, ctx, e.writeOrders(t, ctx, 1, 5))
+	stop()
+	require.NoError(t, r.Teardown(ctx))
+	var n int
+	require.NoError(t, e.Primary.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", r.cfg.Slot).Scan(&n))
+	require.Zero(t, n)
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	pub := newMemPublisher()

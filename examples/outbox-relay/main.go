@@ -143,7 +143,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		lr, err = outbox.NewLogicalRelay(outbox.LogicalConfig{ConnString: primaryURL, Publisher: pub, Logger: quiet})
 		if err == nil {
 			err = lr.Setup(ctx) // the publication and the slot
-			defer func() { _ = lr.Teardown(context.WithoutCancel(ctx)) }()
+			// After the relay stops (deferred later, so run earlier): the
+			// slot would hold WAL for as long as it exists.
+			defer func() {
+				if err := lr.Teardown(context.WithoutCancel(ctx)); err != nil {
+					fmt.Fprintf(stderr, "teardown: %v\n", err)
+				}
+			}()
 		}
 		relay = lr
 	}
