@@ -129,3 +129,27 @@ func TestLatencyOf(t *testing.T) {
 	require.InDelta(t, 90.0, d.StartSpan, 1e-9) // first catch-up at 0, last start at 90
 	require.InDelta(t, 40.0, d.PeakRate, 1e-9)  // 4 starts within 100ms
 }
+
+// TestLargestBurst: the burst with the most jobs is measured, from its
+// first catch-up; jobs run at once, never caught up or enqueued outside
+// the pauses are left out.
+func TestLargestBurst(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	paused := []pauseSpan{{from: at(0), to: at(1000)}, {from: at(2000), to: at(3000)}}
+	js := []jobCatchUp{
+		{enqueued: at(100), found: true, read: at(1010), start: at(1020)}, // the first burst: 1 job
+		{enqueued: at(2100), found: true, read: at(3010), start: at(3030)},
+		{enqueued: at(2200), found: true, read: at(3020), start: at(3050)},
+		{enqueued: at(2300), found: true, read: at(3015), start: at(3070)},
+		{enqueued: at(2400), atOnce: true, found: true, read: at(2400), start: at(2401)},
+		{enqueued: at(2500), found: false, start: at(3500)},
+		{enqueued: at(1500), found: true, read: at(1600), start: at(4000)}, // no pause
+	}
+	b := largestBurst(js, paused)
+	require.Equal(t, 3, b.Jobs)
+	require.InDelta(t, 60.0, b.Span, 1e-9)      // first catch-up 3010, last start 3070
+	require.InDelta(t, 40.0, b.MeanStart, 1e-9) // (20 + 40 + 60) / 3
+	require.Equal(t, burstDrain{}, largestBurst(js, nil))
+}

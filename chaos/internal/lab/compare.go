@@ -31,13 +31,17 @@ type comparisonResult struct {
 	// MeanRatio is the GitLab-style baseline's mean catch-up → start on
 	// those jobs over caughtup's (both pipelines), MeanRatioEarlyZero the
 	// same with the jobs a policy ran before their catch-up counted as 0.
-	MeanRatio          float64  `json:"gitlab_over_caughtup_mean_catch_up_to_start"`
-	MeanRatioEarlyZero float64  `json:"gitlab_over_caughtup_mean_catch_up_to_start_early_as_0"`
-	SnapshotsRecorded  int      `json:"snapshots_recorded"`
-	SnapshotsSkipped   uint64   `json:"snapshots_skipped"`
-	ProduceSeconds     float64  `json:"production_s"`
-	Seconds            float64  `json:"elapsed_s"`
-	Failures           []string `json:"failures,omitempty"`
+	MeanRatio          float64 `json:"gitlab_over_caughtup_mean_catch_up_to_start"`
+	MeanRatioEarlyZero float64 `json:"gitlab_over_caughtup_mean_catch_up_to_start_early_as_0"`
+	// Drain is caughtup's largest burst beside plain asynq's drain of as
+	// many tasks; nil when no job was enqueued while every replica was
+	// paused.
+	Drain             *drainComparison `json:"drain,omitempty"`
+	SnapshotsRecorded int              `json:"snapshots_recorded"`
+	SnapshotsSkipped  uint64           `json:"snapshots_skipped"`
+	ProduceSeconds    float64          `json:"production_s"`
+	Seconds           float64          `json:"elapsed_s"`
+	Failures          []string         `json:"failures,omitempty"`
 }
 
 // compareDelay is when jobs are enqueued after their write: most at once,
@@ -247,6 +251,23 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 				res.Failures = append(res.Failures, fmt.Sprintf("%s: %d stale reads, e.g. %v", sr.Stream, sr.Stale, sr.StaleExamples))
 			}
 		}
+	}
+	// The drain beside the means: caughtup's largest burst against plain
+	// asynq starting as many pending tasks, now, on the same machine.
+	d := &drainComparison{Caughtup: largestBurst(ast[0].catchUps(follower, &rcfg), allPaused), GitLabMean: res.Streams[2].Paused.Mean}
+	if d.Caughtup.Jobs > 0 {
+		if bare, err := bareAsynqDrain(ctx, s, d.Caughtup.Jobs); err != nil {
+			d.Error = err.Error()
+		} else {
+			d.Bare = bare
+			if d.Caughtup.Span > 0 {
+				d.Ratio = bare.Span / d.Caughtup.Span
+			}
+			if bare.MeanStart > 0 {
+				d.Ceiling = d.GitLabMean / bare.MeanStart
+			}
+		}
+		res.Drain = d
 	}
 	res.SnapshotsRecorded, res.SnapshotsSkipped = len(follower.snaps), follower.skipped
 	follower.snaps = nil

@@ -198,7 +198,9 @@ func (s *services) startCaughtupAsynq(queue string, router *consume.Router, poli
 			return err
 		})
 	})
-	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp, Inspector: insp}))
+	// Redis as well as the Inspector: the wake moves caught-up tasks many
+	// per round trip, as under caughtupasynq.NewServer.
+	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{DefaultPolicy: policy, Logger: s.log, MeterProvider: mp, Inspector: insp, Redis: s.redisOpt()}))
 	mux.HandleFunc(taskType, func(ctx context.Context, t *asynq.Task) error {
 		p, err := decodePayload(t.Payload())
 		if err != nil {

@@ -129,6 +129,16 @@ func printComparison(w io.Writer, c *comparisonResult) {
 	if c.MeanRatio > 0 {
 		fmt.Fprintf(w, "   GitLab-style mean / caughtup mean, both pipelines: %.1fx (%.1fx with jobs run before their catch-up as 0)\n", c.MeanRatio, c.MeanRatioEarlyZero)
 	}
+	if d := c.Drain; d != nil {
+		fmt.Fprintf(w, "   drain, asynq: caughtup's largest burst, %d jobs, started %s after its first catch-up (mean start %s); plain asynq, %d tasks made pending at once, this run: %s (mean %s); drain ratio bare/caughtup %.2f\n",
+			d.Caughtup.Jobs, fmtMS(d.Caughtup.Span), fmtMS(d.Caughtup.MeanStart), d.Bare.Jobs, fmtMS(d.Bare.Span), fmtMS(d.Bare.MeanStart), d.Ratio)
+		if d.Ceiling > 0 {
+			fmt.Fprintf(w, "   GitLab-style asynq mean %s over plain asynq's mean start %s: %.1fx, the most any policy could show here against it\n", fmtMS(d.GitLabMean), fmtMS(d.Bare.MeanStart), d.Ceiling)
+		}
+		if d.Error != "" {
+			fmt.Fprintf(w, "   drain, bare side not measured: %s\n", d.Error)
+		}
+	}
 	for _, f := range c.Failures {
 		fmt.Fprintf(w, "   FAIL: %s\n", f)
 	}
