@@ -17,6 +17,7 @@ import (
 
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/netns"
 	"github.com/caughtup/caughtup/testkit/testsvc"
 )
 
@@ -93,6 +94,9 @@ type publisherArgs struct {
 	redisAddr string
 	primary   string            // connection string (multi-host in the suite)
 	replicas  map[string]string // name → connection string
+	// ns, if set, is the network namespace the publisher runs in; the
+	// addresses above are the root namespace's, rewritten for it.
+	ns *netns.Namespace
 }
 
 // publisherProc is one running `caughtup feed`.
@@ -131,6 +135,12 @@ func (t *feedTools) start(ctx context.Context, out *progress, a publisherArgs) (
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	if a.ns != nil {
+		for i := range args {
+			args[i] = a.ns.Addr(args[i])
+		}
+		cmd = a.ns.Command(bin, args...)
+	}
 	// Inside the sandbox: its watchdog sweeps processes by working
 	// directory.
 	cmd.Dir = t.sb.Root()

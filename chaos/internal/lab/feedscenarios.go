@@ -18,6 +18,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/netns"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -67,6 +68,10 @@ type feedRun struct {
 	late                       publisherSeen
 	stops                      int
 	forged                     *forgedState
+	// pubNS: the publishers run in this namespace (feedSetup.publisherNet);
+	// partitions: what the partition scenarios did.
+	pubNS      *netns.Namespace
+	partitions *partitionState
 }
 
 func feedOf(r *run) *feedRun {
@@ -79,17 +84,63 @@ func feedOf(r *run) *feedRun {
 // feedPublishers are the publisher names of every feed scenario.
 var feedPublishers = []string{"pub-a", "pub-b"}
 
+// feedSetup is how a feed scenario's router and publishers reach their
+// servers (see partitions.go).
+type feedSetup struct {
+	// routerNet: the router's feed (and budget) Redis client dials from
+	// the run's "worker" network namespace.
+	routerNet bool
+	// publisherNet: the publishers run in the run's "publishers"
+	// namespace.
+	publisherNet bool
+	// budget, if not 0, is a fleet budget of that many fallback reads a
+	// second (burst the same) on the feed's Redis, through the router's
+	// client.
+	budget int
+}
+
 // configureFeed puts the router on a feed of its own, signed with a fresh
 // key.
-func configureFeed(r *run, c *consume.Config) error {
+func configureFeed(r *run, c *consume.Config) error { return configureFeedWith(feedSetup{})(r, c) }
+
+func configureFeedWith(setup feedSetup) func(r *run, c *consume.Config) error {
+	return func(r *run, c *consume.Config) error {
+		return setUpFeed(r, c, setup)
+	}
+}
+
+func setUpFeed(r *run, c *consume.Config, setup feedSetup) error {
 	k, err := feed.GenerateKey("chaos1")
 	if err != nil {
 		return err
 	}
 	f := &feedRun{name: r.s.name(r.sc.name), keys: feed.Keyring{Keys: []feed.Key{k}}, keyText: k.Export(), pubs: map[string]*publisherProc{}}
-	f.rdb = redis.NewClient(&redis.Options{Addr: r.s.redis.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	opt := &redis.Options{Addr: r.s.redis.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second}
+	if setup.routerNet {
+		ns, err := r.namespace("worker")
+		if err != nil {
+			return err
+		}
+		opt.Dialer = ns.DialContext
+	}
+	if setup.publisherNet {
+		if f.pubNS, err = r.namespace("publishers"); err != nil {
+			return err
+		}
+	}
+	f.rdb = redis.NewClient(opt)
 	r.closers = append(r.closers, func() { _ = f.rdb.Close() })
 	c.Tracker.Feed = &replay.FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
+	if setup.budget > 0 {
+		// The simulation's timeout (see chaos/fleet): a check answered late
+		// on this loaded machine counts as unavailable.
+		b, err := feed.NewBudget(feed.BudgetConfig{Client: f.rdb, Rate: setup.budget, Burst: setup.budget,
+			Prefix: "caughtup.budget." + f.name + ".", Timeout: 500 * time.Millisecond})
+		if err != nil {
+			return err
+		}
+		c.FleetBudget = b
+	}
 	r.mu.Lock()
 	r.state = f
 	r.mu.Unlock()
@@ -135,7 +186,7 @@ func (f *feedRun) startPublisher(ctx context.Context, r *run, name string) (*pub
 	before := f.obs.seen(name)
 	p, err := r.s.feed.start(ctx, r.s.out, publisherArgs{
 		name: name, feed: f.name, keys: f.keyText, redisAddr: r.s.redis.Addr(),
-		primary: primaryDSN(r.cluster, r.env.name), replicas: reps,
+		primary: primaryDSN(r.cluster, r.env.name), replicas: reps, ns: f.pubNS,
 	})
 	if err != nil {
 		return nil, err
@@ -324,8 +375,12 @@ func runPauser(r *run) func() {
 // feedScenario is a scenario on the feed: the router configured and the
 // publishers started by configureFeed and prepareFeed, the fault and
 // checks given, and after them the checks every feed scenario shares.
-func feedScenario(sc *scenario) *scenario {
-	sc.configure = configureFeed
+func feedScenario(sc *scenario) *scenario { return feedScenarioWith(sc, feedSetup{}) }
+
+// feedScenarioWith is feedScenario with the router and publishers set up
+// as setup says.
+func feedScenarioWith(sc *scenario, setup feedSetup) *scenario {
+	sc.configure = configureFeedWith(setup)
 	sc.prepare = prepareFeed
 	check := sc.check
 	sc.check = func(r *run, res *scenarioResult) {
@@ -360,8 +415,9 @@ func checkFeedCommon(r *run, res *scenarioResult) {
 		return // the scenario did not get as far as the feed; it failed already
 	}
 	all := res.Streams[len(res.Streams)-1]
-	if waited := all.Outcomes[consume.OutcomeReplicaWaited.String()]; all.Deferrals == 0 && waited == 0 {
-		r.fail("no job waited for a replica or was deferred: the replay pauses did not take effect")
+	// Under sticky, promotions and the cap's refusals show it as well.
+	if waited := all.Outcomes[consume.OutcomeReplicaWaited.String()]; all.Deferrals == 0 && waited == 0 && all.Fallbacks == 0 && all.Capped == 0 {
+		r.fail("no job waited for a replica, was deferred or was promoted: the replay pauses did not take effect")
 	}
 	if !waitFor(context.Background(), 30*time.Second, func() bool { return onFeed(r.env.router) }) {
 		s := r.env.router.Tracker().Feed()

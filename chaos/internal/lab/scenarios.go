@@ -49,6 +49,11 @@ var scenarioList = []func(sl scale) *scenario{
 	feedFailoverScenario,          // feedscenarios.go
 	forgedFeedScenario,            // forged.go
 	balancedScenario,              // balanced.go
+	partitionReplicaScenario,      // partitions.go
+	partitionAsymmetricScenario,   // partitions.go
+	partitionLossScenario,         // partitions.go
+	partitionFeedRedisScenario,    // partitions.go
+	partitionPublisherScenario,    // partitions.go
 }
 
 func replayPauseScenario(sl scale) *scenario {

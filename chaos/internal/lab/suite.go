@@ -15,6 +15,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/netns"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -177,6 +178,8 @@ type run struct {
 	// closers run when the scenario ends, last first (pools a prepare
 	// function opened).
 	closers []func()
+	// namespaces are the run's network namespaces by role (run.namespace).
+	namespaces map[string]*netns.Namespace
 
 	// What the fault timelines measured, for their checks.
 	failoverStart, failoverEnd time.Time

@@ -1,0 +1,629 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sys/unix"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/netns"
+	"github.com/caughtup/caughtup/testkit/pgtest"
+)
+
+// The partition scenarios put the worker's connections (the router's
+// replica pools, the tracker's, the feed's and the fleet budget's Redis
+// client) or the feed's publishers behind a veth link of their own
+// (testkit/netns) and drop packets on it: a partition as a network makes
+// it, where nothing is refused and TCP hangs until a timeout says
+// otherwise. Every other client of the same servers (producers, the
+// primary pools, asynq's Redis, the checker) stays in the root namespace
+// and is not touched.
+//
+// Latency (200 ms ± 100 ms) is not among them: it needs tc netem, which
+// this project's kernels are built without (sch_netem); loss uses
+// nftables' random numbers instead.
+
+// partitionUserTimeout is the worker's TCP_USER_TIMEOUT on replica
+// connections: data unacknowledged that long fails the connection, as
+// libpq's tcp_user_timeout does. A deployment needs one (or a query
+// timeout): without it a read on a partitioned replica hangs for as long
+// as the kernel retransmits, about 15 minutes.
+const partitionUserTimeout = 3 * time.Second
+
+// namespace returns the run's namespace for role, creating it the first
+// time; it goes away with the run. A host that cannot create one fails
+// the scenario with the reason.
+func (r *run) namespace(role string) (*netns.Namespace, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ns := r.namespaces[role]; ns != nil {
+		return ns, nil
+	}
+	ns, err := netns.New(role)
+	if err != nil {
+		return nil, fmt.Errorf("the partition scenarios need network namespaces: %w", err)
+	}
+	if r.namespaces == nil {
+		r.namespaces = map[string]*netns.Namespace{}
+	}
+	r.namespaces[role] = ns
+	r.closers = append(r.closers, func() { _ = ns.Close() })
+	return ns, nil
+}
+
+// withUserTimeout dials with dial and sets TCP_USER_TIMEOUT on the
+// connection.
+func withUserTimeout(dial func(ctx context.Context, network, addr string) (net.Conn, error), d time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			return c, nil
+		}
+		raw, err := tc.SyscallConn()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
+		}); err != nil || serr != nil {
+			c.Close()
+			return nil, errors.Join(err, serr)
+		}
+		return c, nil
+	}
+}
+
+// workerReplicaPools are the router's replica pools, one per standby as
+// newDBEnv's, dialing from the worker's namespace.
+func workerReplicaPools(ctx context.Context, r *run) ([]replay.Replica, error) {
+	ns, err := r.namespace("worker")
+	if err != nil {
+		return nil, err
+	}
+	var reps []replay.Replica
+	for _, n := range r.env.replicaNodes {
+		cfg, err := pgxpool.ParseConfig(n.DSN(r.env.name) + "&connect_timeout=2")
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns = 24
+		cfg.ConnConfig.DialFunc = withUserTimeout(ns.DialContext, partitionUserTimeout)
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		r.closers = append(r.closers, p.Close)
+		reps = append(reps, replay.Replica{Name: n.Name(), Pool: p})
+	}
+	return reps, nil
+}
+
+// condLog samples a condition every 2ms and keeps its changes.
+type condLog struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	at     []time.Time
+	val    []bool
+}
+
+func watchCond(cond func() bool) *condLog {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &condLog{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			v := cond()
+			l.mu.Lock()
+			if n := len(l.val); n == 0 || l.val[n-1] != v {
+				l.at, l.val = append(l.at, time.Now()), append(l.val, v)
+			}
+			l.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return l
+}
+
+func (l *condLog) stop() {
+	l.cancel()
+	<-l.done
+}
+
+// first is when the condition was first v at or after t: t itself if it
+// already was.
+func (l *condLog) first(t time.Time, v bool) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.at {
+		if l.val[i] != v {
+			continue
+		}
+		if !l.at[i].After(t) && (i+1 == len(l.at) || l.at[i+1].After(t)) {
+			return t, true // v when t came
+		}
+		if l.at[i].After(t) {
+			return l.at[i], true
+		}
+	}
+	return time.Time{}, false
+}
+
+// replicaUnusable: the router's snapshot has replica name of "main" with
+// an error, an observation older than the staleness bound, or out of
+// recovery; what a decision would not send a job to.
+func replicaUnusable(router *consume.Router, name string) func() bool {
+	bound := router.Config().Tracker.StalenessBound
+	return func() bool {
+		db := router.Snapshot().Database("main")
+		if db == nil {
+			return true
+		}
+		for _, rs := range db.Replicas {
+			if rs.Name == name {
+				return rs.Err != nil || !rs.InRecovery || time.Since(rs.ObservedAt) > bound
+			}
+		}
+		return true
+	}
+}
+
+// partitionFault is one partition a fault made, for the notes and checks.
+type partitionFault struct {
+	what             string
+	from, healed     time.Time
+	noticed, cleared time.Time // zero: never seen
+	watch            *condLog
+}
+
+type partitionState struct {
+	mu     sync.Mutex
+	faults []*partitionFault
+	// budgetUnavailable0 is the fleet budget's unavailable count before
+	// the faults (feed-redis partition).
+	budgetUnavailable0 int64
+}
+
+func partitionsOf(r *run) *partitionState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch st := r.state.(type) {
+	case *partitionState:
+		return st
+	case *feedRun:
+		if st.partitions == nil {
+			st.partitions = &partitionState{}
+		}
+		return st.partitions
+	}
+	st := &partitionState{}
+	r.state = st
+	return st
+}
+
+// partition applies block (which returns its heal) for d from now and
+// records when cond (the fault, as the router sees it) first held after
+// the block and first stopped holding after the heal.
+func partition(ctx context.Context, r *run, what string, d time.Duration, cond func() bool, block func() (func() error, error)) error {
+	st := partitionsOf(r)
+	f := &partitionFault{what: what, watch: watchCond(cond)}
+	st.mu.Lock()
+	st.faults = append(st.faults, f)
+	st.mu.Unlock()
+	defer f.watch.stop()
+	f.from = time.Now()
+	heal, err := block()
+	if err != nil {
+		return err
+	}
+	r.event("partitioned: %s", what)
+	sleepCtx(ctx, d)
+	f.healed = time.Now()
+	if err := heal(); err != nil {
+		return err
+	}
+	// Wait a moment for the router to see the link back, for the note.
+	waitFor(ctx, 10*time.Second, func() bool {
+		_, back := f.watch.first(f.healed, false)
+		return back
+	})
+	f.noticed, _ = f.watch.first(f.from, true)
+	f.cleared, _ = f.watch.first(f.healed, false)
+	r.event("healed: %s; %s", what, f.timing())
+	return nil
+}
+
+func (f *partitionFault) timing() string {
+	s := "never noticed"
+	if !f.noticed.IsZero() {
+		s = fmt.Sprintf("noticed %s after it began", f.noticed.Sub(f.from).Round(time.Millisecond))
+	}
+	if !f.cleared.IsZero() {
+		s += fmt.Sprintf(", back %s after the heal", f.cleared.Sub(f.healed).Round(time.Millisecond))
+	} else {
+		s += ", not back within 10s of the heal"
+	}
+	return s
+}
+
+// checkPartitions fails a run whose partitions the router never noticed
+// or never got over, and notes, for each, the time to notice and the
+// reads decided during it: on the primary, and on each replica.
+func checkPartitions(r *run, res *scenarioResult) {
+	st := partitionsOf(r)
+	st.mu.Lock()
+	faults := append([]*partitionFault(nil), st.faults...)
+	st.mu.Unlock()
+	if len(faults) == 0 {
+		r.fail("no partition was made")
+		return
+	}
+	for _, f := range faults {
+		if f.healed.IsZero() {
+			r.fail("%s: not healed", f.what)
+			continue
+		}
+		if f.noticed.IsZero() {
+			r.fail("%s: the router never noticed", f.what)
+		}
+		if f.cleared.IsZero() {
+			r.fail("%s: the router did not get over it within 10s of the heal", f.what)
+		}
+		on := map[string]int{}
+		for _, s := range r.streams() {
+			for _, rd := range s.readsBetween(f.from, f.healed) {
+				name := rd.replica
+				if name == "" {
+					name = "primary"
+					if rd.fallback {
+						name = "primary (fallback)"
+					}
+				}
+				on[name]++
+			}
+		}
+		r.note("%s for %s: %s; reads decided during it: %s", f.what, f.healed.Sub(f.from).Round(100*time.Millisecond), f.timing(), sortedCounts(toInt64(on)))
+	}
+}
+
+func toInt64(m map[string]int) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = int64(v)
+	}
+	return out
+}
+
+// ---- worker ↔ replica ----
+
+// partitionGap is the rest between two partitions of one scenario.
+const partitionGap = time.Second
+
+func partitionReplicaScenario(sl scale) *scenario {
+	return &scenario{
+		name: "partition-replica",
+		about: fmt.Sprintf("the worker's connections to replica1 (router, tracker, handlers; in a network namespace) dropped both ways for %s, "+
+			"then to both replicas for %s: TCP hangs, nothing is refused (TCP_USER_TIMEOUT %s)", sl.down, sl.down, partitionUserTimeout),
+		policy:       consume.Delayed,
+		replicaPools: workerReplicaPools,
+		span:         func(s scale) time.Duration { return s.span(s.lead + 2*s.down + partitionGap + s.tail) },
+		fault:        partitionReplicas,
+		check:        checkPartitions,
+	}
+}
+
+func partitionReplicas(ctx context.Context, r *run) error {
+	ns, err := r.namespace("worker")
+	if err != nil {
+		return err
+	}
+	nodes := r.cluster.Replicas()
+	if err := r.at(ctx, r.sl.lead); err != nil {
+		return err
+	}
+	first := nodes[0]
+	if err := partition(ctx, r, "worker ↔ "+first.Name(), r.sl.down, replicaUnusable(r.env.router, first.Name()),
+		func() (func() error, error) { return ns.Block(first.Port(), netns.Both) }); err != nil {
+		return err
+	}
+	sleepCtx(ctx, partitionGap)
+	return partition(ctx, r, "worker ↔ "+names(nodes), r.sl.down, allUnusable(r.env.router, nodes),
+		func() (func() error, error) { return blockAll(ns, nodes, netns.Both) })
+}
+
+func allUnusable(router *consume.Router, nodes []*pgtest.Node) func() bool {
+	var conds []func() bool
+	for _, n := range nodes {
+		conds = append(conds, replicaUnusable(router, n.Name()))
+	}
+	return func() bool {
+		for _, c := range conds {
+			if !c() {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func blockAll(ns *netns.Namespace, nodes []*pgtest.Node, d netns.Direction) (func() error, error) {
+	var heals []func() error
+	healAll := func() error {
+		var errs []error
+		for _, h := range heals {
+			errs = append(errs, h())
+		}
+		return errors.Join(errs...)
+	}
+	for _, n := range nodes {
+		h, err := ns.Block(n.Port(), d)
+		if err != nil {
+			return nil, errors.Join(err, healAll())
+		}
+		heals = append(heals, h)
+	}
+	return healAll, nil
+}
+
+// ---- asymmetric ----
+
+func partitionAsymmetricScenario(sl scale) *scenario {
+	return &scenario{
+		name: "partition-asymmetric",
+		about: fmt.Sprintf("one-way partitions of the worker's replica links (network namespace): replica1's answers dropped while the worker's "+
+			"requests arrive, for %s; then replica2's requests dropped while its answers would pass, for %s", sl.down, sl.down),
+		policy:       consume.Delayed,
+		replicaPools: workerReplicaPools,
+		span:         func(s scale) time.Duration { return s.span(s.lead + 2*s.down + partitionGap + s.tail) },
+		fault:        partitionOneWay,
+		check:        checkPartitions,
+	}
+}
+
+func partitionOneWay(ctx context.Context, r *run) error {
+	ns, err := r.namespace("worker")
+	if err != nil {
+		return err
+	}
+	nodes := r.cluster.Replicas()
+	if err := r.at(ctx, r.sl.lead); err != nil {
+		return err
+	}
+	for i, d := range []netns.Direction{netns.In, netns.Out} {
+		n := nodes[i%len(nodes)]
+		what := fmt.Sprintf("worker → %s only (answers dropped)", n.Name())
+		if d == netns.Out {
+			what = fmt.Sprintf("%s → worker only (requests dropped)", n.Name())
+		}
+		if err := partition(ctx, r, what, r.sl.down, replicaUnusable(r.env.router, n.Name()),
+			func() (func() error, error) { return ns.Block(n.Port(), d) }); err != nil {
+			return err
+		}
+		sleepCtx(ctx, partitionGap)
+	}
+	return nil
+}
+
+// ---- loss ----
+
+// lossPercent is the loss on the replica links in partition-loss.
+const lossPercent = 1
+
+func partitionLossScenario(sl scale) *scenario {
+	return &scenario{
+		name: "partition-loss",
+		about: fmt.Sprintf("%d%% of the packets on the worker's links to both replicas dropped at random (network namespace) for %s, "+
+			"replay paused on both for %s in the middle; no added latency (tc netem is not in this kernel)", lossPercent, 2*sl.down, sl.down),
+		policy:       consume.Delayed,
+		replicaPools: workerReplicaPools,
+		span:         func(s scale) time.Duration { return s.span(s.lead + 2*s.down + s.tail) },
+		fault:        lossyReplicas,
+		check:        checkLoss,
+	}
+}
+
+type lossState struct {
+	from, to time.Time
+}
+
+func lossyReplicas(ctx context.Context, r *run) error {
+	ns, err := r.namespace("worker")
+	if err != nil {
+		return err
+	}
+	nodes := r.cluster.Replicas()
+	if err := r.at(ctx, r.sl.lead); err != nil {
+		return err
+	}
+	var heals []func() error
+	defer func() {
+		for _, h := range heals {
+			_ = h()
+		}
+	}()
+	for _, n := range nodes {
+		h, err := ns.Lose(n.Port(), lossPercent)
+		if err != nil {
+			return err
+		}
+		heals = append(heals, h)
+	}
+	st := &lossState{from: time.Now()}
+	r.mu.Lock()
+	r.state = st
+	r.mu.Unlock()
+	r.event("%d%% loss on the worker's links to %s", lossPercent, names(nodes))
+	if err := r.at(ctx, r.sl.lead+r.sl.down/2); err != nil {
+		return err
+	}
+	if err := pauseAll(ctx, nodes); err != nil {
+		return err
+	}
+	r.event("paused replay on %s", names(nodes))
+	if err := r.at(ctx, r.sl.lead+r.sl.down/2+r.sl.down); err != nil {
+		_ = resumeAll(nodes)
+		return err
+	}
+	if err := resumeAll(nodes); err != nil {
+		return err
+	}
+	r.event("resumed replay on %s", names(nodes))
+	if err := r.at(ctx, r.sl.lead+2*r.sl.down); err != nil {
+		return err
+	}
+	var errs []error
+	for _, h := range heals {
+		errs = append(errs, h())
+	}
+	heals = nil
+	st.to = time.Now()
+	r.event("loss ended")
+	return errors.Join(errs...)
+}
+
+func checkLoss(r *run, res *scenarioResult) {
+	r.mu.Lock()
+	st, _ := r.state.(*lossState)
+	r.mu.Unlock()
+	if st == nil || st.to.IsZero() {
+		r.fail("the loss was never applied, or never ended")
+		return
+	}
+	on := map[string]int{}
+	for _, s := range r.streams() {
+		for _, rd := range s.readsBetween(st.from, st.to) {
+			name := rd.replica
+			if name == "" {
+				name = "primary"
+			}
+			on[name]++
+		}
+	}
+	r.note("reads decided during the loss: %s; replica errors seen by the router: %v", sortedCounts(toInt64(on)),
+		r.metrics.sum("caughtup.consume.replica.errors", "caughtup.replica"))
+	if len(on)-min(on["primary"], 1) == 0 {
+		r.fail("no job read a replica during the loss: %d%% loss should not take the replicas out", lossPercent)
+	}
+	expectDeferrals(r, res)
+}
+
+// ---- the feed's Redis and the publishers ----
+
+// partitionBudgetRate is the fleet budget (per second, burst the same) of
+// partition-feed-redis.
+const partitionBudgetRate = 20
+
+func partitionFeedRedisScenario(sl scale) *scenario {
+	return feedScenarioWith(&scenario{
+		name: "partition-feed-redis",
+		about: fmt.Sprintf("sticky policy, router on a signed feed with a fleet budget (%d/s) on the same Redis, its Redis client in a network namespace; "+
+			"the worker ↔ Redis link dropped both ways for %s, replay paused on both replicas for the middle %s: the router polls by itself "+
+			"and the per-process cap alone holds fallbacks (asynq's Redis is not partitioned)", partitionBudgetRate, 2*sl.down, sl.down),
+		policy: consume.Sticky,
+		span:   func(s scale) time.Duration { return s.span(s.lead + 2*s.down + 2*s.tail) },
+		fault:  partitionFeedRedis,
+		check: func(r *run, res *scenarioResult) {
+			checkPartitions(r, res)
+			checkBudgetDegraded(r)
+		},
+	}, feedSetup{routerNet: true, budget: partitionBudgetRate})
+}
+
+func partitionFeedRedis(ctx context.Context, r *run) error {
+	ns, err := r.namespace("worker")
+	if err != nil {
+		return err
+	}
+	st := partitionsOf(r)
+	st.budgetUnavailable0 = budgetUnavailable(r)
+	port := r.s.redis.Port()
+	if err := r.at(ctx, r.sl.lead); err != nil {
+		return err
+	}
+	nodes := r.cluster.Replicas()
+	errc := make(chan error, 1)
+	go func() {
+		// Replay paused in the middle of the partition: jobs then need the
+		// primary or a deferral while the budget cannot be asked.
+		defer close(errc)
+		if !sleepCtx(ctx, r.sl.down/2) {
+			return
+		}
+		if err := pauseAll(ctx, nodes); err != nil {
+			errc <- err
+			return
+		}
+		r.event("paused replay on %s", names(nodes))
+		sleepCtx(ctx, r.sl.down)
+		if err := resumeAll(nodes); err != nil {
+			errc <- err
+			return
+		}
+		r.event("resumed replay on %s", names(nodes))
+	}()
+	err = partition(ctx, r, "worker ↔ the feed's Redis", 2*r.sl.down, func() bool { return !r.env.router.Tracker().Feed().Active },
+		func() (func() error, error) { return ns.Block(port, netns.Both) })
+	return errors.Join(err, <-errc)
+}
+
+// budgetUnavailable is caughtup.consume.fallback.budget{result=unavailable}.
+func budgetUnavailable(r *run) int64 {
+	return r.metrics.sum("caughtup.consume.fallback.budget", "caughtup.result")["unavailable"]
+}
+
+// checkBudgetDegraded: fallbacks asked for during the partition found the
+// budget unavailable, and that was counted.
+func checkBudgetDegraded(r *run) {
+	st := partitionsOf(r)
+	n := budgetUnavailable(r) - st.budgetUnavailable0
+	r.note("fleet budget checks that found it unavailable (caughtup.consume.fallback.budget, result unavailable): %d; by result: %v",
+		n, r.metrics.sum("caughtup.consume.fallback.budget", "caughtup.result"))
+	if n == 0 {
+		r.fail("no fallback found the fleet budget unavailable: the partition did not reach it")
+	}
+}
+
+func partitionPublisherScenario(sl scale) *scenario {
+	return feedScenarioWith(&scenario{
+		name: "partition-publisher",
+		about: fmt.Sprintf("router on a signed feed of 2 publisher processes run in a network namespace; their links to replica1 dropped both ways "+
+			"for %s, random replay pauses: the feed goes stale for replica1 and the router polls it by itself", 2*sl.down),
+		policy: consume.Delayed,
+		span:   func(s scale) time.Duration { return s.span(s.lead + 2*s.down + 2*s.tail) },
+		fault:  partitionPublishers,
+		check:  checkPartitions,
+	}, feedSetup{publisherNet: true})
+}
+
+func partitionPublishers(ctx context.Context, r *run) error {
+	ns, err := r.namespace("publishers")
+	if err != nil {
+		return err
+	}
+	defer runPauser(r)()
+	if err := r.at(ctx, r.sl.lead); err != nil {
+		return err
+	}
+	n := r.cluster.Replicas()[0]
+	return partition(ctx, r, "publishers ↔ "+n.Name(), 2*r.sl.down, func() bool { return r.env.router.Tracker().Feed().LocalNodes > 0 },
+		func() (func() error, error) { return ns.Block(n.Port(), netns.Both) })
+}
