@@ -88,12 +88,14 @@ func (t *feedTools) close() error {
 
 // publisherArgs describes one `caughtup feed` process.
 type publisherArgs struct {
-	name      string
-	feed      string
-	keys      string // CAUGHTUP_FEED_KEYS
-	redisAddr string
-	primary   string            // connection string (multi-host in the suite)
-	replicas  map[string]string // name → connection string
+	name string
+	feed string
+	keys string // CAUGHTUP_FEED_KEYS
+	// redisURL and redisMode are --redis and --redis-mode (short client
+	// timeouts: a restarted Redis is reached again within a second).
+	redisURL, redisMode string
+	primary             string            // connection string (multi-host in the suite)
+	replicas            map[string]string // name → connection string
 	// ns, if set, is the network namespace the publisher runs in; the
 	// addresses above are the root namespace's, rewritten for it.
 	ns *netns.Namespace
@@ -122,9 +124,7 @@ func (t *feedTools) start(ctx context.Context, out *progress, a publisherArgs) (
 	pidName := fmt.Sprintf("publisher-%d", t.seq)
 	t.mu.Unlock()
 	args := []string{"feed", "--database", "main", "--primary", a.primary,
-		// Short client timeouts: a restarted Redis is reached again within
-		// a second.
-		"--redis", "redis://" + a.redisAddr + "/0?dial_timeout=1s&read_timeout=1s&write_timeout=1s",
+		"--redis", a.redisURL, "--redis-mode", a.redisMode,
 		"--feed", a.feed, "--name", a.name, "--interval", replay.DefaultFeedInterval.String()}
 	for name, dsn := range a.replicas {
 		args = append(args, "--replica", name+"="+dsn)

@@ -50,7 +50,7 @@ type feedRun struct {
 	name    string // the feed's
 	keys    feed.Keyring
 	keyText string // CAUGHTUP_FEED_KEYS of the publishers
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	obs     *feedObserver
 	pauser  *pauser
 	mon     *feedMonitor
@@ -72,6 +72,9 @@ type feedRun struct {
 	// partitions: what the partition scenarios did.
 	pubNS      *netns.Namespace
 	partitions *partitionState
+	// deployment: the feed's Redis Cluster or Sentinel set
+	// (feedSetup.deployment), nil on the suite's redis-server.
+	deployment *feedDeployment
 }
 
 func feedOf(r *run) *feedRun {
@@ -93,6 +96,10 @@ type feedSetup struct {
 	// publisherNet: the publishers run in the run's "publishers"
 	// namespace.
 	publisherNet bool
+	// deployment, if set ("cluster", "sentinel"), puts the feed and the
+	// budget on a Redis of that kind started for the scenario
+	// (feedredis.go) instead of the suite's redis-server.
+	deployment string
 	// budget, if not 0, is a fleet budget of that many fallback reads a
 	// second (burst the same) on the feed's Redis, through the router's
 	// client.
@@ -128,14 +135,24 @@ func setUpFeed(r *run, c *consume.Config, setup feedSetup) error {
 			return err
 		}
 	}
-	f.rdb = redis.NewClient(opt)
+	prefix := "caughtup.budget." + f.name + "."
+	if setup.deployment != "" {
+		if f.deployment, err = startFeedDeployment(context.Background(), setup.deployment); err != nil {
+			return err
+		}
+		r.closers = append(r.closers, func() { _ = f.deployment.close() })
+		f.rdb = f.deployment.client()
+		prefix = f.deployment.budgetPrefix(f.name)
+	} else {
+		f.rdb = redis.NewClient(opt)
+	}
 	r.closers = append(r.closers, func() { _ = f.rdb.Close() })
 	c.Tracker.Feed = &replay.FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
 	if setup.budget > 0 {
 		// The simulation's timeout (see chaos/fleet): a check answered late
 		// on this loaded machine counts as unavailable.
 		b, err := feed.NewBudget(feed.BudgetConfig{Client: f.rdb, Rate: setup.budget, Burst: setup.budget,
-			Prefix: "caughtup.budget." + f.name + ".", Timeout: 500 * time.Millisecond})
+			Prefix: prefix, Timeout: 500 * time.Millisecond})
 		if err != nil {
 			return err
 		}
@@ -184,8 +201,9 @@ func (f *feedRun) startPublisher(ctx context.Context, r *run, name string) (*pub
 		reps[n.Name()] = n.DSN(r.env.name)
 	}
 	before := f.obs.seen(name)
+	redisURL, redisMode := f.publisherRedis(r)
 	p, err := r.s.feed.start(ctx, r.s.out, publisherArgs{
-		name: name, feed: f.name, keys: f.keyText, redisAddr: r.s.redis.Addr(),
+		name: name, feed: f.name, keys: f.keyText, redisURL: redisURL, redisMode: redisMode,
 		primary: primaryDSN(r.cluster, r.env.name), replicas: reps, ns: f.pubNS,
 	})
 	if err != nil {

@@ -40,20 +40,22 @@ var scenarioList = []func(sl scale) *scenario{
 	consumersScenario,
 	replayConflictScenario,
 	lagSpikeCapScenario,
-	divergedStandbyScenario,       // diverged.go
-	timeoutTasksScenario,          // timeouts.go
-	feedPublisherKillScenario,     // feedscenarios.go
-	feedPublishersStoppedScenario, // feedscenarios.go
-	feedRedisRestartScenario,      // feedscenarios.go
-	feedPublisherSigstopScenario,  // feedscenarios.go
-	feedFailoverScenario,          // feedscenarios.go
-	forgedFeedScenario,            // forged.go
-	balancedScenario,              // balanced.go
-	partitionReplicaScenario,      // partitions.go
-	partitionAsymmetricScenario,   // partitions.go
-	partitionLossScenario,         // partitions.go
-	partitionFeedRedisScenario,    // partitions.go
-	partitionPublisherScenario,    // partitions.go
+	divergedStandbyScenario,           // diverged.go
+	timeoutTasksScenario,              // timeouts.go
+	feedPublisherKillScenario,         // feedscenarios.go
+	feedPublishersStoppedScenario,     // feedscenarios.go
+	feedRedisRestartScenario,          // feedscenarios.go
+	feedPublisherSigstopScenario,      // feedscenarios.go
+	feedFailoverScenario,              // feedscenarios.go
+	forgedFeedScenario,                // forged.go
+	balancedScenario,                  // balanced.go
+	partitionReplicaScenario,          // partitions.go
+	partitionAsymmetricScenario,       // partitions.go
+	partitionLossScenario,             // partitions.go
+	partitionFeedRedisScenario,        // partitions.go
+	partitionPublisherScenario,        // partitions.go
+	feedRedisClusterFailoverScenario,  // feedredis.go
+	feedRedisSentinelFailoverScenario, // feedredis.go
 }
 
 func replayPauseScenario(sl scale) *scenario {
