@@ -17,10 +17,11 @@
 //   - as a child process, with Command (`ip netns exec`), handing it
 //     addresses rewritten with Addr.
 //
-// Faults are nftables rules inside the namespace, on the root's ports:
-// Block drops packets one way or both (an asymmetric partition is one
-// way), and Lose drops a share of them at random. Only the namespace's own
-// traffic is touched; every other client of the same server is not.
+// Faults are rules inside the namespace, on the root's ports: Block drops
+// packets one way or both (an asymmetric partition is one way), Lose
+// drops a share of them at random, and Delay holds each for a while.
+// Only the namespace's own traffic is touched; every other client of the
+// same server is not.
 //
 //	ns, err := netns.New("worker")
 //	defer ns.Close()
@@ -29,11 +30,14 @@
 //	...
 //	heal()
 //
-// It needs root, iproute2 and nftables; Check says which is missing, and
-// New fails with the same message. Nothing here goes into the product:
-// it is the chaos suite's and the tests' harness.
+// It needs root, iproute2 and nftables (and iptables for Delay); Check
+// says which is missing, and New fails with the same message. Nothing
+// here goes into the product: it is the chaos suite's and the tests'
+// harness.
 //
-// tc netem (delay, loss, reordering) would belong here too, but the kernel
-// of this project's machines is built without sch_netem; Lose uses
-// nftables' random numbers instead, and there is no delay.
+// Delay holds packets for a delay with jitter. tc netem is the usual tool
+// for that, and the kernels of this project's machines are built without
+// it (sch_netem): Delay queues the packets to this process instead
+// (iptables-legacy's NFQUEUE target, read over netlink) and lets each go
+// once its time has come; Lose uses nftables' random numbers.
 package netns

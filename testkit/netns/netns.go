@@ -66,6 +66,7 @@ type Namespace struct {
 	closed   bool
 	rootNAT  string // nft table in the root namespace
 	nsFilter string // nft table inside
+	queues   int    // NFQUEUEs opened (Delay)
 }
 
 // Check reports whether this host can create namespaces: root, iproute2
@@ -326,8 +327,13 @@ func remove(name, table, hostIf string) error {
 	}
 	// The veth pair goes with the namespace; a link whose peer never
 	// moved in does not.
+	// The kernel removes a namespace, and its links, once the last
+	// reference goes: the link may vanish between the look and the
+	// delete.
 	if hostIf != "" && exec.Command("ip", "link", "show", hostIf).Run() == nil {
-		errs = append(errs, run(nil, "ip", "link", "del", hostIf))
+		if err := run(nil, "ip", "link", "del", hostIf); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

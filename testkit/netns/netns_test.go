@@ -213,3 +213,40 @@ func TestCloseRemovesEverything(t *testing.T) {
 }
 
 func syscallECONNREFUSED() error { return syscall.ECONNREFUSED }
+
+func TestDelayHoldsPacketsEachWay(t *testing.T) {
+	srv := startEcho(t)
+	ns := newNamespace(t, "delay")
+	c, err := dial(ns, srv.ln.Addr().String(), 2*time.Second)
+	require.NoError(t, err)
+	defer c.Close()
+	timed := func() time.Duration {
+		began := time.Now()
+		require.NoError(t, roundTrip(c, 5*time.Second))
+		return time.Since(began)
+	}
+	require.Less(t, timed(), 100*time.Millisecond, "no delay yet")
+
+	heal, err := ns.Delay(srv.port(), 100*time.Millisecond, 20*time.Millisecond)
+	require.NoError(t, err)
+	// A round trip is a packet out and one back (the ACK of the request
+	// rides on the answer or is not waited for): about twice the delay.
+	for range 3 {
+		d := timed()
+		require.GreaterOrEqual(t, d, 160*time.Millisecond, "each way held 80–120ms")
+		require.Less(t, d, 2*time.Second)
+	}
+	// Other ports are not delayed.
+	other := startEcho(t)
+	oc, err := dial(ns, other.ln.Addr().String(), 2*time.Second)
+	require.NoError(t, err)
+	began := time.Now()
+	require.NoError(t, roundTrip(oc, 2*time.Second))
+	require.Less(t, time.Since(began), 100*time.Millisecond)
+	_ = oc.Close()
+
+	require.NoError(t, heal())
+	require.Less(t, timed(), 100*time.Millisecond, "healed")
+	_, err = ns.Delay(srv.port(), time.Millisecond, 2*time.Millisecond)
+	require.Error(t, err, "jitter over the delay")
+}
