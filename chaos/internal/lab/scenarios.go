@@ -51,7 +51,7 @@ var scenarioList = []func(sl scale) *scenario{
 	balancedScenario,                  // balanced.go
 	partitionReplicaScenario,          // partitions.go
 	partitionAsymmetricScenario,       // partitions.go
-	partitionLossScenario,             // partitions.go
+	partitionLatencyScenario,          // partitions.go
 	partitionFeedRedisScenario,        // partitions.go
 	partitionPublisherScenario,        // partitions.go
 	feedRedisClusterFailoverScenario,  // feedredis.go
