@@ -149,34 +149,29 @@ func feedRedisFailover(ctx context.Context, r *run) error {
 	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
 	}
-	ff := &partitionFault{what: fmt.Sprintf("the %s master serving the feed SIGKILLed", f.deployment.kind),
-		watch: watchCond(func() bool { return !r.env.router.Tracker().Feed().Active })}
-	st.mu.Lock()
-	st.faults = append(st.faults, ff)
-	st.mu.Unlock()
-	defer ff.watch.stop()
-	ff.from = time.Now()
-	killed, err := f.deployment.killMaster(ctx, f.name)
+	what := fmt.Sprintf("the %s master serving the feed SIGKILLed", f.deployment.kind)
+	var killed string
+	ff, err := observeFault(ctx, r, what, func() bool { return !r.env.router.Tracker().Feed().Active },
+		func() (err error) {
+			if killed, err = f.deployment.killMaster(ctx, f.name); err == nil {
+				r.event("SIGKILLed %s, the %s master serving feed %s", killed, f.deployment.kind, f.name)
+			}
+			return err
+		},
+		// Over once the deployment has a master again; the router is over
+		// it once it takes the feed again.
+		func() (time.Time, error) {
+			sctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			if err := f.deployment.settled(sctx); err != nil {
+				return time.Time{}, fmt.Errorf("the %s did not fail %s over within a minute: %w", f.deployment.kind, killed, err)
+			}
+			return time.Now(), nil
+		})
 	if err != nil {
 		return err
 	}
-	r.event("SIGKILLed %s, the %s master serving feed %s", killed, f.deployment.kind, f.name)
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := f.deployment.settled(sctx); err != nil {
-		return fmt.Errorf("the %s did not fail %s over within a minute: %w", f.deployment.kind, killed, err)
-	}
-	// "Healed" once the deployment has a master again; the router is over
-	// it once it takes the feed again.
-	ff.healed = time.Now()
-	r.event("the %s failed %s over, %s after the kill", f.deployment.kind, killed, ff.healed.Sub(ff.from).Round(time.Millisecond))
-	waitFor(ctx, 10*time.Second, func() bool {
-		_, back := ff.watch.first(ff.healed, false)
-		return back
-	})
-	ff.noticed, _ = ff.watch.first(ff.from, true)
-	ff.cleared, _ = ff.watch.first(ff.healed, false)
-	r.event("the router: %s", ff.timing())
+	r.event("the %s failed %s over, %s after the kill; the router: %s", f.deployment.kind, killed, ff.healed.Sub(ff.from).Round(time.Millisecond), ff.timing())
 	return r.at(ctx, r.sl.lead+2*r.sl.down)
 }
 

@@ -223,6 +223,31 @@ func partitionsOf(r *run) *partitionState {
 // records when cond (the fault, as the router sees it) first held after
 // the block and first stopped holding after the heal.
 func partition(ctx context.Context, r *run, what string, d time.Duration, cond func() bool, block func() (func() error, error)) error {
+	var heal func() error
+	f, err := observeFault(ctx, r, what, cond,
+		func() (err error) {
+			if heal, err = block(); err == nil {
+				r.event("partitioned: %s", what)
+			}
+			return err
+		},
+		func() (time.Time, error) {
+			sleepCtx(ctx, d)
+			healed := time.Now()
+			return healed, heal()
+		})
+	if err != nil {
+		return err
+	}
+	r.event("healed: %s; %s", what, f.timing())
+	return nil
+}
+
+// observeFault runs a fault from begin until end, which returns when the
+// fault was over, and records it for checkPartitions: when cond first
+// held after begin, and when it first stopped holding after the end
+// (waiting up to 10s for that).
+func observeFault(ctx context.Context, r *run, what string, cond func() bool, begin func() error, end func() (time.Time, error)) (*partitionFault, error) {
 	st := partitionsOf(r)
 	f := &partitionFault{what: what, watch: watchCond(cond)}
 	st.mu.Lock()
@@ -230,25 +255,33 @@ func partition(ctx context.Context, r *run, what string, d time.Duration, cond f
 	st.mu.Unlock()
 	defer f.watch.stop()
 	f.from = time.Now()
-	heal, err := block()
-	if err != nil {
-		return err
+	if err := begin(); err != nil {
+		return nil, err
 	}
-	r.event("partitioned: %s", what)
-	sleepCtx(ctx, d)
-	f.healed = time.Now()
-	if err := heal(); err != nil {
-		return err
+	var err error
+	if f.healed, err = end(); err != nil {
+		return nil, err
 	}
-	// Wait a moment for the router to see the link back, for the note.
 	waitFor(ctx, 10*time.Second, func() bool {
 		_, back := f.watch.first(f.healed, false)
 		return back
 	})
 	f.noticed, _ = f.watch.first(f.from, true)
 	f.cleared, _ = f.watch.first(f.healed, false)
-	r.event("healed: %s; %s", what, f.timing())
-	return nil
+	return f, nil
+}
+
+// workerFault is where a fault on the worker's replica links starts: the
+// worker's namespace and the replicas, once the scenario's lead is over.
+func workerFault(ctx context.Context, r *run) (*netns.Namespace, []*pgtest.Node, error) {
+	ns, err := r.namespace("worker")
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := r.at(ctx, r.sl.lead); err != nil {
+		return nil, nil, err
+	}
+	return ns, r.cluster.Replicas(), nil
 }
 
 func (f *partitionFault) timing() string {
@@ -331,12 +364,8 @@ func partitionReplicaScenario(sl scale) *scenario {
 }
 
 func partitionReplicas(ctx context.Context, r *run) error {
-	ns, err := r.namespace("worker")
+	ns, nodes, err := workerFault(ctx, r)
 	if err != nil {
-		return err
-	}
-	nodes := r.cluster.Replicas()
-	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
 	}
 	first := nodes[0]
@@ -399,12 +428,8 @@ func partitionAsymmetricScenario(sl scale) *scenario {
 }
 
 func partitionOneWay(ctx context.Context, r *run) error {
-	ns, err := r.namespace("worker")
+	ns, nodes, err := workerFault(ctx, r)
 	if err != nil {
-		return err
-	}
-	nodes := r.cluster.Replicas()
-	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
 	}
 	for i, d := range []netns.Direction{netns.In, netns.Out} {
@@ -450,12 +475,8 @@ type lossState struct {
 }
 
 func slowReplicas(ctx context.Context, r *run) error {
-	ns, err := r.namespace("worker")
+	ns, nodes, err := workerFault(ctx, r)
 	if err != nil {
-		return err
-	}
-	nodes := r.cluster.Replicas()
-	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
 	}
 	var heals []func() error
