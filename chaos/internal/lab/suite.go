@@ -207,8 +207,12 @@ type event struct {
 
 func (r *run) event(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
+	at := 0.0 // before production starts (a prepare function's events)
+	if !r.start.IsZero() {
+		at = time.Since(r.start).Seconds()
+	}
 	r.mu.Lock()
-	r.events = append(r.events, event{At: time.Since(r.start).Seconds(), What: msg})
+	r.events = append(r.events, event{At: at, What: msg})
 	r.mu.Unlock()
 	r.s.out.say("%s: %s", r.sc.name, msg)
 }
