@@ -23,9 +23,9 @@ import (
 // whose replicas are behind to the primary through the budget. asynq's
 // queues stay on the suite's own redis-server.
 
-// failoverBudgetRate is the fleet budget of the failover scenarios (per
-// second, burst the same).
-const failoverBudgetRate = 20
+// scenarioBudgetRate is the fleet budget (per second, burst the same) of
+// the scenarios that put one on the feed's Redis.
+const scenarioBudgetRate = 20
 
 // feedDeployment is a Redis that fails over, as a feed scenario uses it.
 type feedDeployment struct {
@@ -122,15 +122,15 @@ func feedFailoverRedisScenario(kind, about string) func(sl scale) *scenario {
 		return feedScenarioWith(&scenario{
 			name: "feed-redis-" + kind + "-failover",
 			about: fmt.Sprintf("sticky policy; router on a signed feed of 2 publisher processes and a fleet budget (%d/s) on %s; "+
-				"the master serving the feed SIGKILLed mid-run and failed over, random replay pauses", failoverBudgetRate, about),
+				"the master serving the feed SIGKILLed mid-run and failed over, random replay pauses", scenarioBudgetRate, about),
 			policy: consume.Sticky,
 			span:   func(s scale) time.Duration { return s.span(s.lead + 2*s.down + 2*s.tail) },
 			fault:  feedRedisFailover,
 			check: func(r *run, res *scenarioResult) {
 				checkPartitions(r, res)
-				noteBudget(r)
+				checkBudget(r, false)
 			},
-		}, feedSetup{deployment: kind, budget: failoverBudgetRate})
+		}, feedSetup{deployment: kind, budget: scenarioBudgetRate})
 	}
 }
 
@@ -175,15 +175,21 @@ func feedRedisFailover(ctx context.Context, r *run) error {
 	return r.at(ctx, r.sl.lead+2*r.sl.down)
 }
 
-// noteBudget says what the fleet budget answered, and how much of the
-// time it could not (counted; the per-process cap alone then applied).
-func noteBudget(r *run) {
+// checkBudget says what the fleet budget answered, and how often it could
+// not (counted; the per-process cap alone then applied). It fails the run
+// if the budget never answered, or, with unreachable (the fault cut it
+// off), if no check found it unavailable.
+func checkBudget(r *run, unreachable bool) {
 	st := partitionsOf(r)
 	by := r.metrics.sum("caughtup.consume.fallback.budget", "caughtup.result")
+	unavailable := budgetUnavailable(r) - st.budgetUnavailable0
 	r.note("fleet budget checks by result (caughtup.consume.fallback.budget): %s; unavailable during the run: %d (the per-process cap alone applied to those)",
-		sortedCounts(by), budgetUnavailable(r)-st.budgetUnavailable0)
+		sortedCounts(by), unavailable)
 	if by["allowed"]+by["spent"] == 0 {
 		r.fail("the fleet budget never answered: the replay pauses sent no job to the primary through it")
+	}
+	if unreachable && unavailable == 0 {
+		r.fail("no fallback found the fleet budget unavailable: the partition did not reach it")
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -320,29 +321,28 @@ func checkPartitions(r *run, res *scenarioResult) {
 		if f.cleared.IsZero() {
 			r.fail("%s: the router did not get over it within 10s of the heal", f.what)
 		}
-		on := map[string]int{}
-		for _, s := range r.streams() {
-			for _, rd := range s.readsBetween(f.from, f.healed) {
-				name := rd.replica
-				if name == "" {
-					name = "primary"
-					if rd.fallback {
-						name = "primary (fallback)"
-					}
-				}
-				on[name]++
-			}
-		}
-		r.note("%s for %s: %s; reads decided during it: %s", f.what, f.healed.Sub(f.from).Round(100*time.Millisecond), f.timing(), sortedCounts(toInt64(on)))
+		r.note("%s for %s: %s; reads decided during it: %s", f.what, f.healed.Sub(f.from).Round(100*time.Millisecond), f.timing(),
+			sortedCounts(readsOn(r, f.from, f.healed)))
 	}
 }
 
-func toInt64(m map[string]int) map[string]int64 {
-	out := make(map[string]int64, len(m))
-	for k, v := range m {
-		out[k] = int64(v)
+// readsOn counts the reads decided between from and to by the node they
+// read: a replica's name, "primary" or "primary (fallback)".
+func readsOn(r *run, from, to time.Time) map[string]int64 {
+	on := map[string]int64{}
+	for _, s := range r.streams() {
+		for _, rd := range s.readsBetween(from, to) {
+			name := rd.replica
+			if name == "" {
+				name = "primary"
+				if rd.fallback {
+					name = "primary (fallback)"
+				}
+			}
+			on[name]++
+		}
 	}
-	return out
+	return on
 }
 
 // ---- worker ↔ replica ----
@@ -393,23 +393,35 @@ func allUnusable(router *consume.Router, nodes []*pgtest.Node) func() bool {
 	}
 }
 
+// heals are the heal functions of faults applied together.
+type heals []func() error
+
+// add keeps heal, if the fault applied (err nil), and returns err.
+func (hs *heals) add(heal func() error, err error) error {
+	if err == nil {
+		*hs = append(*hs, heal)
+	}
+	return err
+}
+
+// all heals every fault, once.
+func (hs *heals) all() error {
+	var errs []error
+	for _, h := range *hs {
+		errs = append(errs, h())
+	}
+	*hs = nil
+	return errors.Join(errs...)
+}
+
 func blockAll(ns *netns.Namespace, nodes []*pgtest.Node, d netns.Direction) (func() error, error) {
-	var heals []func() error
-	healAll := func() error {
-		var errs []error
-		for _, h := range heals {
-			errs = append(errs, h())
-		}
-		return errors.Join(errs...)
-	}
+	var hs heals
 	for _, n := range nodes {
-		h, err := ns.Block(n.Port(), d)
-		if err != nil {
-			return nil, errors.Join(err, healAll())
+		if err := hs.add(ns.Block(n.Port(), d)); err != nil {
+			return nil, errors.Join(err, hs.all())
 		}
-		heals = append(heals, h)
 	}
-	return healAll, nil
+	return hs.all, nil
 }
 
 // ---- asymmetric ----
@@ -479,51 +491,28 @@ func slowReplicas(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	var heals []func() error
-	healAll := func() error {
-		var errs []error
-		for _, h := range heals {
-			errs = append(errs, h())
-		}
-		heals = nil
-		return errors.Join(errs...)
-	}
-	defer healAll()
+	var hs heals
+	defer hs.all()
 	for _, n := range nodes {
-		h, err := ns.Lose(n.Port(), lossPercent)
-		if err != nil {
+		if err := hs.add(ns.Lose(n.Port(), lossPercent)); err != nil {
 			return err
 		}
-		heals = append(heals, h)
-		if h, err = ns.Delay(n.Port(), linkDelay, linkJitter); err != nil {
+		if err := hs.add(ns.Delay(n.Port(), linkDelay, linkJitter)); err != nil {
 			return err
 		}
-		heals = append(heals, h)
 	}
 	st := &lossState{from: time.Now()}
 	r.mu.Lock()
 	r.state = st
 	r.mu.Unlock()
 	r.event("the worker's links to %s: %s ± %s each way, %d%% loss", names(nodes), linkDelay, linkJitter, lossPercent)
-	if err := r.at(ctx, r.sl.lead+r.sl.down/2); err != nil {
+	if err := pauseAllAt(ctx, r, r.sl.lead+r.sl.down/2, r.sl.down, ""); err != nil {
 		return err
 	}
-	if err := pauseAll(ctx, nodes); err != nil {
-		return err
-	}
-	r.event("paused replay on %s", names(nodes))
-	if err := r.at(ctx, r.sl.lead+r.sl.down/2+r.sl.down); err != nil {
-		_ = resumeAll(nodes)
-		return err
-	}
-	if err := resumeAll(nodes); err != nil {
-		return err
-	}
-	r.event("resumed replay on %s", names(nodes))
 	if err := r.at(ctx, r.sl.lead+2*r.sl.down); err != nil {
 		return err
 	}
-	err = healAll()
+	err = hs.all()
 	st.to = time.Now()
 	r.event("the links are fast again")
 	return err
@@ -537,18 +526,15 @@ func checkLoss(r *run, res *scenarioResult) {
 		r.fail("the loss was never applied, or never ended")
 		return
 	}
-	on := map[string]int{}
-	for _, s := range r.streams() {
-		for _, rd := range s.readsBetween(st.from, st.to) {
-			name := rd.replica
-			if name == "" {
-				name = "primary"
-			}
-			on[name]++
+	on := readsOn(r, st.from, st.to)
+	r.note("reads decided while the links were slow: %s", sortedCounts(on))
+	var onReplicas int64
+	for node, n := range on {
+		if !strings.HasPrefix(node, "primary") {
+			onReplicas += n
 		}
 	}
-	r.note("reads decided while the links were slow: %s", sortedCounts(toInt64(on)))
-	if len(on)-min(on["primary"], 1) == 0 {
+	if onReplicas == 0 {
 		r.fail("no job read a replica on the slow links: latency and %d%% loss should not take the replicas out", lossPercent)
 	}
 	expectDeferrals(r, res)
@@ -556,24 +542,20 @@ func checkLoss(r *run, res *scenarioResult) {
 
 // ---- the feed's Redis and the publishers ----
 
-// partitionBudgetRate is the fleet budget (per second, burst the same) of
-// partition-feed-redis.
-const partitionBudgetRate = 20
-
 func partitionFeedRedisScenario(sl scale) *scenario {
 	return feedScenarioWith(&scenario{
 		name: "partition-feed-redis",
 		about: fmt.Sprintf("sticky policy, router on a signed feed with a fleet budget (%d/s) on the same Redis, its Redis client in a network namespace; "+
 			"the worker ↔ Redis link dropped both ways for %s, replay paused on both replicas for the middle %s: the router polls by itself "+
-			"and the per-process cap alone holds fallbacks (asynq's Redis is not partitioned)", partitionBudgetRate, 2*sl.down, sl.down),
+			"and the per-process cap alone holds fallbacks (asynq's Redis is not partitioned)", scenarioBudgetRate, 2*sl.down, sl.down),
 		policy: consume.Sticky,
 		span:   func(s scale) time.Duration { return s.span(s.lead + 2*s.down + 2*s.tail) },
 		fault:  partitionFeedRedis,
 		check: func(r *run, res *scenarioResult) {
 			checkPartitions(r, res)
-			checkBudgetDegraded(r)
+			checkBudget(r, true)
 		},
-	}, feedSetup{routerNet: true, budget: partitionBudgetRate})
+	}, feedSetup{routerNet: true, budget: scenarioBudgetRate})
 }
 
 func partitionFeedRedis(ctx context.Context, r *run) error {
@@ -587,27 +569,10 @@ func partitionFeedRedis(ctx context.Context, r *run) error {
 	if err := r.at(ctx, r.sl.lead); err != nil {
 		return err
 	}
-	nodes := r.cluster.Replicas()
 	errc := make(chan error, 1)
-	go func() {
-		// Replay paused in the middle of the partition: jobs then need the
-		// primary or a deferral while the budget cannot be asked.
-		defer close(errc)
-		if !sleepCtx(ctx, r.sl.down/2) {
-			return
-		}
-		if err := pauseAll(ctx, nodes); err != nil {
-			errc <- err
-			return
-		}
-		r.event("paused replay on %s", names(nodes))
-		sleepCtx(ctx, r.sl.down)
-		if err := resumeAll(nodes); err != nil {
-			errc <- err
-			return
-		}
-		r.event("resumed replay on %s", names(nodes))
-	}()
+	// Replay paused in the middle of the partition: jobs then need the
+	// primary or a deferral while the budget cannot be asked.
+	go func() { errc <- pauseAllAt(ctx, r, r.sl.lead+r.sl.down/2, r.sl.down, "") }()
 	err = partition(ctx, r, "worker ↔ the feed's Redis", 2*r.sl.down, func() bool { return !r.env.router.Tracker().Feed().Active },
 		func() (func() error, error) { return ns.Block(port, netns.Both) })
 	return errors.Join(err, <-errc)
@@ -616,18 +581,6 @@ func partitionFeedRedis(ctx context.Context, r *run) error {
 // budgetUnavailable is caughtup.consume.fallback.budget{result=unavailable}.
 func budgetUnavailable(r *run) int64 {
 	return r.metrics.sum("caughtup.consume.fallback.budget", "caughtup.result")["unavailable"]
-}
-
-// checkBudgetDegraded: fallbacks asked for during the partition found the
-// budget unavailable, and that was counted.
-func checkBudgetDegraded(r *run) {
-	st := partitionsOf(r)
-	n := budgetUnavailable(r) - st.budgetUnavailable0
-	r.note("fleet budget checks that found it unavailable (caughtup.consume.fallback.budget, result unavailable): %d; by result: %v",
-		n, r.metrics.sum("caughtup.consume.fallback.budget", "caughtup.result"))
-	if n == 0 {
-		r.fail("no fallback found the fleet budget unavailable: the partition did not reach it")
-	}
 }
 
 func partitionPublisherScenario(sl scale) *scenario {

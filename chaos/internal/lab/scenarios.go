@@ -196,8 +196,14 @@ func replayPause(ctx context.Context, r *run) error {
 // pauseAllFor pauses replay on every replica from the scenario's lead time
 // for d, then resumes it.
 func pauseAllFor(ctx context.Context, r *run, d time.Duration, why string) error {
+	return pauseAllAt(ctx, r, r.sl.lead, d, why)
+}
+
+// pauseAllAt pauses replay on every replica from from (after the
+// scenario's start) for d, then resumes it, and records the span.
+func pauseAllAt(ctx context.Context, r *run, from, d time.Duration, why string) error {
 	nodes := r.cluster.Replicas()
-	if err := r.at(ctx, r.sl.lead); err != nil {
+	if err := r.at(ctx, from); err != nil {
 		return err
 	}
 	defer resumeAll(nodes)
@@ -206,7 +212,7 @@ func pauseAllFor(ctx context.Context, r *run, d time.Duration, why string) error
 	}
 	r.event("paused replay on %s%s", names(nodes), why)
 	span := pauseSpan{from: time.Now()}
-	if err := r.at(ctx, r.sl.lead+d); err != nil {
+	if err := r.at(ctx, from+d); err != nil {
 		return err
 	}
 	span.to = time.Now()
