@@ -130,6 +130,8 @@ func promNames(in instrument) []string {
 	return []string{name}
 }
 
+var attributeKey = regexp.MustCompile(`^(caughtup|messaging|error)\.[a-z_.]+$`)
+
 // attributeKeys are the product's string literals that name attributes
 // ("caughtup.reason"), as Prometheus labels ("caughtup_reason").
 func attributeKeys(t *testing.T) map[string]bool {
@@ -137,7 +139,7 @@ func attributeKeys(t *testing.T) map[string]bool {
 	productSources(t, func(_ string, f *ast.File) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == token.STRING {
-				if s, err := strconv.Unquote(lit.Value); err == nil && regexp.MustCompile(`^(caughtup|messaging|error)\.[a-z_.]+$`).MatchString(s) {
+				if s, err := strconv.Unquote(lit.Value); err == nil && attributeKey.MatchString(s) {
 					keys[strings.ReplaceAll(s, ".", "_")] = true
 				}
 			}

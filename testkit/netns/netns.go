@@ -107,12 +107,12 @@ func New(role string) (*Namespace, error) {
 	}
 	n := &Namespace{
 		name:     name,
-		hostIf:   fmt.Sprintf("cu%dh", k),
+		hostIf:   hostLink(k),
 		k:        k,
 		hostIP:   fmt.Sprintf("%s%d.1", subnet, k),
 		ip:       fmt.Sprintf("%s%d.2", subnet, k),
 		fd:       -1,
-		rootNAT:  fmt.Sprintf("caughtup_netns_%d", k),
+		rootNAT:  natTable(k),
 		nsFilter: "caughtup_faults",
 	}
 	nsIf := fmt.Sprintf("cu%dn", k)
@@ -358,11 +358,13 @@ func sweep() {
 		k := linkSubnet(e.Name())
 		table, hostIf := "", ""
 		if k > 0 {
-			table, hostIf = fmt.Sprintf("caughtup_netns_%d", k), fmt.Sprintf("cu%dh", k)
+			table, hostIf = natTable(k), hostLink(k)
 		}
 		_ = remove(e.Name(), table, hostIf)
 	}
 }
+
+var nsAddr = regexp.MustCompile(`inet 10\.231\.(\d+)\.2/30`)
 
 // linkSubnet is the k of the namespace's 10.231.k.2 address, 0 if none.
 func linkSubnet(name string) int {
@@ -370,13 +372,18 @@ func linkSubnet(name string) int {
 	if err != nil {
 		return 0
 	}
-	m := regexp.MustCompile(`inet 10\.231\.(\d+)\.2/30`).FindSubmatch(out)
+	m := nsAddr.FindSubmatch(out)
 	if m == nil {
 		return 0
 	}
 	k, _ := strconv.Atoi(string(m[1]))
 	return k
 }
+
+// hostLink and natTable name the root side's link and address mapping of
+// the namespace on 10.231.k.0/30.
+func hostLink(k int) string { return fmt.Sprintf("cu%dh", k) }
+func natTable(k int) string { return fmt.Sprintf("caughtup_netns_%d", k) }
 
 // freeSubnet is a k whose 10.231.k.0/30 no link in the root namespace
 // uses.
@@ -387,7 +394,7 @@ func freeSubnet() (int, error) {
 	}
 	for k := 1; k < 255; k++ {
 		if !bytes.Contains(out, []byte(fmt.Sprintf(" %s%d.1/30 ", subnet, k))) &&
-			exec.Command("ip", "link", "show", fmt.Sprintf("cu%dh", k)).Run() != nil {
+			exec.Command("ip", "link", "show", hostLink(k)).Run() != nil {
 			return k, nil
 		}
 	}
