@@ -1,0 +1,232 @@
+package caughtupriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+)
+
+// Middleware is River worker middleware that routes each job before its
+// worker runs. Install it on the client:
+//
+//	mw, err := caughtupriver.NewMiddleware(router, caughtupriver.Config{
+//		Policies: map[string]consume.Policy{"email_send": consume.Delayed},
+//	})
+//	client, err := river.NewClient(riverpgxv5.New(primary), &river.Config{
+//		Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
+//		Workers:    workers,
+//		Middleware: []rivertype.Middleware{mw},
+//	})
+//
+// and in the worker take the pool from the context: consume.DB(ctx, "main").
+//
+// # The token
+//
+// A job inserted with Insert or InsertMany carries its producer's token in
+// its metadata (MetadataKey); the job is routed against it and costs no
+// query. Every other job (inserted with client.InsertTx in the business
+// transaction, by a plain client, by River's periodic jobs) is routed
+// against the primary's WAL position read after the job was fetched: River
+// fetches only committed jobs, so that position covers the transaction
+// that inserted the job and every one committed before it. One read serves
+// every job of the process that was waiting when it started (see
+// caughtup.river.position.reads). A unique job (InsertOpts.UniqueOpts)
+// gets both merged: River skips a duplicate insert, and the surviving
+// job's metadata does not cover the duplicate's writes. A deferred job's
+// age, which bounds its deferral (consume.Config.MaxAge), counts from its
+// JobRow.CreatedAt when it has no metadata token, so that snoozing does not
+// restart it.
+//
+// Metadata that does not decode sends the job to the primary, counted by
+// the router (consume.ReasonMalformedToken) and logged, rate-limited, under
+// the source "river <kind>". A failed position read sends the waiting
+// jobs to the primary too (caughtup.river.tokens fetch_failed, a sampled
+// warning). Neither fails the job.
+//
+// # Deferral
+//
+// When no replica has caught up within the router's WaitBudget, a Delayed
+// job is snoozed (river.JobSnooze) for the router's delay: River then puts
+// the job back without counting an attempt (it restores JobRow.Attempt and
+// records no error; only metadata "snoozes" grows), so deferral never
+// spends MaxAttempts. Deferral is bounded by the token's age: after
+// consume.Config.MaxAge the job reads the primary, under the fallback cap.
+// A job refused by the cap, or whose token is ahead of the router's
+// primary, fails this attempt with the router's error, and River retries
+// it; on its last attempt (Attempt >= MaxAttempts, when any error
+// discards it) it is instead held in its worker until a replica serves it
+// or the cap admits it (consume.Job.Hold, caughtup.river.overrides
+// last_attempt).
+type Middleware struct {
+	river.MiddlewareDefaults
+
+	router   *consume.Router
+	policies map[string]consume.Policy
+	def      consume.Policy
+	fetch    *fetchPositions // nil with UnstampedReadPrimary
+	met      *metrics
+	log      *slog.Logger
+	warn     *rate.Sometimes
+}
+
+var _ rivertype.WorkerMiddleware = (*Middleware)(nil)
+
+// NewMiddleware returns the middleware for router. It returns an error
+// wrapping ErrInvalidConfig for a nil router, an invalid cfg, or a
+// Config.Database the router does not know.
+func NewMiddleware(router *consume.Router, cfg Config) (*Middleware, error) {
+	if router == nil {
+		return nil, fmt.Errorf("%w: a nil *consume.Router: build one with consume.NewRouter", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rc := router.Config()
+	m := &Middleware{
+		router:   router,
+		policies: maps.Clone(cfg.Policies),
+		def:      cfg.DefaultPolicy,
+		log:      cfg.Logger,
+		warn:     &rate.Sometimes{First: 1, Interval: 10 * time.Second},
+	}
+	var err error
+	if m.met, err = newMetrics(cfg.MeterProvider); err != nil {
+		return nil, err
+	}
+	if !cfg.UnstampedReadPrimary {
+		db, ok := rc.Databases[cfg.Database]
+		if !ok {
+			return nil, fmt.Errorf("%w: Database %q is not one of the router's (%v): name the database River's jobs live in", ErrInvalidConfig, cfg.Database, slices.Sorted(maps.Keys(rc.Databases)))
+		}
+		m.fetch = &fetchPositions{
+			pool:    db.Primary,
+			capture: enqueue.NewCapturer(enqueue.Config{Database: cfg.Database, Now: rc.Now}),
+			timeout: cfg.PositionTimeout,
+			met:     m.met,
+		}
+	}
+	// Resolved here so that Always, which reads the primary whatever the
+	// token, skips the position read.
+	for k, p := range m.policies {
+		if p == consume.PolicyDefault {
+			m.policies[k] = m.def
+		}
+	}
+	if m.def == consume.PolicyDefault {
+		m.def = rc.DefaultPolicy
+		for k, p := range m.policies {
+			if p == consume.PolicyDefault {
+				m.policies[k] = m.def
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Middleware) policy(kind string) consume.Policy {
+	if p, ok := m.policies[kind]; ok {
+		return p
+	}
+	return m.def
+}
+
+// Work routes job, then runs doInner with the routed context, or snoozes
+// the job when no replica can serve it yet.
+func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	rj := consume.Job{Policy: m.policy(job.Kind)}
+	m.jobToken(ctx, job, &rj)
+	// Any error on the last attempt discards the job: a refusal by the
+	// fallback cap is then held in the worker instead. A snooze is free
+	// on any attempt, so the job may still be deferred.
+	last := job.MaxAttempts > 0 && job.Attempt >= job.MaxAttempts
+	rj.Hold = last
+	rctx, d, err := m.router.Route(ctx, rj)
+	if last && d.Held {
+		m.met.overrides.Add(ctx, 1, m.met.lastAttempt)
+	}
+	if err == nil {
+		return doInner(rctx)
+	}
+	var de *consume.DeferError
+	if !errors.As(err, &de) || de.Refused() {
+		// ctx ended during a wait, or the job was refused (the cap, a
+		// primary the router has not seen fail over): a failed attempt,
+		// which River retries after its own backoff.
+		return err
+	}
+	return river.JobSnooze(max(de.Delay, 0))
+}
+
+// jobToken fills rj's token from job's metadata or the primary's position
+// after the fetch, and counts where it came from.
+func (m *Middleware) jobToken(ctx context.Context, job *rivertype.JobRow, rj *consume.Job) {
+	if rj.Policy == consume.Always {
+		m.met.token(ctx, tokenPrimaryPolicy)
+		return
+	}
+	tok, ok, err := TokenOf(job)
+	switch {
+	case err != nil:
+		rj.TokenErr, rj.Source = err, "river "+job.Kind
+		m.met.token(ctx, tokenMalformed)
+		return
+	case ok && job.UniqueKey == nil:
+		rj.Token = tok
+		m.met.token(ctx, tokenMetadata)
+		return
+	case !ok && m.fetch == nil:
+		m.met.token(ctx, tokenNone)
+		return
+	case m.fetch == nil:
+		// A unique job without the fetch position: its metadata may not
+		// cover a skipped duplicate's writes, and the primary has them.
+		rj.Policy = consume.Always
+		m.met.token(ctx, tokenPrimaryPolicy)
+		return
+	}
+	pos, perr := m.fetch.token(ctx)
+	if perr != nil {
+		// The primary has every write the position stands for.
+		rj.Policy = consume.Always
+		m.met.token(ctx, tokenFetchFailed)
+		m.warn.Do(func() {
+			m.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: could not read the primary's position for a fetched River job; it reads the primary",
+				slog.String("messaging.system", "river"), slog.String("caughtup.river.kind", job.Kind), slog.Any("error", perr))
+		})
+		return
+	}
+	if ok {
+		// A unique job: the metadata token merged with the position,
+		// keeping the metadata's capture time as the job's age.
+		captured := tok.CapturedAt
+		rj.Token = tok.Merge(pos)
+		rj.Token.CapturedAt = captured
+		m.met.token(ctx, tokenMetadataFetch)
+		return
+	}
+	rj.Token = withCapturedAt(pos, job.CreatedAt)
+	m.met.token(ctx, tokenFetch)
+}
+
+// withCapturedAt is tok dated at: a fetched job's age counts from its
+// insert, not from the read, so that a job snoozed again and again still
+// reaches consume.Config.MaxAge and then reads the primary.
+func withCapturedAt(tok position.Token, at time.Time) position.Token {
+	if !at.IsZero() && at.Before(tok.CapturedAt) {
+		tok.CapturedAt = at
+	}
+	return tok
+}
