@@ -27,7 +27,10 @@ const (
 // to the primary), its snoozes spend no attempt, and after replay resumes
 // it runs on a replica and finds its row.
 func TestInsertTxSnoozesUntilCaughtUp(t *testing.T) {
-	e := setup(t, func(c *consume.Config) { c.WaitBudget = 100 * time.Millisecond; c.DeferInitial = 200 * time.Millisecond })
+	e := setup(t, func(c *consume.Config) {
+		c.WaitBudget = 100 * time.Millisecond
+		c.DeferInitial = 200 * time.Millisecond
+	})
 	ctx := ctxT(t)
 	w, runs := recorder()
 	c := e.client(t, clientConfig(4, w, e.middleware(t, caughtupriver.Config{})), true)
@@ -327,4 +330,3 @@ func (l *logRecords) next(t testing.TB, timeout time.Duration) slog.Record {
 		return slog.Record{}
 	}
 }
-
