@@ -1,0 +1,388 @@
+package caughtupkgo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel"
+
+	"github.com/caughtup/caughtup/internal/retry"
+)
+
+// ErrRunning is returned by Run while another Run of the same Consumer is
+// still going.
+var ErrRunning = errors.New("caughtup/kgo: Consumer.Run is already running; use one Consumer per Run, or wait for the first to return")
+
+// Handler processes one record. The Consumer calls it with a context
+// routed by its Router: consume.DB and consume.SQLDB return the pool
+// chosen for the record, and jobs the handler enqueues inherit the
+// record's token. ctx is cancelled when the consumer stops or the
+// partition is revoked or lost; the record is then delivered again, here
+// or to another member, so a handler must be idempotent (at-least-once)
+// and should return promptly once ctx ends. The record is the Consumer's
+// until the handler returns: copy what you keep.
+//
+// A handler may return a *consume.DeferError of its own (from routing a
+// second token, say): the Consumer treats it as its own deferrals (Mode).
+type Handler func(ctx context.Context, r *kgo.Record) error
+
+// Consumer reads a topic in a consumer group with a franz-go client and
+// hands each record to a handler, one worker per assigned partition, each
+// partition in order. One poll loop hands polled records to the
+// partitions' queues and never waits for a handler; a partition whose
+// queue is full, or whose head record waits for a replica, has its
+// fetches paused (kgo.Client.PauseFetchPartitions) until it has drained,
+// so it holds back only itself.
+//
+// A record's offset is committed only once it and every record before it
+// in its partition are done (handled, produced to the retry topic or
+// dead-lettered), so nothing is lost on a crash; what was done since the
+// last commit is delivered again (at-least-once). On a revocation the
+// revoked partitions' workers are stopped, their queues dropped and what
+// they finished committed before franz-go hands them on; on a loss the
+// same without the commit.
+type Consumer struct {
+	cfg     ConsumerConfig
+	handler Handler
+	log     *slog.Logger
+	met     map[string]*topicMetrics
+
+	running atomic.Bool
+	client  atomic.Pointer[kgo.Client]
+
+	// runCtx is the context of the current Run; partitions' workers derive
+	// theirs from it. Set before the client exists.
+	runCtx context.Context
+
+	mu    sync.Mutex
+	parts map[partKey]*partition
+}
+
+type partKey struct {
+	topic string
+	id    int32
+}
+
+// NewConsumer validates cfg and returns a Consumer that routes each
+// record with cfg.Router and runs h with the routed context. It does not
+// connect; Run does. A nil handler or Router is an ErrInvalidConfig.
+func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
+	if h == nil {
+		return nil, fmt.Errorf("%w: the handler is nil", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.ClientOpts = append([]kgo.Opt(nil), cfg.ClientOpts...)
+	c := &Consumer{cfg: cfg, handler: h, log: cfg.Logger}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	var err error
+	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {
+		return nil, fmt.Errorf("caughtup/kgo: creating instruments: %w", err)
+	}
+	return c, nil
+}
+
+// Config returns the consumer's configuration with defaults applied.
+func (c *Consumer) Config() ConsumerConfig { return c.cfg }
+
+// Client returns the franz-go client of the current Run, nil when the
+// Consumer is not running. Use it to inspect (PauseFetchPartitions with no
+// arguments lists the paused partitions) or to produce; do not poll,
+// commit, pause or resume with it: the Consumer does.
+func (c *Consumer) Client() *kgo.Client { return c.client.Load() }
+
+// Run joins the consumer group and consumes until ctx ends. Then it stops
+// the partitions' workers (cancelling running handlers), commits what is
+// done, leaves the group and closes its client, and returns nil. It
+// returns an error only if the client cannot be created. A Consumer may
+// Run again after Run returned.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer c.running.Store(false)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c.runCtx = ctx
+	c.parts = make(map[partKey]*partition)
+
+	opts := append(append([]kgo.Opt(nil), c.cfg.ClientOpts...),
+		kgo.ConsumerGroup(c.cfg.GroupID),
+		kgo.ConsumeTopics(c.cfg.topics()...),
+		kgo.DisableAutoCommit(),
+		// Polls hand records to the queues and return: blocking
+		// rebalances while they do keeps a revoked partition's records
+		// from reaching a queue after its revocation was handled.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(c.onAssigned),
+		kgo.OnPartitionsRevoked(c.onRevoked),
+		kgo.OnPartitionsLost(c.onLost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("caughtup/kgo: %w", err)
+	}
+	c.client.Store(cl)
+	defer c.client.Store(nil)
+
+	committerDone := make(chan struct{})
+	go func() {
+		defer close(committerDone)
+		c.commitLoop(ctx, cl)
+	}()
+
+	c.poll(ctx, cl)
+
+	// ctx has ended: every worker's context with it. Commit what they
+	// finished, then leave the group (its final revocation commits again,
+	// finding nothing new).
+	<-committerDone
+	c.stopAll()
+	c.commit(context.WithoutCancel(ctx), cl, c.snapshot())
+	cl.AllowRebalance()
+	cl.Close()
+	c.mu.Lock()
+	left := c.parts
+	c.parts = nil
+	c.mu.Unlock()
+	for _, p := range left {
+		p.stop()
+		p.counts.flush(ctx)
+	}
+	return nil
+}
+
+// poll hands every polled record to its partition's queue until ctx ends
+// or the client is closed. It never waits for a worker.
+func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
+	for fails := 0; ctx.Err() == nil; {
+		fetches := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			cl.AllowRebalance()
+			return
+		}
+		failed := false
+		fetches.EachError(func(topic string, part int32, err error) {
+			failed = true
+			c.log.WarnContext(ctx, "caughtup/kgo: fetching failed; franz-go retries",
+				slog.String("topic", topic), slog.Int("partition", int(part)), slog.Any("error", err))
+		})
+		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+			if len(ftp.Records) > 0 {
+				c.partition(ftp.Topic, ftp.Partition).push(ftp.Records)
+			}
+		})
+		cl.AllowRebalance()
+		if failed {
+			// Errors without records come back at once; do not spin on
+			// them.
+			fails++
+			if !retry.Sleep(ctx, retry.Nth(fails, 100*time.Millisecond, 5*time.Second)) {
+				return
+			}
+		} else {
+			fails = 0
+		}
+	}
+}
+
+// partition returns the state of a partition, starting its worker if it
+// has none: franz-go fetches only assigned partitions, so this is an
+// assignment that onAssigned has not seen (or a partition it started and
+// polls refilled). Records polled for a partition are never dropped while
+// the partition is ours: the client's cursor has moved past them.
+func (c *Consumer) partition(topic string, id int32) *partition {
+	k := partKey{topic, id}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.parts[k]
+	if p == nil {
+		p = c.newPartition(k)
+		c.parts[k] = p
+	}
+	return p
+}
+
+func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.parts == nil {
+		return
+	}
+	for topic, ids := range assigned {
+		for _, id := range ids {
+			k := partKey{topic, id}
+			if c.parts[k] == nil {
+				c.parts[k] = c.newPartition(k)
+			}
+		}
+	}
+}
+
+// onRevoked stops the revoked partitions' workers (cancelling their
+// handlers: an unfinished record stays uncommitted and goes to the next
+// owner), commits what they finished while this member still owns them,
+// and forgets them, their queues and their pauses. franz-go waits for it
+// before the group moves on, and with BlockRebalanceOnPoll no poll runs
+// meanwhile, so nothing of these partitions reaches a queue afterwards.
+func (c *Consumer) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	parts := c.detach(revoked)
+	c.commit(context.WithoutCancel(ctx), cl, parts)
+	c.forget(ctx, cl, parts)
+	if c.cfg.OnRevoked != nil {
+		c.cfg.OnRevoked(ctx, cl, revoked)
+	}
+}
+
+// onLost is onRevoked without the commit: the partitions may already be
+// someone else's, and their offsets are not ours to commit.
+func (c *Consumer) onLost(ctx context.Context, cl *kgo.Client, lost map[string][]int32) {
+	c.forget(ctx, cl, c.detach(lost))
+	if c.cfg.OnLost != nil {
+		c.cfg.OnLost(ctx, cl, lost)
+	}
+}
+
+// detach removes the partitions from the consumer and stops their
+// workers.
+func (c *Consumer) detach(tps map[string][]int32) []*partition {
+	var parts []*partition
+	c.mu.Lock()
+	for topic, ids := range tps {
+		for _, id := range ids {
+			k := partKey{topic, id}
+			if p := c.parts[k]; p != nil {
+				delete(c.parts, k)
+				parts = append(parts, p)
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range parts {
+		p.cancel()
+	}
+	for _, p := range parts {
+		<-p.stopped
+	}
+	return parts
+}
+
+// forget clears the pauses of stopped partitions (franz-go keeps a pause
+// until it is resumed, even across a reassignment, which would never
+// fetch the partition again) and counts what they did.
+func (c *Consumer) forget(ctx context.Context, cl *kgo.Client, parts []*partition) {
+	resume := map[string][]int32{}
+	for _, p := range parts {
+		resume[p.key.topic] = append(resume[p.key.topic], p.key.id)
+		p.counts.flush(ctx)
+	}
+	if len(resume) > 0 {
+		cl.ResumeFetchPartitions(resume)
+	}
+}
+
+// stopAll stops every worker and waits for them.
+func (c *Consumer) stopAll() {
+	c.mu.Lock()
+	parts := make([]*partition, 0, len(c.parts))
+	for _, p := range c.parts {
+		parts = append(parts, p)
+	}
+	c.mu.Unlock()
+	for _, p := range parts {
+		p.stop()
+	}
+}
+
+// commitLoop commits done offsets every CommitInterval until ctx ends.
+func (c *Consumer) commitLoop(ctx context.Context, cl *kgo.Client) {
+	t := time.NewTicker(c.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			parts := c.snapshot()
+			c.commit(ctx, cl, parts)
+			for _, p := range parts {
+				p.counts.flush(ctx)
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// snapshot returns the current partitions.
+func (c *Consumer) snapshot() []*partition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parts := make([]*partition, 0, len(c.parts))
+	for _, p := range c.parts {
+		parts = append(parts, p)
+	}
+	return parts
+}
+
+// commit commits the done offsets of parts that moved since their last
+// commit. Commits carry the group's generation: once the group has moved
+// on the coordinator refuses them, so a member never commits a partition
+// it lost. A failed commit is logged; the next owner then starts from the
+// last successful one and does the rest again.
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, parts []*partition) {
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	var sent []*partition
+	for _, p := range parts {
+		eo, ok := p.doneOffset()
+		if !ok || eo.Offset <= p.committed.Load() {
+			continue
+		}
+		if offsets[p.key.topic] == nil {
+			offsets[p.key.topic] = map[int32]kgo.EpochOffset{}
+		}
+		offsets[p.key.topic][p.key.id] = eo
+		sent = append(sent, p)
+	}
+	if len(sent) == 0 {
+		return
+	}
+	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			c.log.InfoContext(ctx, "caughtup/kgo: committing offsets failed; uncommitted records will be delivered again",
+				slog.String("group", c.cfg.GroupID), slog.Any("error", err))
+			return
+		}
+		failed := map[partKey]error{}
+		for _, t := range resp.Topics {
+			for _, pr := range t.Partitions {
+				if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
+					failed[partKey{t.Topic, pr.Partition}] = err
+				}
+			}
+		}
+		for _, p := range sent {
+			if err, bad := failed[p.key]; bad {
+				c.log.InfoContext(ctx, "caughtup/kgo: committing a partition's offset failed; uncommitted records will be delivered again",
+					slog.String("group", c.cfg.GroupID), slog.String("topic", p.key.topic),
+					slog.Int("partition", int(p.key.id)), slog.Any("error", err))
+				continue
+			}
+			p.markCommitted(offsets[p.key.topic][p.key.id].Offset)
+		}
+	})
+}

@@ -1,0 +1,91 @@
+// Package caughtupkgo is caughtup's adapter for franz-go (package kgo): a
+// Producer and Stamp that stamp each record with the position its producer
+// committed, and a Consumer that reads a topic in a consumer group, routes
+// every record with a consume.Router and hands the handler the pool it
+// may read. It is built on franz-go v1.22 or later.
+//
+//	import (
+//		"github.com/twmb/franz-go/pkg/kgo"
+//		"github.com/caughtup/caughtup/kgo/caughtupkgo"
+//	)
+//
+//	// Producer: commit, then produce with the context the commit returned.
+//	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+//	p := caughtupkgo.NewProducer(cl)
+//	ctx, err := enqueue.InTx(ctx, pool, insertUser)
+//	err = p.ProduceSync(ctx, &kgo.Record{Topic: "user-events", Key: userID, Value: event}).FirstErr()
+//
+//	// Consumer: one router per process, one Consumer per topic.
+//	c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
+//		ClientOpts: []kgo.Opt{kgo.SeedBrokers(brokers...)},
+//		GroupID:    "mailer", Topic: "user-events",
+//		Router:     router, Policy: consume.Delayed,
+//	}, func(ctx context.Context, r *kgo.Record) error {
+//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT ...") // a replica that has the write
+//		...
+//	})
+//	err = c.Run(ctx) // until ctx ends
+//
+// # Producing
+//
+// Producer.Produce and Producer.ProduceSync (or Stamp, for code that
+// produces through its own client) put the context's token
+// (enqueue.TokenFrom) in the header position.HeaderName, merged with any
+// token headers the record has by position.MergeHeader: one that does not
+// decode stays, so consumers read the record from the primary (unknown
+// stays unknown). A record that cannot be stamped is not produced.
+// franz-go's defaults (key partitioning, acks from all in-sync replicas,
+// idempotence) are what tokens need.
+//
+// # Routing
+//
+// The Consumer reads each record's token once (TokenOf: every token
+// header, merged) and routes it (consume.Tally.Route, one decision per
+// attempt) before the handler runs. A record without a token, or with one
+// that does not decode, reads the primary and is counted
+// (caughtup.consume.decisions outcome primary_no_token, reason no_token or
+// malformed_token, and caughtup.consume.tokens.missing), with a warning
+// rate-limited per topic; it is never dropped.
+//
+// # Consuming
+//
+// One poll loop (kgo.Client.PollRecords) hands polled records to one
+// queue per assigned partition, and one worker per partition processes
+// its queue in offset order. The poll loop never waits for a worker: a
+// partition whose head record waits for a replica, or whose queue is full,
+// has its fetches paused (kgo.Client.PauseFetchPartitions) until it can
+// go on, and the other partitions keep flowing. Records already polled
+// for a paused partition stay queued behind the head, in order; franz-go
+// drops what it buffered for a paused partition without moving its
+// cursor, and fetches it again on resume.
+//
+// Offsets are committed (every CommitInterval, and on every revocation
+// and at the end of Run) only up to the last record done in order, with
+// kgo.DisableAutoCommit. The client blocks rebalances while a poll's
+// records are handed out (kgo.BlockRebalanceOnPoll), and on a revocation
+// the revoked partitions' workers are stopped, what they finished is
+// committed and their queues are dropped before franz-go hands them on;
+// a loss drops them without committing. So a record is delivered again
+// after a crash or a rebalance, never skipped (at-least-once: handlers
+// must be idempotent, and tolerate a row that is not found after a write
+// lost in a crash or failover).
+//
+// Mode says how a record no replica can serve yet is deferred: InPlace
+// holds it at the head of its partition (order kept), RetryTopic produces
+// it to a retry topic with its token and a due time (HeaderDue) and moves
+// on (order per key lost). Handler errors are retried up to MaxAttempts,
+// then the record goes to the dead-letter topic or hook; deferrals never
+// count as attempts (Attempt). The retry and dead-letter headers are
+// caughtupkafka's: one adapter reads what the other wrote.
+//
+// # Metrics
+//
+// caughtup.kafka.messages ({message}) counts what happened to records by
+// topic (messaging.destination.name) and caughtup.kafka.result (handled,
+// waited, deferred, retried, dead_lettered, dropped, woken): the
+// instrument of caughtupkafka, under this package's ScopeName, on the
+// MeterProvider in ConsumerConfig (default the global one). Each worker
+// counts in bulk and the counts reach the instruments at every commit, so
+// they trail the records by up to CommitInterval. Routing decisions are
+// counted by the router.
+package caughtupkgo
