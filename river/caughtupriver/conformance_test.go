@@ -108,7 +108,9 @@ func (w *confWorker) Work(ctx context.Context, job *river.Job[confArgs]) error {
 // depend on whether one happened. Snoozes do not go through it.
 type soonRetry struct{}
 
-func (soonRetry) NextRetry(*rivertype.JobRow) time.Time { return time.Now().Add(200 * time.Millisecond) }
+func (soonRetry) NextRetry(*rivertype.JobRow) time.Time {
+	return time.Now().Add(200 * time.Millisecond)
+}
 
 func (d *driver) Consume(ctx context.Context, router *consume.Router, policy consume.Policy, handle conformance.Handler) (func() error, error) {
 	primary := router.Config().Databases["main"].Primary
