@@ -66,6 +66,11 @@ type Consumer struct {
 	parts map[partKey]*partition
 }
 
+// stopTimeout bounds the commit of a revocation and the end of Run (the
+// last commit, leaving the group): a broker that cannot be reached costs
+// redeliveries, not a stuck rebalance or shutdown.
+const stopTimeout = 10 * time.Second
+
 type partKey struct {
 	topic string
 	id    int32
@@ -154,8 +159,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// finding nothing new).
 	<-committerDone
 	c.stopAll()
-	c.commit(context.WithoutCancel(ctx), cl, c.snapshot())
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer scancel()
+	c.commit(sctx, cl, c.snapshot())
 	cl.AllowRebalance()
+	// Leaving waits for the final revocation; bounded, so that a broker
+	// that cannot be reached does not hold Run forever.
+	if err := cl.LeaveGroupContext(sctx); err != nil {
+		c.log.InfoContext(ctx, "caughtup/kgo: leaving the group failed; the coordinator expires this member after its session timeout",
+			slog.String("group", c.cfg.GroupID), slog.Any("error", err))
+	}
 	cl.Close()
 	c.mu.Lock()
 	left := c.parts
@@ -243,7 +256,9 @@ func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[str
 // meanwhile, so nothing of these partitions reaches a queue afterwards.
 func (c *Consumer) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	parts := c.detach(revoked)
-	c.commit(context.WithoutCancel(ctx), cl, parts)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	c.commit(cctx, cl, parts)
+	cancel()
 	c.forget(ctx, cl, parts)
 	if c.cfg.OnRevoked != nil {
 		c.cfg.OnRevoked(ctx, cl, revoked)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kgo/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/fault"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -155,39 +157,44 @@ func mustEncode(t testing.TB, ctx context.Context) string {
 	return string(r.Headers[0].Value)
 }
 
-// TestRebalanceLosesNothing: records produced while replay pauses at
-// random are consumed by one member, then two (a rebalance), then the
-// second alone (another): every record runs, none stale, per-key order
-// kept across the handovers.
-func TestRebalanceLosesNothing(t *testing.T) {
-	e := setupDB(t, fastRouter)
-	topic := newTopics(t, 4, "")[0]
-	prod := caughtupkgo.NewProducer(newClient(t, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0)))
-	const n, keys = 1500, 16
+// member counts the records one consumer of a group ran.
+type member struct {
+	runs atomic.Int64
+}
 
-	pctx, stopPauses := context.WithCancel(context.Background())
-	var pauses sync.WaitGroup
-	pauses.Go(func() { pauseRandomly(pctx, t, e.c.Replicas(), 800*time.Millisecond) })
-	defer func() {
-		stopPauses()
-		pauses.Wait()
-	}()
+func (m *member) handler(l *ledger) caughtupkgo.Handler {
+	return func(ctx context.Context, r *kgo.Record) error {
+		err := l.handle(ctx, r)
+		if err == nil {
+			m.runs.Add(1)
+		}
+		return err
+	}
+}
 
-	l := newLedger()
-	group := newGroup(t)
-	cfg := caughtupkgo.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
-		ClientOpts: []kgo.Opt{kgo.SeedBrokers(brokers(t)...), kgo.SessionTimeout(2 * time.Second), kgo.RebalanceTimeout(5 * time.Second)}}
-	a := startConsumer(t, cfg, l.handle)
+// keyedProducer writes records from..to (ids) of keys keys, each after its
+// row's commit, per-key sequence numbers in order (one goroutine per key).
+type keyedProducer struct {
+	e    *env
+	p    *caughtupkgo.Producer
+	keys int
+}
 
-	errs := make(chan error, keys)
-	var prodWG sync.WaitGroup
-	for k := range keys {
-		prodWG.Go(func() {
+func (kp *keyedProducer) produce(t testing.TB, from, to int) {
+	t.Helper()
+	errs := make(chan error, kp.keys)
+	var wg sync.WaitGroup
+	for k := range kp.keys {
+		wg.Go(func() {
 			key := fmt.Sprintf("k%d", k)
-			for i, seq := k+1, 0; i <= n; i, seq = i+keys, seq+1 {
-				wctx, err := e.insert(context.Background(), int64(i), key, seq)
+			for i := from; i <= to; i++ {
+				if (i-1)%kp.keys != k {
+					continue
+				}
+				seq := (i - 1) / kp.keys
+				wctx, err := kp.e.insert(context.Background(), int64(i), key, seq)
 				if err == nil {
-					err = prod.ProduceSync(wctx, &kgo.Record{Key: []byte(key), Value: payload(int64(i), key, seq)}).FirstErr()
+					err = kp.p.ProduceSync(wctx, &kgo.Record{Key: []byte(key), Value: payload(int64(i), key, seq)}).FirstErr()
 				}
 				if err != nil {
 					errs <- fmt.Errorf("record %d: %w", i, err)
@@ -196,23 +203,110 @@ func TestRebalanceLosesNothing(t *testing.T) {
 			}
 		})
 	}
-
-	l.waitDistinct(t, n/4, 120*time.Second)
-	b := startConsumer(t, cfg, l.handle)
-	l.waitDistinct(t, n/2, 120*time.Second)
-	require.NoError(t, a.stop())
-	prodWG.Wait()
+	wg.Wait()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	l.waitDistinct(t, n, 180*time.Second)
-	require.NoError(t, b.stop())
+}
+
+// rebalanceSetup is a topic of 4 partitions, a group config for it, a
+// producer and random replay pauses until the test ends.
+func rebalanceSetup(t *testing.T) (*env, caughtupkgo.ConsumerConfig, *keyedProducer, *ledger) {
+	e := setupDB(t, fastRouter)
+	topic := newTopics(t, 4, "")[0]
+	kp := &keyedProducer{e: e, p: caughtupkgo.NewProducer(newClient(t, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0))), keys: 16}
+	pctx, stopPauses := context.WithCancel(context.Background())
+	var pauses sync.WaitGroup
+	pauses.Go(func() { pauseRandomly(pctx, t, e.c.Replicas(), 800*time.Millisecond) })
+	t.Cleanup(func() {
+		stopPauses()
+		pauses.Wait()
+	})
+	cfg := caughtupkgo.ConsumerConfig{Topic: topic, GroupID: newGroup(t), Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp}
+	return e, cfg, kp, newLedger()
+}
+
+// withSession gives the group a short session and rebalance timeout, so
+// that a vanished member's partitions move on within seconds (the test
+// binary's broker allows 1s, see TestMain).
+func withSession(cfg caughtupkgo.ConsumerConfig, t testing.TB, extra ...kgo.Opt) caughtupkgo.ConsumerConfig {
+	cfg.ClientOpts = append([]kgo.Opt{kgo.SeedBrokers(brokers(t)...),
+		kgo.SessionTimeout(2 * time.Second), kgo.RebalanceTimeout(5 * time.Second)}, extra...)
+	return cfg
+}
+
+func checkLedger(t *testing.T, l *ledger, n int) {
+	t.Helper()
 	stale, lost, violations, dups := l.summary(n)
 	t.Logf("records=%d stale=%d lost=%d order_violations=%d duplicate_runs=%d outcomes=%v", n, stale, lost, violations, dups, l.outcomes)
 	require.Zero(t, stale, "stale: %v", l.stale)
 	require.Zero(t, lost)
 	require.Zero(t, violations, "violations: %v", l.violations)
+}
+
+// TestRebalanceLosesNothing: records produced while replay pauses at
+// random are consumed by one member, then two (a rebalance: some of the
+// first's partitions are revoked, mid-queue or mid-wait), then the second
+// alone after the first leaves (another): every record runs, none stale,
+// per-key order kept across the handovers.
+func TestRebalanceLosesNothing(t *testing.T) {
+	_, cfg, kp, l := rebalanceSetup(t)
+	cfg = withSession(cfg, t)
+	var ma, mb member
+	a := startConsumer(t, cfg, ma.handler(l))
+	n := 600
+	kp.produce(t, 1, n)
+	l.waitDistinct(t, n, 120*time.Second)
+
+	b := startConsumer(t, cfg, mb.handler(l))
+	n = produceUntil(t, kp, n, func() bool { return mb.runs.Load() > 0 })
+	require.NoError(t, a.stop())
+	kp.produce(t, n+1, n+600)
+	n += 600
+	l.waitDistinct(t, n, 120*time.Second)
+	require.NoError(t, b.stop())
+	require.Positive(t, ma.runs.Load())
+	checkLedger(t, l, n)
+}
+
+// produceUntil produces batches of records after id last until done
+// reports true (a minute at most) and returns the last id produced.
+func produceUntil(t *testing.T, kp *keyedProducer, last int, done func() bool) int {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !done() {
+		require.True(t, time.Now().Before(deadline), "the second member ran nothing within a minute")
+		kp.produce(t, last+1, last+200)
+		last += 200
+		time.Sleep(50 * time.Millisecond)
+	}
+	return last
+}
+
+// TestKilledMemberLosesNothing: a member that vanishes (every connection
+// cut, none possible) commits nothing more; once the coordinator expires
+// it the other member gets its partitions from the last commit and runs
+// what the dead one had not committed: nothing lost, none stale.
+func TestKilledMemberLosesNothing(t *testing.T) {
+	_, cfg, kp, l := rebalanceSetup(t)
+	dialer := fault.NewDialer(nil)
+	var ma, mb member
+	a := startConsumer(t, withSession(cfg, t, kgo.Dialer(dialer.DialContext)), ma.handler(l))
+	n := 600
+	kp.produce(t, 1, n)
+	l.waitDistinct(t, n/2, 120*time.Second)
+
+	b := startConsumer(t, withSession(cfg, t), mb.handler(l))
+	n = produceUntil(t, kp, n, func() bool { return mb.runs.Load() > 0 })
+	dialer.Refuse(true)
+	dialer.Cut()
+	kp.produce(t, n+1, n+600)
+	n += 600
+	l.waitDistinct(t, n, 180*time.Second)
+	require.NoError(t, b.stop())
+	require.NoError(t, a.stop())
+	checkLedger(t, l, n)
 }
 
 // pauseRandomly pauses replay on one or both replicas for random spells of
