@@ -8,6 +8,7 @@ import (
 
 	"github.com/caughtup/caughtup/replay"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 )
 
@@ -90,6 +91,12 @@ type Config struct {
 	// MeterProvider records the metrics.
 	// Default: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
+	// TracerProvider makes the routing spans: caughtup.route around each
+	// Route, with the decision as attributes, and its child caughtup.wait
+	// while the job waits inside Route for a replica or the fallback cap
+	// (see trace.go).
+	// Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 	// Logger logs each decision at Debug and degraded or unknown state at
 	// Warn.
 	// Default: slog.Default().
@@ -113,7 +120,7 @@ const (
 )
 
 // WithDefaults returns c with every zero field set to its default. It does
-// not fill MeterProvider and Logger with globals; NewRouter does, when it
+// not fill MeterProvider, TracerProvider and Logger with globals; NewRouter does, when it
 // starts.
 func (c Config) WithDefaults() Config {
 	if c.DefaultPolicy == PolicyDefault {

@@ -25,7 +25,7 @@ const (
 	attrReason   = "caughtup.reason"
 	attrDatabase = "caughtup.database"
 	attrReplica  = "caughtup.replica"
-	attrSource   = "caughtup.source" // logs only: Job.Source
+	attrSource   = "caughtup.source" // logs and spans only: Job.Source
 	attrBudget   = "caughtup.budget"
 	attrResult   = "caughtup.result"
 )

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
@@ -26,6 +27,7 @@ type Router struct {
 	tr     positions
 	gate   *fallbackGate // the per-process cap and the fleet budget (budget.go)
 	met    *metrics
+	tracer trace.Tracer
 	log    *slog.Logger
 	spread spreadCounter
 	pools  map[string]*replay.Database
@@ -78,6 +80,9 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
 	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -121,6 +126,7 @@ func newRouter(cfg Config) (*Router, error) {
 	r := &Router{
 		cfg:    cfg,
 		log:    cfg.Logger,
+		tracer: newTracer(cfg.TracerProvider),
 		pools:  pools,
 		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
 	}
@@ -242,7 +248,18 @@ func (r *Router) Route(ctx context.Context, job Job) (context.Context, Decision,
 // route decides, waits, verifies (with job.Verify), applies the cap,
 // holds (job.Hold) and records the job (in t, when routed through a
 // Tally).
-func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context, Decision, error) {
+func (r *Router) route(ctx context.Context, job *Job, t *Tally) (hctx context.Context, d Decision, err error) {
+	// The span's context is for the waits and the cap's Redis calls, whose
+	// spans are its children; the handler's context derives from ctx, so
+	// the handler's spans are the route span's siblings, not children of a
+	// span that has ended.
+	sctx, span := r.tracer.Start(ctx, SpanRoute)
+	hctx, d, err = r.routeIn(ctx, sctx, job, t)
+	endRoute(span, job, &d, err)
+	return hctx, d, err
+}
+
+func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally) (context.Context, Decision, error) {
 	tok, tokErr, verify := job.Token, job.TokenErr, job.Verify
 	if tokErr != nil {
 		tok = position.Token{}
@@ -273,20 +290,23 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context
 	var verifyErr error
 	if verify != nil {
 		var err error
-		if *d, waited, verifyErr, err = r.verified(ctx, &in, *d, verify); err != nil {
+		if *d, waited, verifyErr, err = r.verified(sctx, &in, *d, verify); err != nil {
 			return ctx, *d, err
 		}
 	}
 	if d.Action == ActionWait {
 		waited = true
 		var err error
-		if *d, err = r.wait(ctx, &in, *d); err != nil {
-			r.log.DebugContext(ctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
+		ws := r.startWait(sctx, waitForReplica)
+		*d, err = r.wait(sctx, &in, *d)
+		endWait(ws, d, err)
+		if err != nil {
+			r.log.DebugContext(sctx, "caughtup: wait for a replica abandoned", slog.Any("error", err),
 				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
 			return ctx, *d, err
 		}
 	}
-	if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, d) {
+	if d.Action == ActionRun && d.Fallback && !r.gate.allow(sctx, d) {
 		in.Capped = true
 		w := d.Waited
 		decide(&in, d)
@@ -295,8 +315,11 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context
 	if d.Action == ActionRefuse && job.Hold {
 		waited = true
 		var err error
-		if *d, err = r.hold(ctx, &in, *d); err != nil {
-			r.log.DebugContext(ctx, "caughtup: hold for a replica or the fallback cap abandoned", slog.Any("error", err),
+		ws := r.startWait(sctx, waitForCap)
+		*d, err = r.hold(sctx, &in, *d)
+		endWait(ws, d, err)
+		if err != nil {
+			r.log.DebugContext(sctx, "caughtup: hold for a replica or the fallback cap abandoned", slog.Any("error", err),
 				slog.String(attrPolicy, d.Policy.String()), slog.Duration("waited", d.Waited))
 			return ctx, *d, err
 		}
@@ -305,7 +328,7 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (context.Context
 		tokErr = verifyErr // for the warning
 	}
 	r.met.recordTo(ctx, d, waited, t)
-	r.logDecision(ctx, d, tokErr, job.Source)
+	r.logDecision(sctx, d, tokErr, job.Source)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:
 		return ctx, *d, &DeferError{Delay: d.Delay, Decision: *d}

@@ -1,0 +1,179 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
+)
+
+// tracedRouter is unitRouter with spans recorded in memory.
+func tracedRouter(t *testing.T, s func(*Config)) (*Router, *tracetest.InMemoryExporter, trace.Tracer) {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/9000"))), func(c *Config) {
+		c.TracerProvider = tp
+		c.Now = func() time.Time { return t0 }
+		if s != nil {
+			s(c)
+		}
+	})
+	return r, exp, tp.Tracer("test")
+}
+
+// spansNamed returns the ended spans called name.
+func spansNamed(exp *tracetest.InMemoryExporter, name string) []tracetest.SpanStub {
+	var out []tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.Name == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrs(s tracetest.SpanStub) map[string]attribute.Value {
+	m := map[string]attribute.Value{}
+	for _, kv := range s.Attributes {
+		m[string(kv.Key)] = kv.Value
+	}
+	return m
+}
+
+// TestRouteSpan: Route makes one caughtup.route span, a child of the
+// caller's span, with the decision as attributes; the handler's context
+// keeps the caller's span, not the ended route span.
+func TestRouteSpan(t *testing.T) {
+	t.Parallel()
+	r, exp, tracer := tracedRouter(t, nil)
+	parent, ps := tracer.Start(context.Background(), "job")
+	hctx, d, err := r.Route(parent, Job{Token: tok(time.Second, ent("main", 1, "0/100")), Policy: Sticky, Source: "asynq email:send"})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeReplica, d.Outcome)
+	require.Equal(t, ps.SpanContext(), trace.SpanContextFromContext(hctx), "the handler's spans are the caller's children")
+	ps.End()
+
+	routes := spansNamed(exp, SpanRoute)
+	require.Len(t, routes, 1)
+	s := routes[0]
+	require.Equal(t, ps.SpanContext().SpanID(), s.Parent.SpanID())
+	require.Equal(t, ps.SpanContext().TraceID(), s.SpanContext.TraceID())
+	a := attrs(s)
+	require.Equal(t, "sticky", a["caughtup.policy"].AsString())
+	require.Equal(t, "run", a["caughtup.action"].AsString())
+	require.Equal(t, "replica", a["caughtup.outcome"].AsString())
+	require.Equal(t, "none", a["caughtup.reason"].AsString())
+	require.Equal(t, "main", a["caughtup.database"].AsString())
+	require.Equal(t, "r1", a["caughtup.replica"].AsString())
+	require.False(t, a["caughtup.fallback"].AsBool())
+	require.InDelta(t, 1.0, a["caughtup.token.age"].AsFloat64(), 1e-9)
+	require.Equal(t, "asynq email:send", a["caughtup.source"].AsString())
+	require.Equal(t, codes.Unset, s.Status.Code)
+	require.Empty(t, spansNamed(exp, SpanWait), "no wait")
+}
+
+// TestRouteSpanUnknownState: what the unknown state paths decided is on
+// the span: no token and a malformed token read the primary, a token no
+// replica serves is deferred, and a deferral is not an error.
+func TestRouteSpanUnknownState(t *testing.T) {
+	t.Parallel()
+	r, exp, _ := tracedRouter(t, func(c *Config) { c.WaitBudget = -1 })
+	ctx := context.Background()
+
+	_, _, err := r.Route(ctx, Job{Policy: Delayed})
+	require.NoError(t, err)
+	_, _, err = r.Route(ctx, Job{TokenErr: errors.New("bad base64"), Policy: Delayed, Source: "kafka orders"})
+	require.NoError(t, err)
+	_, d, err := r.Route(ctx, Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
+	var de *DeferError
+	require.ErrorAs(t, err, &de)
+	require.Equal(t, ActionDefer, d.Action)
+
+	routes := spansNamed(exp, SpanRoute)
+	require.Len(t, routes, 3)
+	noTok, bad, behind := attrs(routes[0]), attrs(routes[1]), attrs(routes[2])
+	require.Equal(t, "primary_no_token", noTok["caughtup.outcome"].AsString())
+	require.Equal(t, "no_token", noTok["caughtup.reason"].AsString())
+	require.Equal(t, "malformed_token", bad["caughtup.reason"].AsString())
+	require.Equal(t, "kafka orders", bad["caughtup.source"].AsString())
+	require.Equal(t, "defer", behind["caughtup.action"].AsString())
+	require.Equal(t, "replica_behind", behind["caughtup.reason"].AsString())
+	require.InDelta(t, d.Delay.Seconds(), behind["caughtup.defer.delay"].AsFloat64(), 1e-9)
+	for _, s := range routes {
+		require.Equal(t, codes.Unset, s.Status.Code, "a decision is not a failure")
+	}
+}
+
+// TestWaitSpan: a job that waits inside Route gets a caughtup.wait child
+// of its route span; a wait its context abandons marks both as errors.
+func TestWaitSpan(t *testing.T) {
+	t.Parallel()
+	r, exp, _ := tracedRouter(t, func(c *Config) { c.WaitBudget = 30 * time.Millisecond })
+	_, d, err := r.Route(context.Background(), Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
+	require.Error(t, err)
+	require.Equal(t, ActionDefer, d.Action, "the budget ran out")
+	waits, routes := spansNamed(exp, SpanWait), spansNamed(exp, SpanRoute)
+	require.Len(t, waits, 1)
+	require.Len(t, routes, 1)
+	require.Equal(t, routes[0].SpanContext.SpanID(), waits[0].Parent.SpanID())
+	require.Equal(t, "replica", attrs(waits[0])["caughtup.wait.for"].AsString())
+	require.Equal(t, "defer", attrs(waits[0])["caughtup.action"].AsString())
+
+	exp.Reset()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(5*time.Millisecond, cancel)
+	_, _, err = r.Route(ctx, Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
+	require.ErrorIs(t, err, context.Canceled)
+	waits, routes = spansNamed(exp, SpanWait), spansNamed(exp, SpanRoute)
+	require.Len(t, waits, 1)
+	require.Len(t, routes, 1)
+	require.Equal(t, codes.Error, waits[0].Status.Code)
+	require.Equal(t, codes.Error, routes[0].Status.Code)
+}
+
+// TestHoldSpan: a held job's wait for the fallback cap is a caughtup.wait
+// span too.
+func TestHoldSpan(t *testing.T) {
+	t.Parallel()
+	r, exp, _ := tracedRouter(t, func(c *Config) {
+		c.PrimaryRate, c.PrimaryBurst = rate.Every(50*time.Millisecond), 1
+		c.WaitBudget = -1
+	})
+	behind := tok(time.Second, ent("main", 1, "0/8000000"))
+	_, _, err := r.Route(context.Background(), Job{Token: behind, Policy: Sticky}) // the burst
+	require.NoError(t, err)
+	_, d, err := r.Route(context.Background(), Job{Token: behind, Policy: Sticky, NoDefer: true, Hold: true})
+	require.NoError(t, err)
+	require.True(t, d.Held)
+	waits := spansNamed(exp, SpanWait)
+	require.Len(t, waits, 1)
+	require.Equal(t, "replica_or_fallback_cap", attrs(waits[0])["caughtup.wait.for"].AsString())
+	routes := spansNamed(exp, SpanRoute)
+	require.True(t, attrs(routes[1])["caughtup.held"].AsBool())
+	require.True(t, attrs(routes[1])["caughtup.fallback"].AsBool())
+}
+
+// TestTraceAttributesSeveralDatabases: a job of two databases names both,
+// and the replica each read, in slices.
+func TestTraceAttributesSeveralDatabases(t *testing.T) {
+	t.Parallel()
+	d := Decision{Databases: []DatabaseDecision{{Database: "a", Replica: "r1"}, {Database: "b"}}}
+	m := map[string]attribute.Value{}
+	for _, kv := range TraceAttributes(&d) {
+		m[string(kv.Key)] = kv.Value
+	}
+	require.Equal(t, []string{"a", "b"}, m["caughtup.databases"].AsStringSlice())
+	require.Equal(t, []string{"r1", ""}, m["caughtup.replicas"].AsStringSlice())
+	_, single := m["caughtup.database"]
+	require.False(t, single)
+}
