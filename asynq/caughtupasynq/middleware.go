@@ -16,10 +16,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -94,14 +97,30 @@ type MiddlewareConfig struct {
 	// As the OpenTelemetry contrib instrumentations do.
 	MeterProvider metric.MeterProvider
 
+	// TracerProvider makes the caughtup.defer span of each deferral and the
+	// caughtup.wake span of each batch of woken tasks, linked to their
+	// deferrals'. The routing spans are the router's
+	// (consume.Config.TracerProvider).
+	// Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+
+	// Propagators read the producer's trace context from the task's
+	// headers, where NewTask wrote it, so that the task's spans (the
+	// router's, the handler's) continue the trace of the request that
+	// enqueued it. A context that already has a span (the application's
+	// own instrumentation of its handlers) keeps it as their parent.
+	// Default: otel.GetTextMapPropagator(), which propagates nothing until
+	// the application sets one (otel.SetTextMapPropagator).
+	Propagators propagation.TextMapPropagator
+
 	// Logger reports, sampled, overrides that put load on the primary, and
 	// missing server hooks as errors.
 	// Default: slog.Default().
 	Logger *slog.Logger
 }
 
-// WithDefaults returns c with the globals in place of nil MeterProvider
-// and Logger, and DefaultWakeCapacity for a zero WakeCapacity. Middleware
+// WithDefaults returns c with the globals in place of nil MeterProvider,
+// TracerProvider, Propagators and Logger, and DefaultWakeCapacity for a zero WakeCapacity. Middleware
 // and NewServer call it.
 func (c MiddlewareConfig) WithDefaults() MiddlewareConfig {
 	if c.WakeCapacity == 0 {
@@ -109,6 +128,12 @@ func (c MiddlewareConfig) WithDefaults() MiddlewareConfig {
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagators == nil {
+		c.Propagators = otel.GetTextMapPropagator()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -235,6 +260,8 @@ type middleware struct {
 	primaries []primary
 	inspector *asynq.Inspector
 	met       *metrics
+	tracer    trace.Tracer
+	prop      propagation.TextMapPropagator
 	log       *slog.Logger
 	// hooks judges, for tasks it deferred, whether ServerConfig's hooks
 	// saw the deferral; nil under NewServer, which installs them itself.
@@ -270,6 +297,8 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 		router:       router,
 		policies:     newPolicies(cfg.Policies, cfg.DefaultPolicy),
 		inspector:    cfg.Inspector,
+		tracer:       cfg.TracerProvider.Tracer(TracerName),
+		prop:         cfg.Propagators,
 		log:          cfg.Logger,
 		deferMax:     rc.DeferMax,
 		warnDedup:    sometimes(),
@@ -289,7 +318,7 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 		m.hooks = newHookWatch(m.met, m.log)
 	}
 	if cfg.Inspector != nil && cfg.WakeCapacity > 0 {
-		if m.waker, err = newWaker(router, cfg.Inspector, cfg.WakeCapacity, cfg.MeterProvider, m.log); err != nil {
+		if m.waker, err = newWaker(router, cfg.Inspector, cfg.WakeCapacity, cfg.MeterProvider, m.tracer, m.log); err != nil {
 			return nil, err
 		}
 		// asynq builds its clients on go-redis v9, the module caughtup uses;
@@ -384,6 +413,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		m.waker.forget(ctx)
 	}
 	h := task.Headers()
+	ctx = tracing.Continue(ctx, m.prop, propagation.MapCarrier(h))
 	tok, decErr := position.DecodeHeaders(h[position.HeaderName])
 	job := consume.Job{Token: tok, TokenErr: decErr, Policy: m.policies.lookup(task.Type())}
 	if decErr != nil {
@@ -431,16 +461,25 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		// retried: a failed attempt, which asynq retries.
 		return err
 	}
-	return m.deferred(ctx, de, job.Token)
+	return m.deferred(ctx, task, de, job.Token)
 }
 
 // deferred returns the deferral of a task, marked so that ServerConfig's
 // hooks can confirm they saw it, and remembers it to judge when the task
 // comes back and to wake it once a replica has replayed tok.
-func (m *middleware) deferred(ctx context.Context, de *consume.DeferError, tok position.Token) error {
-	if m.waker != nil {
-		m.waker.remember(ctx, tok, de.Delay)
+func (m *middleware) deferred(ctx context.Context, task *asynq.Task, de *consume.DeferError, tok position.Token) error {
+	// The span is the moment of the deferral (asynq schedules the retry
+	// once the handler returns); the wake span links back to it, and the
+	// task's next attempt continues the same trace from its headers.
+	_, span := m.tracer.Start(ctx, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
+		span.SetAttributes(taskAttributes(ctx, task)...)
 	}
+	if m.waker != nil {
+		m.waker.remember(ctx, tok, de.Delay, span.SpanContext())
+	}
+	span.End()
 	if m.hooks == nil {
 		return de
 	}

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel"
 
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/internal/weakkey"
 	"github.com/caughtup/caughtup/position"
 )
@@ -92,6 +94,12 @@ func NewTask(ctx context.Context, typename string, payload []byte, opts ...asynq
 // token, as NewTask: the token ctx carries is merged into the
 // position.HeaderName header of headers (position.MergeHeader: a value
 // that does not decode stays as it is). headers is copied, not kept.
+//
+// The trace context of ctx goes into the headers too, through the global
+// propagators (otel.SetTextMapPropagator; the default propagates
+// nothing), so that the task's spans on the worker continue the trace of
+// the request that enqueued it (MiddlewareConfig.Propagators). Headers
+// the caller set, a traceparent of its own among them, are kept.
 func NewTaskWithHeaders(ctx context.Context, typename string, payload []byte, headers map[string]string, opts ...asynq.Option) *asynq.Task {
 	opts = slices.Clip(opts)
 	tok, _ := enqueue.TokenFrom(ctx)
@@ -101,8 +109,10 @@ func NewTaskWithHeaders(ctx context.Context, typename string, payload []byte, he
 		text = old
 	}
 	dedup := dedupOption(opts) && headers[HeaderDedup] == ""
-	if text != old || dedup {
-		h := make(map[string]string, len(headers)+2)
+	traceFields := newFields(headers, tracing.Fields(ctx, otel.GetTextMapPropagator()))
+	if text != old || dedup || len(traceFields) > 0 {
+		h := make(map[string]string, len(headers)+2+len(traceFields))
+		maps.Copy(h, traceFields)
 		maps.Copy(h, headers)
 		if text != "" {
 			h[position.HeaderName] = text
@@ -280,4 +290,14 @@ func stamp(task *asynq.Task, tok position.Token, enq []asynq.Option, record bool
 		return nil, fmt.Errorf("%w (task type %q)", ErrForeignTask, task.Type())
 	}
 	return rebuild(task, own, e, record), nil
+}
+
+// newFields returns the entries of fields whose keys headers lacks.
+func newFields(headers, fields map[string]string) map[string]string {
+	for k := range fields {
+		if _, ok := headers[k]; ok {
+			delete(fields, k)
+		}
+	}
+	return fields
 }

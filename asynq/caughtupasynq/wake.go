@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
@@ -187,6 +188,7 @@ type waker struct {
 	insp   *asynq.Inspector
 	rdb    redis.UniversalClient // set by moveWith: moves by wakeMoveScript
 	met    *wakeMetrics
+	tracer trace.Tracer
 	log    *slog.Logger
 	warn   *rate.Sometimes
 
@@ -201,7 +203,7 @@ type waker struct {
 	wg      sync.WaitGroup
 }
 
-func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp metric.MeterProvider, log *slog.Logger) (*waker, error) {
+func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp metric.MeterProvider, tracer trace.Tracer, log *slog.Logger) (*waker, error) {
 	met, err := newWakeMetrics(mp)
 	if err != nil {
 		return nil, err
@@ -211,6 +213,7 @@ func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp me
 		rcfg:   router.Config(),
 		insp:   insp,
 		met:    met,
+		tracer: tracer,
 		log:    log,
 		warn:   &rate.Sometimes{First: 1, Interval: time.Minute},
 		set:    newWakeSet(capacity),
@@ -229,8 +232,9 @@ func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp me
 func (w *waker) moveWith(c redis.UniversalClient) { w.rdb = c }
 
 // remember notes that the middleware is deferring the task ctx belongs
-// to, until tok is caught up, for delay.
-func (w *waker) remember(ctx context.Context, tok position.Token, delay time.Duration) {
+// to, until tok is caught up, for delay; deferral is the deferral's span,
+// which the wake's links to when it is being traced.
+func (w *waker) remember(ctx context.Context, tok position.Token, delay time.Duration, deferral trace.SpanContext) {
 	id, ok := asynq.GetTaskID(ctx)
 	if !ok || tok.IsZero() {
 		return // not run by asynq's server, or nothing to wait for
@@ -243,6 +247,9 @@ func (w *waker) remember(ctx context.Context, tok position.Token, delay time.Dur
 		tok:     tok,
 		retried: retried,
 		expires: now.Add(retryDelay(delay, now) + wakeGrace),
+	}
+	if deferral.IsValid() && deferral.IsSampled() {
+		e.deferral = &deferral
 	}
 	w.mu.Lock()
 	if w.closed {
@@ -393,7 +400,10 @@ func (w *waker) attemptAll(due []*wakeEntry) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			w.finish(e, w.attempt(e))
+			_, span := w.startWake(context.Background(), e.key.queue, []*wakeEntry{e})
+			r := w.attempt(e)
+			w.finish(e, r)
+			endWake(span, b2i(r.woken))
 		})
 	}
 }
@@ -421,9 +431,15 @@ func (w *waker) moveAll(due []*wakeEntry) {
 				defer func() { <-sem }()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
+				ctx, span := w.startWake(ctx, queue, batch)
+				woken := 0
 				for i, r := range moveBatch(ctx, w.rdb, queue, batch) {
 					w.finish(batch[i], r)
+					if r.woken {
+						woken++
+					}
 				}
+				endWake(span, woken)
 			})
 		}
 	}
@@ -512,4 +528,30 @@ func (w *waker) finish(e *wakeEntry, r attemptResult) {
 				slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.key.queue), slog.Any("error", r.cause))
 		})
 	}
+}
+
+// startWake starts the caughtup.wake span of one move of es, the due
+// tasks of queue, linked to the spans of their deferrals that were traced.
+func (w *waker) startWake(ctx context.Context, queue string, es []*wakeEntry) (context.Context, trace.Span) {
+	var links []trace.Link
+	for _, e := range es {
+		if e.deferral != nil {
+			links = append(links, trace.Link{SpanContext: *e.deferral})
+		}
+	}
+	return w.tracer.Start(ctx, consume.SpanWake, trace.WithLinks(links...), trace.WithAttributes(
+		systemAsynq, attribute.String(attrDestination, queue), attribute.Int(attrBatchCount, len(es))))
+}
+
+// endWake ends a caughtup.wake span with how many of its tasks it moved.
+func endWake(span trace.Span, woken int) {
+	span.SetAttributes(attribute.Int(attrWoken, woken))
+	span.End()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

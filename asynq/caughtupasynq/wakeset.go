@@ -5,6 +5,8 @@ import (
 	"container/list"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
@@ -40,6 +42,9 @@ type wakeEntry struct {
 	// expires is when the task's deferral delay and a forwarder pass have
 	// surely ended: the entry is of no more use.
 	expires time.Time
+	// deferral is the span context of the deferral's caughtup.defer span,
+	// for the wake span's link; nil when it was not sampled.
+	deferral *trace.SpanContext
 
 	state   entryState
 	group   *wakeGroup // watching, single database

@@ -1,0 +1,37 @@
+package caughtupasynq
+
+import (
+	"context"
+
+	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// TracerName is the instrumentation scope of the asynq adapter's spans
+// (consume.SpanDefer, consume.SpanWake).
+const TracerName = "github.com/caughtup/caughtup/asynq/caughtupasynq"
+
+// Span attributes, after OpenTelemetry's messaging conventions where they
+// have a name for it.
+const (
+	attrMessagingSystem = "messaging.system"
+	attrDestination     = "messaging.destination.name"
+	attrMessageID       = "messaging.message.id"
+	attrBatchCount      = "messaging.batch.message_count"
+	attrTaskType        = "caughtup.asynq.task_type"
+	attrWoken           = "caughtup.asynq.woken"
+)
+
+var systemAsynq = attribute.String(attrMessagingSystem, "asynq")
+
+// taskAttributes names the task being handled in ctx on a span.
+func taskAttributes(ctx context.Context, task *asynq.Task) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{systemAsynq, attribute.String(attrTaskType, task.Type())}
+	if q, ok := asynq.GetQueueName(ctx); ok {
+		attrs = append(attrs, attribute.String(attrDestination, q))
+	}
+	if id, ok := asynq.GetTaskID(ctx); ok {
+		attrs = append(attrs, attribute.String(attrMessageID, id))
+	}
+	return attrs
+}
