@@ -9,6 +9,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/retry"
@@ -225,11 +227,24 @@ type ConsumerConfig struct {
 	// MeterProvider records caughtup.kafka.messages.
 	// Default: otel.GetMeterProvider(), the application's global one.
 	MeterProvider metric.MeterProvider
+	// TracerProvider makes the caughtup.defer span of each deferral: a
+	// wait in place (its end is the wake) or a republication to the retry
+	// topic. The routing spans are the router's
+	// (consume.Config.TracerProvider).
+	// Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagators read the producer's trace context from the message's
+	// headers (HeaderCarrier), where Writer and Stamp wrote it, so that
+	// the message's spans continue the producer's trace. A context that
+	// already has a span keeps it as their parent.
+	// Default: otel.GetTextMapPropagator(), which propagates nothing until
+	// the application sets one (otel.SetTextMapPropagator).
+	Propagators propagation.TextMapPropagator
 }
 
 // WithDefaults returns c with every zero optional field set to its
-// default. Logger and MeterProvider stay nil; NewConsumer fills them with
-// the globals.
+// default. Logger, MeterProvider, TracerProvider and Propagators stay nil;
+// NewConsumer fills them with the globals.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.RetryTopic == "" && c.Topic != "" {
 		c.RetryTopic = c.Topic + ".retry"

@@ -11,6 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/cdc"
 	"github.com/caughtup/caughtup/internal/retry"
@@ -38,6 +40,8 @@ type Consumer struct {
 	handler Handler
 	log     *slog.Logger
 	met     *metrics
+	tracer  trace.Tracer
+	prop    propagation.TextMapPropagator
 
 	// For TokenDebezium: the checker, and the router's clock and
 	// staleness bound, which say whether its primary's epoch is current.
@@ -67,6 +71,14 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	c.tracer = tp.Tracer(TracerName)
+	if c.prop = cfg.Propagators; c.prop == nil {
+		c.prop = otel.GetTextMapPropagator()
 	}
 	var err error
 	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {

@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -28,6 +31,9 @@ const maxErrorHeader = 1024
 // pointer because a kafka-go Message is 150 bytes and the path to the
 // handler is several calls long; the handler gets its own copy.
 func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWriter, ps *partState) bool {
+	// The producer's trace continues here (unless ctx has a span of the
+	// application's own): the routing spans and the handler's join it.
+	ctx = tracing.Continue(ctx, c.prop, HeaderCarrier{&msg.Headers})
 	// The token is read once per message; every attempt routes it again.
 	mt := c.readToken(ctx, msg, ps)
 	if mt.err != nil {
@@ -38,7 +44,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		n, _ := headerInt(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
 		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
-			if !c.untilDue(ctx, *msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
+			if !c.untilDue(ctx, msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
 				return false
 			}
 		}
@@ -60,7 +66,10 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				if !c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, true) {
+				sctx, span := c.startDefer(ctx, msg, de, "retry_topic")
+				ok := c.republish(sctx, w, *msg, time.Now().Add(delay), attempts, true)
+				span.End()
+				if !ok {
 					return false
 				}
 				ps.add(ctx, resultDeferred)
@@ -80,15 +89,18 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			var held bool
+			sctx, span := c.startDefer(ctx, msg, de, "in_place")
+			held, woken := false, false
 			if mt.verify != nil {
 				// The position alone does not say a Verifier will vouch
 				// for the token: waking on it could route again at once,
 				// again and again.
-				held = retry.Sleep(ctx, delay)
+				held = retry.Sleep(sctx, delay)
 			} else {
-				held = c.holdDeferred(ctx, time.Now().Add(delay), mt.tok, mt.err, ps)
+				held, woken = c.holdDeferred(sctx, time.Now().Add(delay), mt.tok, mt.err, ps)
 			}
+			span.SetAttributes(attribute.Bool(attrWoken, woken))
+			span.End()
 			if !held {
 				return false
 			}
@@ -160,38 +172,44 @@ func (c *Consumer) call(ctx context.Context, msg *kafka.Message) (err error) {
 // now+delay), so waiting here for the head costs the messages behind it
 // little; a message behind the head waits for it even when its own token
 // is caught up.
-func (c *Consumer) untilDue(ctx context.Context, msg kafka.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
+func (c *Consumer) untilDue(ctx context.Context, msg *kafka.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
 	if !hasHeader(msg.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
 	// Past its due time the message is routed once and, if still behind,
 	// deferred again with a new due time: no loop, so even a token that a
 	// Verifier vouches for may wake on its position.
-	return c.holdDeferred(ctx, due, tok, tokErr, ps)
+	ctx, span := c.tracer.Start(ctx, consume.SpanWake, trace.WithAttributes(messageAttributes(msg)...))
+	held, woken := c.holdDeferred(ctx, due, tok, tokErr, ps)
+	span.SetAttributes(attribute.Bool(attrWoken, woken))
+	span.End()
+	return held
 }
 
 // holdDeferred holds a message deferred for lag until deadline, or until
 // a replica has replayed tok (consume.Router.WaitCaughtUp: exactly the
 // replicas routing would choose) if that comes first, which counts as
 // resultWoken. A message without a readable token sleeps until deadline:
-// its catch-up cannot be waited for. It returns false if ctx ended first.
-func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) bool {
+// its catch-up cannot be waited for. It returns false if ctx ended first,
+// and whether the catch-up ended the hold.
+func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) (held, woken bool) {
 	if tokErr != nil || tok.IsZero() {
-		return retry.Sleep(ctx, time.Until(deadline))
+		return retry.Sleep(ctx, time.Until(deadline)), false
 	}
 	if !time.Now().Before(deadline) {
-		return ctx.Err() == nil
+		return ctx.Err() == nil, false
 	}
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	err := c.cfg.Router.WaitCaughtUp(dctx, tok)
 	cancel()
 	switch {
 	case ctx.Err() != nil:
-		return false
+		return false, false
 	case err == nil:
 		ps.add(ctx, resultWoken)
+		return true, true
 	}
-	return true
+	return true, false
 }
 
 // republish writes msg to the retry topic, due at due, and waits for the

@@ -3,6 +3,7 @@ package caughtupkafka
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/segmentio/kafka-go"
 
@@ -56,26 +57,39 @@ func (w *Writer) WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
 // Stamped returns copies of msgs carrying the token of ctx (see Stamp);
-// msgs and their header slices are not modified. Without a token in ctx it
-// returns msgs itself. The error names the first message that cannot be
+// msgs and their header slices are not modified. Without a token or a
+// trace context (see Stamp) in ctx it returns msgs itself. The error names the first message that cannot be
 // stamped; then no message is returned.
 func Stamped(ctx context.Context, msgs []kafka.Message) ([]kafka.Message, error) {
 	tok, ok := enqueue.TokenFrom(ctx)
-	if !ok || tok.IsZero() {
+	stamp := ok && !tok.IsZero()
+	tf := producerTrace(ctx)
+	if !stamp && len(tf) == 0 {
 		return msgs, nil
 	}
 	// Most messages carry no token header yet: encode the context's token
 	// once for all of them.
-	alone, err := position.MergeHeader("", tok)
-	if err != nil {
-		return nil, fmt.Errorf("caughtup/kafka: encoding the context's token: %w", err)
+	var alone string
+	if stamp {
+		var err error
+		if alone, err = position.MergeHeader("", tok); err != nil {
+			return nil, fmt.Errorf("caughtup/kafka: encoding the context's token: %w", err)
+		}
 	}
 	out := make([]kafka.Message, len(msgs))
 	for i := range msgs {
 		out[i] = msgs[i]
-		if out[i].Headers, err = stampHeaders(msgs[i].Headers, tok, alone); err != nil {
-			return nil, fmt.Errorf("caughtup/kafka: stamping message %d: %w", i, err)
+		hs := msgs[i].Headers
+		if stamp {
+			var err error
+			if hs, err = stampHeaders(hs, tok, alone); err != nil {
+				return nil, fmt.Errorf("caughtup/kafka: stamping message %d: %w", i, err)
+			}
 		}
+		if th := traceHeaders(hs, tf); len(th) > 0 {
+			hs = append(slices.Clip(hs), th...)
+		}
+		out[i].Headers = hs
 	}
 	return out, nil
 }
@@ -93,16 +107,26 @@ func Stamped(ctx context.Context, msgs []kafka.Message) ([]kafka.Message, error)
 //
 // An error means the merged token cannot be carried (more than
 // position.MaxDatabases databases, an invalid database name); msg is then
-// unchanged. Without a token in ctx msg is unchanged.
+// unchanged. Without either in ctx msg is unchanged.
 //
 // Stamp replaces msg.Headers with a new slice, so a header slice shared
 // with other messages is not modified.
+//
+// Stamp and Writer also write ctx's trace context into headers msg does
+// not have yet, through the global propagators (otel.SetTextMapPropagator;
+// the default propagates nothing), so that the consumer's spans continue
+// the producer's trace (ConsumerConfig.Propagators).
 func Stamp(ctx context.Context, msg *kafka.Message) error {
 	tok, ok := enqueue.TokenFrom(ctx)
-	if !ok {
-		return nil
+	if ok {
+		if err := stampToken(msg, tok); err != nil {
+			return err
+		}
 	}
-	return stampToken(msg, tok)
+	if th := traceHeaders(msg.Headers, producerTrace(ctx)); len(th) > 0 {
+		msg.Headers = append(slices.Clip(msg.Headers), th...)
+	}
+	return nil
 }
 
 // stampToken is Stamp with the token given rather than taken from a

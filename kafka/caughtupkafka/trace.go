@@ -1,0 +1,104 @@
+package caughtupkafka
+
+import (
+	"context"
+
+	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/tracing"
+)
+
+// TracerName is the instrumentation scope of the consumer's spans
+// (consume.SpanDefer).
+const TracerName = "github.com/caughtup/caughtup/kafka/caughtupkafka"
+
+// Span attributes, after OpenTelemetry's messaging conventions.
+const (
+	attrDestination = "messaging.destination.name"
+	attrPartition   = "messaging.destination.partition.id"
+	attrOffset      = "messaging.kafka.offset"
+	attrDeferMode   = "caughtup.kafka.defer"
+	attrWoken       = "caughtup.kafka.woken"
+)
+
+var systemKafka = attribute.String("messaging.system", "kafka")
+
+// HeaderCarrier adapts a message's headers to OpenTelemetry's propagators,
+// the way otel contrib's Kafka instrumentations carry trace context: Get
+// reads the first header of a key, Set replaces every header of the key
+// with one.
+type HeaderCarrier struct{ Headers *[]kafka.Header }
+
+var _ propagation.TextMapCarrier = HeaderCarrier{}
+
+// Get returns the value of the first header named key, or "".
+func (c HeaderCarrier) Get(key string) string {
+	for _, h := range *c.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// Set replaces the headers named key with one of value.
+func (c HeaderCarrier) Set(key, value string) {
+	hs := (*c.Headers)[:0:0]
+	for _, h := range *c.Headers {
+		if h.Key != key {
+			hs = append(hs, h)
+		}
+	}
+	*c.Headers = append(hs, kafka.Header{Key: key, Value: []byte(value)})
+}
+
+// Keys returns the header names.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, len(*c.Headers))
+	for i, h := range *c.Headers {
+		keys[i] = h.Key
+	}
+	return keys
+}
+
+// traceHeaders returns fields (tracing.Fields) as the headers hs lacks.
+func traceHeaders(hs []kafka.Header, fields map[string]string) []kafka.Header {
+	var out []kafka.Header
+	for k, v := range fields {
+		if !hasHeader(hs, k) {
+			out = append(out, kafka.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// producerTrace is the trace context a producer's messages carry: ctx's,
+// through the global propagators (none until the application sets them).
+func producerTrace(ctx context.Context) map[string]string {
+	return tracing.Fields(ctx, otel.GetTextMapPropagator())
+}
+
+// messageAttributes names msg on a span.
+func messageAttributes(msg *kafka.Message) []attribute.KeyValue {
+	return []attribute.KeyValue{systemKafka,
+		attribute.String(attrDestination, msg.Topic),
+		attribute.Int(attrPartition, msg.Partition),
+		attribute.Int64(attrOffset, msg.Offset)}
+}
+
+// startDefer starts the caughtup.defer span of a deferral of msg, in
+// mode ("in_place", "retry_topic").
+func (c *Consumer) startDefer(ctx context.Context, msg *kafka.Message, de *consume.DeferError, mode string) (context.Context, trace.Span) {
+	ctx, span := c.tracer.Start(ctx, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
+		span.SetAttributes(messageAttributes(msg)...)
+		span.SetAttributes(attribute.String(attrDeferMode, mode))
+	}
+	return ctx, span
+}
