@@ -2,6 +2,7 @@ package caughtupriver
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
 
@@ -23,22 +24,25 @@ import (
 // the job's row and everything its transaction wrote.
 //
 // Why sharing is sound: a read covers the jobs that reached token before
-// the read's query was sent. So a job never joins a read already under
-// way (it may have started before this job's fetch returned): it waits for
-// the next one, which starts as soon as the current one ends. Under load,
-// one read serves every job that arrived during the previous read's round
-// trip; an idle worker pays one round trip per job. No clock is compared:
-// the order is the process's own (a mutex), so clock skew between the
-// worker and the database cannot make a read look newer than a fetch.
+// the read's query was sent. So a job joins a read only while that read
+// is open, before its connection is in hand and its query goes out; one
+// that arrives later waits for the next read, which starts as soon as the
+// current one ends. The jobs River starts from one fetched batch arrive
+// together: the first opens a read, and the rest join it while it takes a
+// connection (the read yields once, so that runnable siblings can). Under
+// load, one read serves every job that arrived during the previous read's
+// round trip. No clock is compared: the order is the process's own (a
+// mutex), so clock skew between the worker and the database cannot make
+// a read look newer than a fetch.
 type fetchPositions struct {
 	pool    *pgxpool.Pool
 	capture *enqueue.Capturer
 	timeout time.Duration
 	met     *metrics
 
-	mu      sync.Mutex
-	running bool    // a read is under way
-	next    *flight // the read that jobs arriving now wait for; nil: none yet
+	mu   sync.Mutex
+	open *flight // the read that jobs arriving now join: its query is not sent yet
+	busy bool    // a read is open or under way; at most one is
 }
 
 // flight is one read of the primary's position and the jobs waiting for
@@ -49,24 +53,22 @@ type flight struct {
 	err  error
 }
 
-// token returns the primary's position read by a query that started after
-// token was called. ctx bounds only the wait: the read itself is shared
-// and runs under its own timeout.
+// token returns the primary's position read by a query sent after token
+// was called. ctx bounds only the wait: the read itself is shared and runs
+// under its own timeout.
 func (p *fetchPositions) token(ctx context.Context) (position.Token, error) {
 	p.mu.Lock()
-	if p.next == nil {
-		p.next = &flight{done: make(chan struct{})}
-	}
-	f := p.next
-	lead := !p.running
-	if lead {
-		p.running, p.next = true, nil
+	f, lead := p.open, false
+	if f == nil {
+		f = &flight{done: make(chan struct{})}
+		p.open = f
+		lead = !p.busy
+		p.busy = true
 	}
 	p.mu.Unlock()
 	if lead {
-		// The first job to arrive reads for itself and those who join
-		// before the read starts (none: it starts now), so an idle worker
-		// pays no goroutine.
+		// The job that opens an idle reader's read runs it itself: an
+		// idle worker pays no goroutine.
 		p.run(ctx, f)
 	}
 	select {
@@ -77,31 +79,46 @@ func (p *fetchPositions) token(ctx context.Context) (position.Token, error) {
 	}
 }
 
-// run reads for f, then starts the read that jobs arrived meanwhile wait
-// for, if any.
+// seal closes f to new jobs; it is called before f's query is sent.
+func (p *fetchPositions) seal(f *flight) {
+	p.mu.Lock()
+	if p.open == f {
+		p.open = nil
+	}
+	p.mu.Unlock()
+}
+
+// run reads for f, then starts the read that jobs opened meanwhile, if
+// any.
 func (p *fetchPositions) run(ctx context.Context, f *flight) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
-	f.tok, f.err = p.read(rctx)
+	f.tok, f.err = p.read(rctx, f)
 	cancel()
 	p.met.read(ctx, f.err)
-	close(f.done)
 	p.mu.Lock()
-	nf := p.next
-	p.next = nil
-	p.running = nf != nil
+	if p.open == f { // the read failed before its query
+		p.open = nil
+	}
+	nf := p.open
+	p.busy = nf != nil
 	p.mu.Unlock()
+	close(f.done)
 	if nf != nil {
-		// Every job waiting for nf arrived before this point, after f's
-		// query was sent; nf's query is sent after all of them arrived.
+		// Jobs that arrived after f was sealed; nf stays open to more
+		// until its own query goes out.
 		go p.run(context.WithoutCancel(ctx), nf)
 	}
 }
 
-func (p *fetchPositions) read(ctx context.Context) (position.Token, error) {
+func (p *fetchPositions) read(ctx context.Context, f *flight) (position.Token, error) {
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return position.Token{}, err
 	}
 	defer conn.Release()
+	// Let the rest of a fetched batch, runnable now, arrive and join
+	// before the query goes out.
+	runtime.Gosched()
+	p.seal(f)
 	return p.capture.Capture(ctx, conn.Conn())
 }

@@ -96,7 +96,7 @@ func TestFetchPositionsJoinOnlyLaterReads(t *testing.T) {
 	require.Eventually(t, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return p.next != nil
+		return p.open != nil
 	}, 10*time.Second, time.Millisecond)
 	close(g.open)
 	require.NoError(t, <-first)
