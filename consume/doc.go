@@ -74,4 +74,14 @@
 // verified or behind) and caughtup.consume.replica.exclusions
 // (caughtup.reason unreachable or behind). Outcome and Reason name their
 // values in String. The tracker's instruments are package replay's.
+//
+// # Traces
+//
+// Spans under ScopeName, from Config.TracerProvider (default the global
+// one): SpanRoute around each Route, whose attributes are the decision
+// (TraceAttributes), and its child SpanWait while the job waits for a
+// replica or is held for the fallback cap. The handler's context keeps
+// the caller's span. The adapters add SpanDefer and SpanWake, and carry
+// the producer's trace context in the job's headers through the
+// application's propagators.
 package consume

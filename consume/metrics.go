@@ -14,8 +14,8 @@ import (
 	"github.com/caughtup/caughtup/replay"
 )
 
-// ScopeName is the instrumentation scope of every instrument this package
-// creates.
+// ScopeName is the instrumentation scope of every instrument and span this
+// package creates.
 const ScopeName = "github.com/caughtup/caughtup/consume"
 
 // Attribute names on metrics and log fields, besides db.system.name.

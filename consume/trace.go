@@ -10,10 +10,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// TracerName is the instrumentation scope of the routing spans, the
-// package's import path as OpenTelemetry's contrib packages name theirs.
-const TracerName = "github.com/caughtup/caughtup/consume"
-
 // The routing spans. A span, unlike the metrics, says which job a decision
 // was about: the caughtup.route span of a job that read stale data, or
 // that waited seconds for a replica, sits in that job's trace, beside the
@@ -56,7 +52,7 @@ func newTracer(tp trace.TracerProvider) trace.Tracer {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	return tp.Tracer(TracerName)
+	return tp.Tracer(ScopeName)
 }
 
 // TraceAttributes returns d as span attributes, those of the

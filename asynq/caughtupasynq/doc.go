@@ -81,4 +81,15 @@
 // expired) and caughtup.asynq.wake.errors (error.type not_found, active,
 // pending, finished, changed, raced, redis). Routing decisions are counted
 // by package consume.
+//
+// # Traces
+//
+// NewTask writes the trace context of its ctx into the task's headers
+// through the global propagators (otel.SetTextMapPropagator; none by
+// default), and the middleware continues it (MiddlewareConfig.Propagators)
+// unless the handler's context already has a span, so the routing spans
+// and the handler's join the trace that enqueued the task, attempt after
+// attempt. Under ScopeName, from MiddlewareConfig.TracerProvider:
+// consume.SpanDefer for each deferral and consume.SpanWake for each move
+// of caught-up tasks to pending, linked to their deferrals' spans.
 package caughtupasynq

@@ -10,8 +10,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// ScopeName is the instrumentation scope of the instruments this package
-// creates. Routing decisions themselves are counted by the consume
+// ScopeName is the instrumentation scope of the instruments and spans this
+// package creates. Routing decisions themselves are counted by the consume
 // package (caughtup.consume.decisions).
 const ScopeName = "github.com/caughtup/caughtup/asynq/caughtupasynq"
 

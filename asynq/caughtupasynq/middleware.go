@@ -297,7 +297,7 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 		router:       router,
 		policies:     newPolicies(cfg.Policies, cfg.DefaultPolicy),
 		inspector:    cfg.Inspector,
-		tracer:       cfg.TracerProvider.Tracer(TracerName),
+		tracer:       cfg.TracerProvider.Tracer(ScopeName),
 		prop:         cfg.Propagators,
 		log:          cfg.Logger,
 		deferMax:     rc.DeferMax,

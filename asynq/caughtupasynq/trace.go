@@ -7,10 +7,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 )
 
-// TracerName is the instrumentation scope of the asynq adapter's spans
-// (consume.SpanDefer, consume.SpanWake).
-const TracerName = "github.com/caughtup/caughtup/asynq/caughtupasynq"
-
 // Span attributes, after OpenTelemetry's messaging conventions where they
 // have a name for it.
 const (

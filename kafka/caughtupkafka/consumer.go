@@ -76,7 +76,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	c.tracer = tp.Tracer(TracerName)
+	c.tracer = tp.Tracer(ScopeName)
 	if c.prop = cfg.Propagators; c.prop == nil {
 		c.prop = otel.GetTextMapPropagator()
 	}

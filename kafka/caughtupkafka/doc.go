@@ -103,4 +103,15 @@
 // at hundreds of thousands of messages a second, three counter Adds a
 // message would cost more than the rest of the consumer's work on it. So
 // the counts trail the messages by up to CommitInterval.
+//
+// # Traces
+//
+// Writer and Stamp write the trace context of their ctx into the
+// message's headers (HeaderCarrier) through the global propagators
+// (otel.SetTextMapPropagator; none by default), and the consumer
+// continues it (ConsumerConfig.Propagators) unless the handler's context
+// already has a span. Under ScopeName, from ConsumerConfig.TracerProvider:
+// consume.SpanDefer for each deferral (caughtup.kafka.defer in_place,
+// ending at the catch-up or the delay, or retry_topic) and
+// consume.SpanWake for a retry-topic message held until its catch-up.
 package caughtupkafka

@@ -9,8 +9,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-// ScopeName is the instrumentation scope of every instrument this package
-// creates.
+// ScopeName is the instrumentation scope of every instrument and span this
+// package creates.
 const ScopeName = "github.com/caughtup/caughtup/kafka/caughtupkafka"
 
 // result names what the Consumer did with a message: the values of the

@@ -13,10 +13,6 @@ import (
 	"github.com/caughtup/caughtup/internal/tracing"
 )
 
-// TracerName is the instrumentation scope of the consumer's spans
-// (consume.SpanDefer).
-const TracerName = "github.com/caughtup/caughtup/kafka/caughtupkafka"
-
 // Span attributes, after OpenTelemetry's messaging conventions.
 const (
 	attrDestination = "messaging.destination.name"
