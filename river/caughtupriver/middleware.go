@@ -209,11 +209,9 @@ func (m *Middleware) jobToken(ctx context.Context, job *rivertype.JobRow, rj *co
 		return
 	}
 	if ok {
-		// A unique job: the metadata token merged with the position,
-		// keeping the metadata's capture time as the job's age.
-		captured := tok.CapturedAt
-		rj.Token = tok.Merge(pos)
-		rj.Token.CapturedAt = captured
+		// A unique job: the metadata token merged with the position; the
+		// job's age is the older of the two (Merge keeps the earlier).
+		rj.Token = tok.Merge(withCapturedAt(pos, job.CreatedAt))
 		m.met.token(ctx, tokenMetadataFetch)
 		return
 	}

@@ -1,0 +1,83 @@
+// Package caughtupriver is caughtup's adapter for github.com/riverqueue/river
+// (v0.51, pgx driver riverpgxv5): worker middleware that runs each job on a
+// replica that has replayed the writes before it, snoozing the job without
+// spending an attempt while none has, and insert helpers that carry the
+// producer's token in the job's metadata.
+//
+// River inserts jobs in the business transaction (InsertTx), so no token
+// exists when the job is written. It needs none: River fetches only
+// committed jobs, and the primary's WAL position read after the fetch
+// covers the job's transaction. The Middleware reads it, once for every
+// job waiting at the moment (one query per fetched batch, not per job), and
+// routes the job against it. A job inserted after the commit, with Insert
+// or InsertMany and the context enqueue.Commit or enqueue.InTx returned (or
+// from a routed handler), carries that commit's token in its metadata
+// instead, and costs no read.
+//
+// Beside River itself:
+//
+//	import (
+//		"github.com/riverqueue/river"
+//		"github.com/riverqueue/river/riverdriver/riverpgxv5"
+//		"github.com/riverqueue/river/rivertype"
+//		"github.com/caughtup/caughtup/consume"
+//		"github.com/caughtup/caughtup/river/caughtupriver"
+//	)
+//
+// Worker: one router per process, the middleware on the client, and
+// workers that take their pool from the context.
+//
+//	router, err := consume.NewRouter(ctx, consume.Config{
+//		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
+//	})
+//	mw, err := caughtupriver.NewMiddleware(router, caughtupriver.Config{
+//		Policies: map[string]consume.Policy{"email_send": consume.Delayed},
+//	})
+//	client, err := river.NewClient(riverpgxv5.New(primary), &river.Config{
+//		Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
+//		Workers:    workers,
+//		Middleware: []rivertype.Middleware{mw},
+//	})
+//
+//	func (w *EmailWorker) Work(ctx context.Context, job *river.Job[EmailArgs]) error {
+//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT email FROM users WHERE id = $1", job.Args.UserID)
+//		...
+//	}
+//
+// Producer: InsertTx as usual, or Insert after the commit.
+//
+//	_, err = client.InsertTx(ctx, tx, EmailArgs{UserID: id}, nil) // routed by the position after the fetch
+//	ctx, err = enqueue.InTx(ctx, primary, func(tx pgx.Tx) error { ... })
+//	_, err = caughtupriver.Insert(ctx, client, EmailArgs{UserID: id}, nil) // routed by the commit's token
+//
+// # What it costs
+//
+// A position read after the fetch is past whatever River wrote since
+// (fetches, completions of other jobs), so a replica must replay that as
+// well: most such jobs wait in the Middleware for the tracker's next
+// observation (consume.Config.WaitBudget), a few milliseconds to a poll
+// interval. A metadata token names the producer's commit exactly. See
+// BenchmarkThroughput.
+//
+// # Deferral
+//
+// A Delayed job no replica serves within the router's wait is snoozed
+// (river.JobSnooze) for the router's delay: River restores JobRow.Attempt
+// and records no error, so deferral never spends MaxAttempts. The router
+// bounds it by the job's age (consume.Config.MaxAge, from the metadata
+// token's capture or the job's CreatedAt); after that the job reads the
+// primary under the fallback cap. A job on its last attempt is held in its
+// worker rather than failed by the cap.
+//
+// Metadata that does not decode sends the job to the primary, counted and
+// logged (rate-limited) by the router under the source "river <kind>";
+// it never fails the job. Jobs that read no replica are counted too.
+//
+// # Metrics
+//
+// Under ScopeName: caughtup.river.tokens (caughtup.river.token metadata,
+// fetch, metadata_fetch, malformed, none, fetch_failed, always),
+// caughtup.river.position.reads (caughtup.result ok, failed) and
+// caughtup.river.overrides (caughtup.river.override last_attempt).
+// Routing decisions are counted by package consume.
+package caughtupriver
