@@ -71,7 +71,8 @@
 //
 // Metadata that does not decode sends the job to the primary, counted and
 // logged (rate-limited) by the router under the source "river <kind>";
-// it never fails the job. Jobs that read no replica are counted too.
+// it never fails the job. So does a failed read of the primary's
+// position (caughtup.river.tokens fetch_failed).
 //
 // # Metrics
 //
