@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/testkit/metrictest"
@@ -128,7 +129,7 @@ func TestWakeMoveScript(t *testing.T) {
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	met, err := newWakeMetrics(mp)
 	require.NoError(t, err)
-	w := &waker{met: met, log: slog.New(slog.DiscardHandler), warn: &rate.Sometimes{First: 1}, set: newWakeSet(10),
+	w := &waker{met: met, tracer: tracenoop.NewTracerProvider().Tracer(""), log: slog.New(slog.DiscardHandler), warn: &rate.Sometimes{First: 1}, set: newWakeSet(10),
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	w.moveWith(c)
 	again := []*wakeEntry{entry(failed, 1), entry(deferred, 0)}
