@@ -85,7 +85,7 @@ const (
 	DefaultRetryBackoffMax     = 10 * time.Second
 	DefaultCommitInterval      = time.Second
 	DefaultQueueCapacity       = 1000
-	DefaultMaxPollRecords      = 10000
+	DefaultMaxPollRecords      = 500
 )
 
 // ErrInvalidConfig is wrapped by every error ConsumerConfig.Validate
@@ -164,18 +164,23 @@ type ConsumerConfig struct {
 	// Default: DefaultCommitInterval (1s).
 	CommitInterval time.Duration
 	// QueueCapacity is how many polled records each partition may hold
-	// ahead of its worker before its fetches are paused. Must not be
-	// negative.
+	// ahead of its worker. The poll loop polls again only once some
+	// partition that is not paused holds less than half of it, so a
+	// consumer that is slower than its fetches waits in franz-go's
+	// buffer, not in memory here; a partition whose queue still reaches
+	// it (its worker is slower than the others') has its fetches paused
+	// until it has drained. Must be positive.
 	// Default: DefaultQueueCapacity (1000).
-	// Large enough that a partition flowing normally is never paused (a
-	// pause costs a fetch round trip to undo), small enough to bound
-	// memory while a record waits.
+	// A pause throws away what franz-go buffered for the partition and
+	// costs a fetch to undo, so pauses are for partitions that wait, not
+	// for ordinary flow; the bound keeps memory small for large records.
 	QueueCapacity int
 	// MaxPollRecords bounds the records one poll returns
 	// (kgo.Client.PollRecords). The poll only hands records to the
-	// partitions' queues, so it returns quickly; the bound keeps the time
-	// a rebalance waits for it short.
-	// Default: DefaultMaxPollRecords (10000).
+	// partitions' queues, so it returns quickly; the bound keeps one poll
+	// from filling a queue past QueueCapacity, and the time a rebalance
+	// waits for a poll short. Must be positive.
+	// Default: DefaultMaxPollRecords (500).
 	MaxPollRecords int
 
 	// OnRevoked and OnLost, when set, are called after the Consumer has

@@ -64,6 +64,9 @@ type Consumer struct {
 
 	mu    sync.Mutex
 	parts map[partKey]*partition
+	// room (one slot) is signalled when a partition may want records: its
+	// worker took its queue or stopped holding, or partitions came or went.
+	room chan struct{}
 }
 
 // stopTimeout bounds the commit of a revocation and the end of Run (the
@@ -126,6 +129,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel()
 	c.runCtx = ctx
 	c.parts = make(map[partKey]*partition)
+	c.room = make(chan struct{}, 1)
 
 	opts := append(append([]kgo.Opt(nil), c.cfg.ClientOpts...),
 		kgo.ConsumerGroup(c.cfg.GroupID),
@@ -185,6 +189,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 // or the client is closed. It never waits for a worker.
 func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 	for fails := 0; ctx.Err() == nil; {
+		if !c.awaitRoom(ctx) {
+			return
+		}
 		fetches := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
@@ -212,6 +219,99 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 		} else {
 			fails = 0
 		}
+	}
+}
+
+// slowAfter is how long the poll loop waits for a full partition while
+// another partition has nothing to do, before it pauses the full one.
+const slowAfter = 100 * time.Millisecond
+
+// awaitRoom waits until the partitions want more records (wantRecords),
+// and reports false if ctx ended first. Waiting here, rather than polling
+// and pausing, leaves the records in franz-go's buffer: it fetches no more
+// from a broker until its buffered fetch has been polled, which is the
+// backpressure franz-go expects and costs nothing to undo, whereas a
+// pause throws away what was buffered for the partition and costs a
+// fetch to undo. Only a partition that stays full for slowAfter while
+// another one starves is paused: its worker is the slow one, and the
+// others must not wait for it.
+func (c *Consumer) awaitRoom(ctx context.Context) bool {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		want, full := c.wantRecords()
+		if want {
+			return true
+		}
+		var slow <-chan time.Time
+		if len(full) > 0 {
+			if timer == nil {
+				timer = time.NewTimer(slowAfter)
+			}
+			slow = timer.C
+		}
+		select {
+		case <-c.room:
+		case <-slow:
+			for _, p := range full {
+				p.mu.Lock()
+				if len(p.queue) >= c.cfg.QueueCapacity {
+					p.pauseLocked()
+				}
+				p.mu.Unlock()
+			}
+			timer = nil
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// wantRecords reports whether to poll: no partition that is not paused
+// holds QueueCapacity records or more, and some holds less than half of
+// it (or none is unpaused). When a full partition is what keeps it from
+// polling while another one has nothing queued, it returns the full ones.
+func (c *Consumer) wantRecords() (want bool, full []*partition) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	low, high := c.cfg.QueueCapacity/2, c.cfg.QueueCapacity
+	unpaused, hungry, starving := false, false, false
+	for _, p := range c.parts {
+		p.mu.Lock()
+		n, paused := len(p.queue), p.paused
+		p.mu.Unlock()
+		if paused {
+			continue
+		}
+		unpaused = true
+		switch {
+		case n >= high:
+			full = append(full, p)
+		case n == 0:
+			starving, hungry = true, true
+		case n < low:
+			hungry = true
+		}
+	}
+	if len(full) > 0 {
+		if !starving {
+			full = nil
+		}
+		return false, full
+	}
+	return hungry || !unpaused, nil
+}
+
+// signalRoom wakes the poll loop if it waits for a partition to want
+// records.
+func (c *Consumer) signalRoom() {
+	select {
+	case c.room <- struct{}{}:
+	default:
 	}
 }
 
@@ -246,6 +346,7 @@ func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[str
 			}
 		}
 	}
+	c.signalRoom()
 }
 
 // onRevoked stops the revoked partitions' workers (cancelling their
@@ -295,6 +396,7 @@ func (c *Consumer) detach(tps map[string][]int32) []*partition {
 	for _, p := range parts {
 		<-p.stopped
 	}
+	c.signalRoom()
 	return parts
 }
 

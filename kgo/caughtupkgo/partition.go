@@ -76,14 +76,12 @@ func (p *partition) stop() {
 	<-p.stopped
 }
 
-// push appends polled records, pausing the partition's fetches once the
-// queue holds QueueCapacity records.
+// push appends polled records. The poll loop bounds the queue
+// (Consumer.awaitRoom): it polls no more while a queue is full, and one
+// poll adds at most MaxPollRecords.
 func (p *partition) push(rs []*kgo.Record) {
 	p.mu.Lock()
 	p.queue = append(p.queue, rs...)
-	if len(p.queue) >= p.c.cfg.QueueCapacity {
-		p.pauseLocked()
-	}
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
@@ -104,6 +102,7 @@ func (p *partition) take(prev []*kgo.Record) []*kgo.Record {
 				p.resumeLocked()
 			}
 			p.mu.Unlock()
+			p.c.signalRoom()
 			return batch
 		}
 		p.mu.Unlock()
@@ -130,13 +129,16 @@ func (p *partition) hold() {
 // release ends a hold; fetches resume unless the queue is still full.
 func (p *partition) release() {
 	p.mu.Lock()
-	if p.holding {
-		p.holding = false
-		if len(p.queue) < p.c.cfg.QueueCapacity {
-			p.resumeLocked()
-		}
+	if !p.holding {
+		p.mu.Unlock()
+		return
+	}
+	p.holding = false
+	if len(p.queue) < p.c.cfg.QueueCapacity {
+		p.resumeLocked()
 	}
 	p.mu.Unlock()
+	p.c.signalRoom()
 }
 
 func (p *partition) pauseLocked() {
