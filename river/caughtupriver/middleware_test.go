@@ -330,3 +330,24 @@ func (l *logRecords) next(t testing.TB, timeout time.Duration) slog.Record {
 		return slog.Record{}
 	}
 }
+
+// A position read that fails (here: a timeout no read can meet) sends the
+// job to the primary, counted and logged, and the job runs.
+func TestFailedPositionReadReadsPrimary(t *testing.T) {
+	e := setup(t)
+	ctx := ctxT(t)
+	logs := newLogRecords(slog.LevelWarn)
+	w, runs := recorder()
+	c := e.client(t, clientConfig(4, w, e.middleware(t, caughtupriver.Config{PositionTimeout: time.Nanosecond, Logger: slog.New(logs)})), true)
+	e.insertTx(t, ctx, c, 1)
+	r := next(t, runs, time.Minute)
+	require.NoError(t, r.err)
+	require.Equal(t, value(1), r.val)
+	// Without a token, as far as the router can tell.
+	require.Equal(t, consume.OutcomePrimaryNoToken, r.decision.Outcome)
+	require.Equal(t, consume.ReasonNoToken, r.decision.Reason)
+	require.Equal(t, int64(1), e.sum(t, tokensMetric, map[string]string{"caughtup.river.token": "fetch_failed"}))
+	require.Equal(t, int64(1), e.sum(t, readsMetric, map[string]string{"caughtup.result": "failed"}))
+	rec := logs.next(t, time.Minute)
+	require.Contains(t, rec.Message, "reads the primary")
+}
