@@ -339,3 +339,61 @@ func pauseRandomly(ctx context.Context, t *testing.T, replicas []*pgtest.Node, m
 		}
 	}
 }
+
+// TestHandlerErrorsDeadLetter: a record whose handler keeps failing runs
+// MaxAttempts times (Attempt counting 0, 1, 2), then goes to the
+// dead-letter topic with its attempts, its error and its token; the
+// records behind it run. In both modes.
+func TestHandlerErrorsDeadLetter(t *testing.T) {
+	for _, mode := range []caughtupkgo.Mode{caughtupkgo.InPlace, caughtupkgo.RetryTopic} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := setupDB(t, fastRouter)
+			names := newTopics(t, 1, "", ".retry", ".dlt")
+			p := caughtupkgo.NewProducer(newClient(t, kgo.DefaultProduceTopic(names[0]), kgo.ProducerLinger(0)))
+			for i := 1; i <= 3; i++ {
+				wctx, err := e.insert(t.Context(), int64(i), "k", i-1)
+				require.NoError(t, err)
+				require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Key: []byte("k"), Value: payload(int64(i), "k", i-1)}).FirstErr())
+			}
+			l := newLedger()
+			var mu sync.Mutex
+			var attempts []int
+			r := startConsumer(t, caughtupkgo.ConsumerConfig{
+				Topic: names[0], Mode: mode, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp, MaxAttempts: 3,
+			}, func(ctx context.Context, rec *kgo.Record) error {
+				id, _, _, err := parsePayload(rec.Value)
+				if err != nil {
+					return err
+				}
+				if id == 1 {
+					mu.Lock()
+					attempts = append(attempts, caughtupkgo.Attempt(ctx))
+					mu.Unlock()
+					return fmt.Errorf("record %d always fails", id)
+				}
+				return l.handle(ctx, rec)
+			})
+			l.waitDistinct(t, 2, 60*time.Second)
+			cl := newClient(t, kgo.ConsumeTopics(names[2]), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			fctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			var dead []*kgo.Record
+			for len(dead) == 0 && fctx.Err() == nil {
+				dead = append(dead, cl.PollFetches(fctx).Records()...)
+			}
+			require.NoError(t, r.stop())
+			require.Len(t, dead, 1)
+			hs := map[string]string{}
+			for _, h := range dead[0].Headers {
+				hs[h.Key] = string(h.Value)
+			}
+			require.Equal(t, "3", hs[caughtupkgo.HeaderAttempts])
+			require.Contains(t, hs[caughtupkgo.HeaderError], "always fails")
+			require.Equal(t, names[0], hs[caughtupkgo.HeaderOriginTopic])
+			require.NotEmpty(t, hs[position.HeaderName], "the token travels with the dead letter")
+			mu.Lock()
+			require.Equal(t, []int{0, 1, 2}, attempts)
+			mu.Unlock()
+		})
+	}
+}
