@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/river/caughtupriver"
 )
 
@@ -26,7 +27,10 @@ import (
 // rates are geometric means. Sub-benchmarks: Fetch (jobs inserted without
 // a token, as InsertTx's are: routed by the primary's position read after
 // their fetch, shared per batch) and Metadata (jobs inserted with Insert
-// after a commit: routed by their metadata token, no read). It reports
+// after a commit: routed by their metadata token, no read), each with a
+// trivial worker and with one that makes a point query on a replica
+// (PointQuery: the plain worker on a replica pool directly, the routed
+// one on the pool the middleware chose). It reports
 // river-jobs/s, caughtup-jobs/s, their ratio, and the position reads per
 // routed job, and the share of routed jobs that waited for a replica
 // (waited/job). A position read after the fetch includes the WAL River
@@ -36,12 +40,17 @@ import (
 // workers and a trivial handler. Run it with -benchtime 5000x -count 5
 // for stable figures.
 func BenchmarkThroughput(b *testing.B) {
-	for _, stamped := range []bool{false, true} {
-		name := "Fetch"
-		if stamped {
-			name = "Metadata"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, bc := range []struct {
+		name           string
+		stamped, query bool
+	}{
+		{"Fetch", false, false},
+		{"Metadata", true, false},
+		{"FetchPointQuery", false, true},
+		{"MetadataPointQuery", true, true},
+	} {
+		stamped := bc.stamped
+		b.Run(bc.name, func(b *testing.B) {
 			b.StopTimer()
 			e := setup(b)
 			ctx := e.write(b, ctxT(b), 1)
@@ -56,7 +65,7 @@ func BenchmarkThroughput(b *testing.B) {
 			b.Cleanup(rp.Close)
 			var plain, routed []float64
 			for _, withMW := range []bool{false, true, true, false} {
-				rate := runThroughput(b, e, rp, ctx, b.N, withMW, stamped, mw)
+				rate := runThroughput(b, e, rp, ctx, b.N, withMW, stamped, bc.query, mw)
 				if withMW {
 					routed = append(routed, rate)
 				} else {
@@ -94,9 +103,15 @@ type benchWorker struct {
 	done  *atomic.Int64
 	total int64
 	all   chan struct{}
+	query func(context.Context) error // nil: a trivial worker
 }
 
-func (w *benchWorker) Work(context.Context, *river.Job[benchArgs]) error {
+func (w *benchWorker) Work(ctx context.Context, _ *river.Job[benchArgs]) error {
+	if w.query != nil {
+		if err := w.query(ctx); err != nil {
+			return err
+		}
+	}
 	if w.done.Add(1) == w.total {
 		close(w.all)
 	}
@@ -105,9 +120,27 @@ func (w *benchWorker) Work(context.Context, *river.Job[benchArgs]) error {
 
 // runThroughput inserts n jobs, then works them on a fresh client (with
 // mw if withMW) and returns jobs per second.
-func runThroughput(b *testing.B, e *env, pool *pgxpool.Pool, ctx context.Context, n int, withMW, stamped bool, mw *caughtupriver.Middleware) float64 {
+func runThroughput(b *testing.B, e *env, pool *pgxpool.Pool, ctx context.Context, n int, withMW, stamped, query bool, mw *caughtupriver.Middleware) float64 {
 	b.Helper()
 	w := &benchWorker{done: new(atomic.Int64), total: int64(n), all: make(chan struct{})}
+	if query {
+		// One point query on a replica: the routed worker's from the pool
+		// the middleware chose, the plain one's from a replica pool
+		// directly (what it would do without caughtup, stale reads and
+		// all).
+		replica := e.replicas[0]
+		w.query = func(ctx context.Context) error {
+			q := replica
+			if withMW {
+				var err error
+				if q, err = consume.Pool(ctx, "main"); err != nil {
+					return err
+				}
+			}
+			var v string
+			return q.QueryRow(ctx, `SELECT val FROM items WHERE id = 1`).Scan(&v)
+		}
+	}
 	ws := river.NewWorkers()
 	river.AddWorker(ws, w)
 	cfg := &river.Config{
