@@ -27,8 +27,7 @@ var ErrRunning = errors.New("caughtup/kgo: Consumer.Run is already running; use 
 // record's token. ctx is cancelled when the consumer stops or the
 // partition is revoked or lost; the record is then delivered again, here
 // or to another member, so a handler must be idempotent (at-least-once)
-// and should return promptly once ctx ends. The record is the Consumer's
-// until the handler returns: copy what you keep.
+// and should return promptly once ctx ends.
 //
 // A handler may return a *consume.DeferError of its own (from routing a
 // second token, say): the Consumer treats it as its own deferrals (Mode).
