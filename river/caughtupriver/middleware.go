@@ -120,17 +120,12 @@ func NewMiddleware(router *consume.Router, cfg Config) (*Middleware, error) {
 	}
 	// Resolved here so that Always, which reads the primary whatever the
 	// token, skips the position read.
+	if m.def == consume.PolicyDefault {
+		m.def = rc.DefaultPolicy
+	}
 	for k, p := range m.policies {
 		if p == consume.PolicyDefault {
 			m.policies[k] = m.def
-		}
-	}
-	if m.def == consume.PolicyDefault {
-		m.def = rc.DefaultPolicy
-		for k, p := range m.policies {
-			if p == consume.PolicyDefault {
-				m.policies[k] = m.def
-			}
 		}
 	}
 	return m, nil

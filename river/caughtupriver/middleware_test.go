@@ -351,3 +351,73 @@ func TestFailedPositionReadReadsPrimary(t *testing.T) {
 	rec := logs.next(t, time.Minute)
 	require.Contains(t, rec.Message, "reads the primary")
 }
+
+// childArgs is a job a handler inserts.
+type childArgs struct {
+	Parent int64 `json:"parent"`
+}
+
+func (childArgs) Kind() string { return "child" }
+
+type childWorker struct {
+	river.WorkerDefaults[childArgs]
+	jobs chan *rivertype.JobRow
+}
+
+func (w *childWorker) Work(_ context.Context, job *river.Job[childArgs]) error {
+	w.jobs <- job.JobRow
+	return nil
+}
+
+// A handler that inserts jobs with Insert from its routed context stamps
+// them with at least its own job's token; InsertMany stamps every job.
+func TestHandlerInsertsCarryTheRoutedToken(t *testing.T) {
+	e := setup(t)
+	ctx := ctxT(t)
+	cw := &childWorker{jobs: make(chan *rivertype.JobRow, 8)}
+	parent := &itemWorker{fn: func(ctx context.Context, job *river.Job[itemArgs]) error {
+		c := river.ClientFromContext[pgx.Tx](ctx)
+		if _, err := caughtupriver.Insert(ctx, c, childArgs{Parent: job.Args.ID}, nil); err != nil {
+			return err
+		}
+		_, err := caughtupriver.InsertMany(ctx, c, []river.InsertManyParams{{Args: childArgs{Parent: -1}}, {Args: childArgs{Parent: -2}}})
+		return err
+	}}
+	cfg := clientConfig(4, parent, e.middleware(t, caughtupriver.Config{}))
+	river.AddWorker(cfg.Workers, cw)
+	c := e.client(t, cfg, true)
+	wctx := e.write(t, ctx, 1)
+	_, err := caughtupriver.Insert(wctx, c, itemArgs{ID: 1}, nil)
+	require.NoError(t, err)
+	produced, _ := enqueue.TokenFrom(wctx)
+	want, _ := produced.Entry("main")
+	for range 3 {
+		select {
+		case job := <-cw.jobs:
+			tok, ok, err := caughtupriver.TokenOf(job)
+			require.NoError(t, err)
+			require.True(t, ok, "the child job carries a token")
+			have, _ := tok.Entry("main")
+			require.Equal(t, want.Epoch, have.Epoch)
+			require.GreaterOrEqual(t, have.LSN, want.LSN, "the child's token is behind its parent's")
+		case <-time.After(time.Minute):
+			t.Fatal("the child jobs did not run within a minute")
+		}
+	}
+}
+
+// Always reads the primary whatever the token, so it costs no read; the
+// router's default policy counts as set on the middleware.
+func TestAlwaysSkipsTheRead(t *testing.T) {
+	e := setup(t, func(c *consume.Config) { c.DefaultPolicy = consume.Always })
+	ctx := ctxT(t)
+	w, runs := recorder()
+	c := e.client(t, clientConfig(4, w, e.middleware(t, caughtupriver.Config{Policies: map[string]consume.Policy{"item": consume.PolicyDefault}})), true)
+	e.insertTx(t, ctx, c, 1)
+	r := next(t, runs, time.Minute)
+	require.NoError(t, r.err)
+	require.Equal(t, value(1), r.val)
+	require.Equal(t, consume.Always, r.decision.Policy)
+	require.Zero(t, e.sum(t, readsMetric, nil))
+	require.Equal(t, int64(1), e.sum(t, tokensMetric, map[string]string{"caughtup.river.token": "always"}))
+}
