@@ -1,0 +1,230 @@
+package caughtuphttp
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/position"
+)
+
+// The signed value a cookie (or Config.Header) carries:
+//
+//	base64url(payload) "." base64url(HMAC-SHA256(key, macDomain || payload))
+//
+// payload, in bytes:
+//
+//	1          version (valueVersion)
+//	1          n, the length of the key ID
+//	n          the ID of the key that signed it (feed.Key.ID)
+//	8          issued at, Unix milliseconds, big-endian
+//	4          max age in seconds, big-endian
+//	rest       the token, position's text form (Token.Encode)
+//
+// The key ID says which of the configured keys verifies the value, so that
+// a value signed by a key this process does not have is told apart from
+// one that was altered. Issued-at and max age are signed with the token:
+// neither can be stretched by the client, whatever its cookie store does.
+// Only base64url characters and one '.' appear, all valid in a cookie
+// value and a header value without quoting.
+const (
+	valueVersion = 1
+	// macDomain starts every MAC input, so that no other use of a key
+	// (the position feed's messages, say) produces a valid session value.
+	macDomain = "caughtup/http/v1\x00"
+	macSize   = sha256.Size
+	// maxPayload bounds what open decodes: a token at position's limit
+	// with the longest key ID. Anything longer is malformed.
+	maxPayload = 2 + 64 + 8 + 4 + position.MaxEncodedLen
+	maxValue   = (maxPayload*4+2)/3 + 1 + (macSize*4+2)/3
+)
+
+var b64 = base64.RawURLEncoding
+
+// Reason says why a session value was not believed, as the caughtup.reason
+// attribute of caughtup.http.tokens.rejected and in the warning logged.
+type Reason uint8
+
+const (
+	// ReasonMalformed: not a value this package writes (bad base64, wrong
+	// length, unknown version).
+	ReasonMalformed Reason = iota + 1
+	// ReasonUnknownKey: signed with a key ID none of Config.Keys has: a key
+	// retired too early, or another deployment's value.
+	ReasonUnknownKey
+	// ReasonBadSignature: the signature does not verify under the named
+	// key: altered, or signed by another secret under the same ID.
+	ReasonBadSignature
+	// ReasonExpired: older than the max age it was issued with.
+	ReasonExpired
+	// ReasonFuture: issued further ahead of this process's clock than the
+	// router's ClockSkewTolerance.
+	ReasonFuture
+	// ReasonBadToken: the signature verifies but the token inside does not
+	// decode (position.Decode), e.g. one written by a newer caughtup.
+	ReasonBadToken
+	// ReasonOtherCluster: the token verifies and decodes, but names a
+	// position of another cluster (another system identifier, or an epoch
+	// made unknown by merging two): the router read that database from
+	// the primary, and the next value the client gets leaves it out.
+	ReasonOtherCluster
+
+	numReasons = int(ReasonOtherCluster) + 1
+)
+
+var reasonNames = [numReasons]string{
+	ReasonMalformed:    "malformed",
+	ReasonUnknownKey:   "unknown_key",
+	ReasonBadSignature: "bad_signature",
+	ReasonExpired:      "expired",
+	ReasonFuture:       "issued_in_future",
+	ReasonBadToken:     "bad_token",
+	ReasonOtherCluster: "other_cluster",
+}
+
+// String is the reason's name in metrics and logs ("expired", …).
+func (r Reason) String() string {
+	if r > 0 && int(r) < numReasons {
+		return reasonNames[r]
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// RejectedError is why a session value was ignored; the request then reads
+// the primary. Detail never holds the value itself.
+type RejectedError struct {
+	Reason Reason
+	Detail string
+}
+
+func (e *RejectedError) Error() string {
+	if e.Detail == "" {
+		return "caughtup/http: session token ignored (" + e.Reason.String() + ")"
+	}
+	return "caughtup/http: session token ignored (" + e.Reason.String() + "): " + e.Detail
+}
+
+func reject(r Reason, format string, args ...any) *RejectedError {
+	return &RejectedError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// codec seals and opens session values with a list of keys: the first
+// signs, all verify. It is immutable and safe for concurrent use; each
+// call makes its own HMAC state (a few hundred nanoseconds beside a
+// request's database round trip).
+type codec struct {
+	signer feed.Key
+	byID   map[string][]byte
+	// skew is how far ahead of now an issued-at may be.
+	skew time.Duration
+}
+
+func newCodec(keys []feed.Key, skew time.Duration) *codec {
+	c := &codec{signer: keys[0], byID: make(map[string][]byte, len(keys)), skew: skew}
+	for _, k := range keys {
+		c.byID[k.ID] = append([]byte(nil), k.Secret...)
+	}
+	c.signer.Secret = c.byID[keys[0].ID]
+	return c
+}
+
+func mac(secret, payload []byte) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(macDomain))
+	h.Write(payload)
+	return h.Sum(nil)
+}
+
+// seal returns the signed value carrying tok, issued at issued with maxAge.
+func (c *codec) seal(tok position.Token, issued time.Time, maxAge time.Duration) (string, error) {
+	text, err := tok.Encode()
+	if err != nil {
+		return "", err
+	}
+	id := c.signer.ID
+	p := make([]byte, 0, 2+len(id)+12+len(text))
+	p = append(p, valueVersion, byte(len(id)))
+	p = append(p, id...)
+	p = binary.BigEndian.AppendUint64(p, uint64(issued.UnixMilli()))
+	p = binary.BigEndian.AppendUint32(p, uint32(min(maxAge/time.Second, 1<<32-1)))
+	p = append(p, text...)
+	var b strings.Builder
+	b.Grow(b64.EncodedLen(len(p)) + 1 + b64.EncodedLen(macSize))
+	b.WriteString(b64.EncodeToString(p))
+	b.WriteByte('.')
+	b.WriteString(b64.EncodeToString(mac(c.signer.Secret, p)))
+	return b.String(), nil
+}
+
+// opened is what a verified value carries.
+type opened struct {
+	tok    position.Token
+	issued time.Time
+	maxAge time.Duration
+}
+
+// open verifies value at now. Every failure is a *RejectedError; nothing
+// in value can make it panic (FuzzOpen).
+func (c *codec) open(value string, now time.Time) (opened, error) {
+	if len(value) > maxValue {
+		return opened{}, reject(ReasonMalformed, "%d bytes, more than %d", len(value), maxValue)
+	}
+	enc, sigEnc, ok := strings.Cut(value, ".")
+	if !ok {
+		return opened{}, reject(ReasonMalformed, "no signature")
+	}
+	p, err := b64.DecodeString(enc)
+	if err != nil {
+		return opened{}, reject(ReasonMalformed, "payload is not base64url")
+	}
+	sig, err := b64.DecodeString(sigEnc)
+	if err != nil || len(sig) != macSize {
+		return opened{}, reject(ReasonMalformed, "signature is not %d bytes of base64url", macSize)
+	}
+	if len(p) < 2 || p[0] != valueVersion {
+		return opened{}, reject(ReasonMalformed, "unknown version")
+	}
+	n := int(p[1])
+	if len(p) < 2+n+12 {
+		return opened{}, reject(ReasonMalformed, "payload too short")
+	}
+	id := string(p[2 : 2+n])
+	secret, known := c.byID[id]
+	if !known {
+		// The ID is printed quoted and cut: it is the client's text.
+		return opened{}, reject(ReasonUnknownKey, "key %.16q", id)
+	}
+	if !hmac.Equal(sig, mac(secret, p)) {
+		return opened{}, reject(ReasonBadSignature, "key %q", id)
+	}
+	rest := p[2+n:]
+	issued := time.UnixMilli(int64(binary.BigEndian.Uint64(rest)))
+	maxAge := time.Duration(binary.BigEndian.Uint32(rest[8:])) * time.Second
+	switch {
+	case issued.After(now.Add(c.skew)):
+		return opened{}, reject(ReasonFuture, "issued %v ahead", issued.Sub(now).Round(time.Millisecond))
+	case !now.Before(issued.Add(maxAge)):
+		return opened{}, reject(ReasonExpired, "issued %v ago with max age %v", now.Sub(issued).Round(time.Second), maxAge)
+	}
+	tok, err := position.Decode(string(rest[12:]))
+	if err != nil {
+		return opened{}, &RejectedError{Reason: ReasonBadToken, Detail: err.Error()}
+	}
+	return opened{tok: tok, issued: issued, maxAge: maxAge}, nil
+}
+
+// asRejected returns err's *RejectedError, for callers of open.
+func asRejected(err error) *RejectedError {
+	var re *RejectedError
+	if errors.As(err, &re) {
+		return re
+	}
+	return &RejectedError{Reason: ReasonMalformed, Detail: err.Error()}
+}
