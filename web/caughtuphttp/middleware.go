@@ -1,0 +1,257 @@
+package caughtuphttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
+)
+
+// Middleware routes each request's reads like a job's and carries the
+// session's token to the client and back. Build it once with New and wrap
+// handlers with Handler; it is safe for concurrent use.
+type Middleware struct {
+	router *consume.Router
+	cfg    Config
+	codec  *codec
+	met    *metrics
+	// databases are the router's, sorted: the ones a request without a
+	// token for them may read from any caught-up replica.
+	databases []string
+	// staleness and routerNow are the router's, for judging whether its
+	// primary's epoch is known now.
+	staleness time.Duration
+	routerNow func() time.Time
+
+	warnRejected    [numReasons]*rate.Sometimes
+	warnLate        rate.Sometimes
+	warnUnavailable rate.Sometimes
+	warnSeal        rate.Sometimes
+}
+
+// Degraded input tends to come in floods (a rotated-out key logs everyone
+// out at once): the metrics count each request, the log samples the first
+// few of each kind, then one every warnInterval.
+const (
+	warnFirst    = 3
+	warnInterval = 10 * time.Second
+)
+
+// New returns the middleware for router's pools. Its errors wrap
+// ErrInvalidConfig.
+func New(router *consume.Router, cfg Config) (*Middleware, error) {
+	if router == nil {
+		return nil, fmt.Errorf("%w: New needs the process's *consume.Router", ErrInvalidConfig)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rc := router.Config()
+	if err := cfg.validateFor(rc); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(cfg.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	m := &Middleware{
+		router:          router,
+		cfg:             cfg,
+		codec:           newCodec(cfg.Keys, rc.ClockSkewTolerance),
+		met:             met,
+		staleness:       rc.Tracker.StalenessBound,
+		routerNow:       rc.Now,
+		warnLate:        rate.Sometimes{First: warnFirst, Interval: warnInterval},
+		warnUnavailable: rate.Sometimes{First: warnFirst, Interval: warnInterval},
+		warnSeal:        rate.Sometimes{First: warnFirst, Interval: warnInterval},
+	}
+	for name := range rc.Databases {
+		m.databases = append(m.databases, name)
+	}
+	slices.Sort(m.databases)
+	for i := range m.warnRejected {
+		m.warnRejected[i] = &rate.Sometimes{First: warnFirst, Interval: warnInterval}
+	}
+	return m, nil
+}
+
+// Handler wraps next: each request is routed once before next runs, with
+// the pools chosen in its context (consume.DB, consume.Pool,
+// consume.SQLDB), and the token of next's writes goes back to the client
+// with the response header.
+//
+// The token is set when next first writes the header or the body, or
+// flushes (through the ResponseWriter it was given, or an
+// http.ResponseController on it), or when it returns without writing.
+// Writes made after that cannot reach the client: they are counted
+// (caughtup.http.tokens.late) and logged. The ResponseWriter next gets
+// unwraps (Unwrap) to the one Handler got, so http.ResponseController
+// reaches deadlines, full duplex and hijacking; it also implements
+// http.Flusher and http.Hijacker itself, the two that code still asserts.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(next, w, r)
+	})
+}
+
+// carried is what the request brought.
+type carried struct {
+	tok        position.Token // verified; zero when none or rejected
+	fromCookie bool           // the value came in the cookie (which a rejection clears)
+	rejected   *RejectedError
+}
+
+// read takes the session's value from the header (when configured and
+// present) or the cookie.
+func (m *Middleware) read(r *http.Request, now time.Time) carried {
+	var value string
+	fromCookie := false
+	if m.cfg.Header != "" {
+		value = r.Header.Get(m.cfg.Header)
+	}
+	if value == "" {
+		if c, err := r.Cookie(m.cfg.Cookie); err == nil {
+			value, fromCookie = c.Value, true
+		}
+	}
+	if value == "" {
+		return carried{}
+	}
+	o, err := m.codec.open(value, now)
+	if err != nil {
+		return carried{fromCookie: fromCookie, rejected: asRejected(err)}
+	}
+	return carried{tok: o.tok, fromCookie: fromCookie}
+}
+
+// jobToken is the token a request is routed with. A rejected value gives
+// none: the request reads the primary (consume.OutcomePrimaryNoToken), as
+// a job whose token is unreadable does. Otherwise every database of the
+// router that the session's token does not name gets an entry at position
+// 0 of the primary's current epoch: the session wrote nothing there that
+// the client knows of, so any replica the router may use serves it.
+// Without those entries the router would read every such database from
+// the primary (an unlisted database is read there), and a request without
+// a cookie, the usual case, would never read a replica. A database whose
+// primary the tracker has not observed within its staleness bound gets no
+// entry and reads the primary: its epoch is not known to be current.
+func (m *Middleware) jobToken(in carried, snap *replay.Snapshot, now time.Time) position.Token {
+	if in.rejected != nil {
+		return position.Token{}
+	}
+	var floor []position.Entry
+	cutoff := m.routerNow().Add(-m.staleness)
+	for _, db := range m.databases {
+		if _, named := in.tok.Entry(db); named {
+			continue
+		}
+		if ep, ok := currentEpoch(snap, db, cutoff); ok {
+			floor = append(floor, position.Entry{Database: db, Epoch: ep, LSN: 0, Source: position.SourceUnknown})
+		}
+	}
+	if len(floor) == 0 {
+		return in.tok
+	}
+	return in.tok.Merge(position.Token{Entries: floor, CapturedAt: now})
+}
+
+func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	now := m.cfg.Now()
+	route := m.cfg.Route(r)
+	in := m.read(r, now)
+	if in.rejected != nil {
+		m.met.reject(r.Context(), in.rejected.Reason)
+		m.warnRejected[in.rejected.Reason].Do(func() {
+			m.cfg.Logger.WarnContext(r.Context(), "caughtup: session token ignored; the request reads the primary",
+				slog.String("route", route), slog.String("caughtup.reason", in.rejected.Reason.String()), slog.String("error", in.rejected.Error()))
+		})
+	}
+	// One session per request collects the token of every write the
+	// handler makes through enqueue (InTx, Commit, AfterWrite), even from
+	// contexts it does not pass back up.
+	ctx := enqueue.WithSession(r.Context())
+	job := consume.Job{
+		Token:  m.jobToken(in, m.router.Snapshot(), now),
+		Policy: m.cfg.Policy,
+		Source: "http " + route,
+		// No queue to put the request back on: the router waits, then
+		// reads the primary under the cap, and while the cap is spent
+		// holds the request for a replica or the cap, up to MaxWait.
+		NoDefer: true,
+		Hold:    true,
+	}
+	// MaxWait bounds the routing, not the handler: Route's context has the
+	// deadline, the handler's context has the request's cancellation and
+	// Route's values (valuesOf).
+	bounded, cancel := context.WithTimeout(ctx, m.cfg.MaxWait)
+	routed, d, err := m.router.Route(valuesOf{Context: bounded, values: ctx}, job)
+	cancel()
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client is gone; nobody reads an answer
+		}
+		m.met.unavailable.Add(r.Context(), 1)
+		m.warnUnavailable.Do(func() {
+			m.cfg.Logger.WarnContext(r.Context(), "caughtup: request not routed within MaxWait; answered unavailable",
+				slog.String("route", route), slog.String("caughtup.reason", d.Reason.String()), slog.Any("error", err))
+		})
+		m.cfg.Unavailable(w, r, err)
+		return
+	}
+	hctx := valuesOf{Context: ctx, values: routed}
+	s := &session{m: m, w: w, ctx: hctx, in: in, now: now}
+	s.before, _ = enqueue.TokenFrom(hctx)
+	s.foreign(d)
+	if s.drop != nil {
+		m.met.reject(r.Context(), ReasonOtherCluster)
+		m.warnRejected[ReasonOtherCluster].Do(func() {
+			m.cfg.Logger.WarnContext(r.Context(), "caughtup: session token names another cluster's position; the request reads the primary there, and the client's next token leaves it out",
+				slog.String("route", route), slog.Any("databases", s.drop))
+		})
+	}
+	next.ServeHTTP(&responseWriter{ResponseWriter: w, s: s}, r.WithContext(hctx))
+	s.finish(r.Context(), route)
+}
+
+// currentEpoch is db's primary's epoch in snap, if it was observed at or
+// after cutoff.
+func currentEpoch(snap *replay.Snapshot, db string, cutoff time.Time) (position.Epoch, bool) {
+	ds := snap.Database(db)
+	if ds == nil || ds.Primary.Epoch.IsZero() || ds.Primary.ObservedAt.Before(cutoff) {
+		return position.Epoch{}, false
+	}
+	return ds.Primary.Epoch, true
+}
+
+// valuesOf is a context with one context's cancellation (Deadline, Done,
+// Err) and another's values. Route's context is the request's with
+// MaxWait's deadline; the context Route returns is built on it, and the
+// handler must not inherit that deadline, so the handler gets the
+// request's cancellation with the returned context's values. Values never
+// reach the bounded context itself: context.Cause and the context
+// package's parent lookups find the request's own cancellation, which
+// agrees with Done.
+type valuesOf struct {
+	context.Context
+	values context.Context
+}
+
+func (c valuesOf) Value(key any) any { return c.values.Value(key) }
+
+func (c valuesOf) String() string {
+	return fmt.Sprintf("%v.WithValuesOf(%v)", c.Context, c.values)
+}
+
+// errSeal wraps a token that could not be written into a value.
+var errSeal = errors.New("caughtup/http: the session's token cannot be carried")

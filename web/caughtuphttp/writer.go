@@ -1,0 +1,208 @@
+package caughtuphttp
+
+import (
+	"bufio"
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
+)
+
+// session is one request's token bookkeeping.
+type session struct {
+	m   *Middleware
+	w   http.ResponseWriter // the one Handler got
+	ctx context.Context     // the handler's, with the enqueue session
+	in  carried
+	now time.Time
+	// before is the enqueue session's token when the handler starts: what
+	// the request was routed with, raised to what the replicas read had
+	// replayed. Entries that differ later were raised by the handler's
+	// writes.
+	before position.Token
+	// drop names the databases whose entry in the carried token belongs
+	// to another cluster; the next value leaves them out.
+	drop []string
+	// committed: the token went out (or can no longer go out); sent is the
+	// enqueue session's token at that moment.
+	committed bool
+	sent      position.Token
+}
+
+// foreign finds the databases the router could not compare with this
+// cluster at all: another system identifier, or an epoch merged unknown.
+// Entries incomparable for other reasons (a timeline past its switchpoint)
+// are kept: they read the primary until the value expires, which is
+// never stale, only slower.
+func (s *session) foreign(d consume.Decision) {
+	for _, dd := range d.Databases {
+		if dd.Outcome != consume.OutcomePrimaryEpoch {
+			continue
+		}
+		if _, carried := s.in.tok.Entry(dd.Database); !carried {
+			continue
+		}
+		if dd.Incomparable == position.OtherSystem || dd.Incomparable == position.UnknownEpoch {
+			s.drop = append(s.drop, dd.Database)
+		}
+	}
+}
+
+// written returns the entries of after that differ from before's.
+func written(before, after position.Token) position.Token {
+	var out []position.Entry
+	for _, e := range after.Entries {
+		if b, ok := before.Entry(e.Database); !ok || b != e {
+			out = append(out, e)
+		}
+	}
+	if len(out) == 0 {
+		return position.Token{}
+	}
+	return position.Token{Entries: out, CapturedAt: after.CapturedAt}
+}
+
+// commit puts the session's value on the response header, once, before
+// the header is written.
+func (s *session) commit() {
+	if s.committed {
+		return
+	}
+	s.committed = true
+	s.sent, _ = enqueue.TokenFrom(s.ctx)
+	wrote := written(s.before, s.sent)
+	base := s.in.tok
+	if s.drop != nil {
+		var keep []position.Entry
+		for _, e := range base.Entries {
+			if !containsString(s.drop, e.Database) {
+				keep = append(keep, e)
+			}
+		}
+		base = position.Token{Entries: keep, CapturedAt: base.CapturedAt}
+	}
+	switch {
+	case !wrote.IsZero():
+		s.issue(base.Merge(wrote))
+	case s.drop != nil && !base.IsZero():
+		s.issue(base)
+	case s.drop != nil || (s.in.rejected != nil && s.in.fromCookie):
+		// Clear what was ignored, so that the client's next requests read
+		// replicas again instead of the primary until the cookie expires.
+		s.setCookie("", -1)
+	}
+}
+
+func (s *session) issue(tok position.Token) {
+	value, err := s.m.codec.seal(tok, s.now, s.m.cfg.MaxAge)
+	if err != nil {
+		// Only a token past position's limits (MaxDatabases) gets here.
+		// The client keeps what it had, which still covers earlier writes.
+		s.m.warnSeal.Do(func() {
+			s.m.cfg.Logger.ErrorContext(s.ctx, "caughtup: the session's token cannot be carried; the client's next request may read a replica without this request's writes",
+				slog.Any("error", errSeal), slog.Any("cause", err))
+		})
+		return
+	}
+	s.m.met.issued.Add(s.ctx, 1)
+	s.setCookie(value, int(s.m.cfg.MaxAge/time.Second))
+	if s.m.cfg.Header != "" {
+		s.w.Header().Set(s.m.cfg.Header, value)
+	}
+}
+
+func (s *session) setCookie(value string, maxAge int) {
+	cfg := &s.m.cfg
+	http.SetCookie(s.w, &http.Cookie{
+		Name: cfg.Cookie, Value: value, Path: cfg.Path, Domain: cfg.Domain, MaxAge: maxAge,
+		Secure: !cfg.Insecure, HttpOnly: true, SameSite: cfg.SameSite,
+	})
+}
+
+// hijacked: the handler took the connection; nothing more reaches the
+// client through the response, so every write counts as late.
+func (s *session) hijacked() {
+	if !s.committed {
+		s.committed, s.sent = true, s.before
+	}
+}
+
+// finish runs after the handler: it commits a response the handler never
+// wrote to (net/http writes its header after the handler returns), and
+// counts the writes that came after the header.
+func (s *session) finish(ctx context.Context, route string) {
+	if !s.committed {
+		s.commit()
+		return
+	}
+	after, _ := enqueue.TokenFrom(s.ctx)
+	if late := written(s.sent, after); !late.IsZero() {
+		s.m.met.late.Add(ctx, 1)
+		s.m.warnLate.Do(func() {
+			s.m.cfg.Logger.WarnContext(ctx, "caughtup: the handler wrote after the response header was sent; the client did not get that write's token, so its next request may read a replica without it: write before responding",
+				slog.String("route", route), slog.String("token", late.String()))
+		})
+	}
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// responseWriter commits the session's value before anything of the
+// response goes out.
+type responseWriter struct {
+	http.ResponseWriter
+	s *session
+}
+
+var (
+	_ http.Flusher  = (*responseWriter)(nil)
+	_ http.Hijacker = (*responseWriter)(nil)
+)
+
+func (w *responseWriter) WriteHeader(code int) {
+	// Informational responses (103 Early Hints) go out without ending the
+	// header; the final one carries the cookie. 101 is final.
+	if code < 100 || code >= 200 || code == http.StatusSwitchingProtocols {
+		w.s.commit()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseWriter) Write(b []byte) (int, error) {
+	w.s.commit()
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush is http.Flusher's: a flush sends the header.
+func (w *responseWriter) Flush() { _ = w.FlushError() }
+
+// FlushError is what http.ResponseController.Flush calls.
+func (w *responseWriter) FlushError() error {
+	w.s.commit()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Hijack hands the connection over; writes made before or after it
+// cannot reach the client through a cookie.
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.s.hijacked()
+	}
+	return conn, rw, err
+}
+
+// Unwrap lets http.ResponseController reach the ResponseWriter beneath.
+func (w *responseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
