@@ -37,9 +37,9 @@ type Handler func(ctx context.Context, r *kgo.Record) error
 // hands each record to a handler, one worker per assigned partition, each
 // partition in order. One poll loop hands polled records to the
 // partitions' queues and never waits for a handler; a partition whose
-// queue is full, or whose head record waits for a replica, has its
-// fetches paused (kgo.Client.PauseFetchPartitions) until it has drained,
-// so it holds back only itself.
+// head record waits for a replica has its fetches paused
+// (kgo.Client.PauseFetchPartitions) until the record is done, so it holds
+// back only itself (awaitRoom says when the loop polls).
 //
 // A record's offset is committed only once it and every record before it
 // in its partition are done (handled, produced to the retry topic or

@@ -51,13 +51,16 @@
 //
 // One poll loop (kgo.Client.PollRecords) hands polled records to one
 // queue per assigned partition, and one worker per partition processes
-// its queue in offset order. The poll loop never waits for a worker: a
-// partition whose head record waits for a replica, or whose queue is full,
-// has its fetches paused (kgo.Client.PauseFetchPartitions) until it can
-// go on, and the other partitions keep flowing. Records already polled
-// for a paused partition stay queued behind the head, in order; franz-go
-// drops what it buffered for a paused partition without moving its
-// cursor, and fetches it again on resume.
+// its queue in offset order. The poll loop never waits for a record: a
+// partition whose head record waits for a replica has its fetches paused
+// (kgo.Client.PauseFetchPartitions) until the record is done, and the
+// other partitions keep flowing. Records already polled for a paused
+// partition stay queued behind the head, in order; franz-go drops what
+// it buffered for a paused partition without moving its cursor, and
+// fetches it again on resume. When every partition has work queued the
+// loop stops polling, so that records wait in franz-go's buffer; a
+// partition that stays full while another has nothing to do is paused
+// as well (QueueCapacity).
 //
 // Offsets are committed (every CommitInterval, and on every revocation
 // and at the end of Run) only up to the last record done in order, with

@@ -14,8 +14,9 @@ import (
 // it, in offset order, and the worker that processes them one at a time.
 //
 // Waiting in place is pausing: while the worker holds a record for a
-// replica (or a handler's backoff), or while its queue is full, the
-// partition's fetches are paused, so that franz-go neither fetches nor
+// replica (or a handler's backoff), or while its queue stays full and
+// another partition starves (Consumer.awaitRoom), the partition's
+// fetches are paused, so that franz-go neither fetches nor
 // buffers more of it and the poll loop keeps serving the other
 // partitions. Records already polled stay in the queue, in order, behind
 // the one held; none is skipped, because the client's cursor has moved
