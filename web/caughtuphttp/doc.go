@@ -1,0 +1,91 @@
+// Package caughtuphttp gives web sessions read-your-writes on PostgreSQL
+// read replicas: the token of a session's writes travels with the client,
+// in a signed cookie (or a header, for API clients), and each request is
+// routed by the same consume.Router as the process's jobs, so that a user
+// who just saved something never sees the page without it, while the
+// requests of everyone else read replicas. It is the pattern of GitLab's
+// sticky database sessions and Rails' database selector, with a WAL
+// position in place of a timestamp.
+//
+//	router, err := consume.NewRouter(ctx, consume.Config{
+//		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
+//	})
+//	keys, err := feed.ParseKeys(os.Getenv("SESSION_TOKEN_KEYS")) // "id:base64secret", the first signs
+//	mw, err := caughtuphttp.New(router, caughtuphttp.Config{Keys: keys})
+//	http.ListenAndServe(addr, mw.Handler(mux))
+//
+//	// A handler writes on the primary through enqueue, and reads from the
+//	// pool the router chose for the request.
+//	mux.HandleFunc("POST /profile", func(w http.ResponseWriter, r *http.Request) {
+//		_, err := enqueue.InTx(r.Context(), primary, func(tx pgx.Tx) error { ... })
+//		http.Redirect(w, r, "/profile", http.StatusSeeOther) // the cookie goes with it
+//	})
+//	mux.HandleFunc("GET /profile", func(w http.ResponseWriter, r *http.Request) {
+//		row := consume.DB(r.Context(), "main").QueryRow(r.Context(), "SELECT ...")
+//	})
+//
+// # What a request reads
+//
+// A request without a session value has nothing of its own to wait for:
+// each database reads from any replica the router may use (healthy, its
+// state fresh; consume.Config's rules), and from the primary while none
+// is. A request whose value names a write reads, per database, a replica
+// that has replayed it. When none has, it waits for one (Config.Policy,
+// default the router's: Delayed waits up to the router's WaitBudget;
+// Sticky, GitLab's web behaviour, does not wait), then reads the primary,
+// charged to the router's fallback cap like a job that cannot be
+// deferred. There is no queue to defer a request to: while the cap is
+// spent the request is held for a replica or the cap, up to
+// Config.MaxWait, and then answered 503 with Retry-After
+// (Config.Unavailable), never served stale.
+//
+// A value that is tampered with, expired, issued in the future, signed by
+// a key this process does not have, or that does not decode is ignored:
+// the request reads the primary (the router counts it as
+// primary_no_token), the response clears the cookie, and it is counted
+// (caughtup.http.tokens.rejected by caughtup.reason) and logged, sampled.
+// A value naming another cluster's position (another system identifier)
+// reads the primary for that database once, is counted as other_cluster,
+// and the client's next value leaves it out.
+//
+// # Writes follow reads
+//
+// Handler opens an enqueue session for each request (enqueue.WithSession),
+// so every write the handler makes through enqueue (InTx, Commit,
+// Capturer.AfterWrite) is collected even from contexts it drops, and jobs
+// it enqueues carry the session's earlier writes too (enqueue.TokenFrom).
+// The new token, merged with the one the client brought (Token.Merge), is
+// signed into the cookie when the handler first writes the header or the
+// body, or flushes, or returns. So write before responding: a write after
+// the header is out (or after hijacking the connection) cannot reach the
+// client and is counted as caughtup.http.tokens.late. The wrapped
+// ResponseWriter unwraps for http.ResponseController and implements
+// http.Flusher and http.Hijacker.
+//
+// # The value
+//
+// base64url of (version, key ID, issued-at, max age, the token's text),
+// a dot, and base64url of its HMAC-SHA256 under the key named. Keys are
+// feed.Keys (`caughtup feed --generate-key`); list the new key second on
+// every process, then first, then drop the old one after MaxAge. The
+// cookie is Secure, HttpOnly, SameSite=Lax and named with the __Host-
+// prefix by default.
+//
+// A session carries its token for Config.MaxAge after its last write
+// (default 5 minutes), which must exceed the router's Tracker.MaxLagTime
+// plus its StalenessBound: by the time a cookie expires, a replica that
+// still lacks the write is behind by more than MaxLagTime, which the
+// router counts as unhealthy and does not read. The token itself says
+// only where the session's writes are; it is signed so that a client
+// cannot point other requests at positions of its choosing, not because
+// it is secret.
+//
+// # Metrics
+//
+// Under ScopeName: caughtup.http.tokens.rejected (caughtup.reason
+// malformed, unknown_key, bad_signature, expired, issued_in_future,
+// bad_token, other_cluster), caughtup.http.tokens.issued,
+// caughtup.http.tokens.late and caughtup.http.requests.unavailable. The
+// decisions themselves are the router's (caughtup.consume.decisions), with
+// the source "http <route>" in its warnings.
+package caughtuphttp
