@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
@@ -73,6 +74,13 @@ type Config struct {
 	// As the OpenTelemetry contrib instrumentations do.
 	MeterProvider metric.MeterProvider
 
+	// TracerProvider makes the consume.SpanDefer span of each snooze. The
+	// routing spans are the router's (consume.Config.TracerProvider);
+	// both are children of the worker's context's span (otelriver's, if
+	// its middleware runs before this one).
+	// Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+
 	// Logger reports, sampled, failed position reads. Malformed metadata
 	// tokens are logged by the router (consume.Job.Source "river <kind>").
 	// Default: slog.Default().
@@ -90,6 +98,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -81,4 +81,13 @@
 // caughtup.river.position.reads (caughtup.result ok, failed) and
 // caughtup.river.overrides (caughtup.river.override last_attempt).
 // Routing decisions are counted by package consume.
+//
+// # Traces
+//
+// Each snooze is a consume.SpanDefer span under ScopeName, from
+// Config.TracerProvider, with the decision and the job (messaging.system
+// river, the queue, the job's id, caughtup.river.kind); each attempt's
+// routing is the router's consume.SpanRoute. Both are children of the
+// worker's context's span: otelriver's (rivercontrib), if its middleware
+// runs before this one.
 package caughtupriver

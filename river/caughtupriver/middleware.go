@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
@@ -77,6 +80,7 @@ type Middleware struct {
 	def      consume.Policy
 	fetch    *fetchPositions // nil with UnstampedReadPrimary
 	met      *metrics
+	tracer   trace.Tracer
 	log      *slog.Logger
 	warn     *rate.Sometimes
 }
@@ -99,6 +103,7 @@ func NewMiddleware(router *consume.Router, cfg Config) (*Middleware, error) {
 		router:   router,
 		policies: maps.Clone(cfg.Policies),
 		def:      cfg.DefaultPolicy,
+		tracer:   cfg.TracerProvider.Tracer(ScopeName),
 		log:      cfg.Logger,
 		warn:     &rate.Sometimes{First: 1, Interval: 10 * time.Second},
 	}
@@ -162,7 +167,24 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 		// which River retries after its own backoff.
 		return err
 	}
+	m.traceSnooze(ctx, job, de)
 	return river.JobSnooze(max(de.Delay, 0))
+}
+
+// traceSnooze records a snooze as a consume.SpanDefer span.
+func (m *Middleware) traceSnooze(ctx context.Context, job *rivertype.JobRow, de *consume.DeferError) {
+	_, span := m.tracer.Start(ctx, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
+		span.SetAttributes(
+			attribute.String("messaging.system", "river"),
+			attribute.String("messaging.destination.name", job.Queue),
+			attribute.String("messaging.message.id", strconv.FormatInt(job.ID, 10)),
+			attribute.String("caughtup.river.kind", job.Kind),
+			attribute.Int("caughtup.river.attempt", job.Attempt),
+		)
+	}
+	span.End()
 }
 
 // jobToken fills rj's token from job's metadata or the primary's position
