@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -396,4 +397,67 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 			mu.Unlock()
 		})
 	}
+}
+
+// TestSlowPartitionDoesNotHoldOthers: a partition whose handler is slow
+// fills its queue; the poll loop then stops polling, but once another
+// partition has nothing to do it pauses the slow one, and the other
+// flows to its end long before the slow one is done. Nothing is skipped.
+func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
+	e := setupDB(t, nil)
+	topic := newTopics(t, 2, "")[0]
+	p := manualProducer(t, topic)
+	const n = 200
+	for part := range int32(2) {
+		for i := range n {
+			require.NoError(t, p.ProduceSync(t.Context(), &kgo.Record{Partition: part, Value: []byte(strconv.Itoa(i))}).FirstErr())
+		}
+	}
+	var mu sync.Mutex
+	next := [2]int{}
+	var skipped []string
+	fastDone := make(chan [2]int, 1)
+	r := startConsumer(t, caughtupkgo.ConsumerConfig{
+		Topic: topic, Router: e.router, Policy: consume.Always, MeterProvider: e.mp,
+		QueueCapacity: 10, MaxPollRecords: 5,
+	}, func(ctx context.Context, rec *kgo.Record) error {
+		if rec.Partition == 0 {
+			time.Sleep(20 * time.Millisecond) // a queue of 10 takes 200ms, past slowAfter
+		}
+		i, err := strconv.Atoi(string(rec.Value))
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case i == next[rec.Partition]:
+			next[rec.Partition]++
+		case i > next[rec.Partition]:
+			skipped = append(skipped, fmt.Sprintf("partition %d: record %d before %d", rec.Partition, i, next[rec.Partition]))
+		}
+		if rec.Partition == 1 && next[1] == n {
+			fastDone <- next
+		}
+		return nil
+	})
+	var at [2]int
+	select {
+	case at = <-fastDone:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the fast partition did not finish within a minute")
+	}
+	t.Logf("the fast partition finished when the slow one had done %d of %d", at[0], n)
+	// Held back by the slow one, the fast partition would move in step with
+	// it: a few records per drain of the slow queue.
+	require.Less(t, at[0], n/2, "the fast partition finished only once the slow one was half done: it waited for it")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return next[0] == n
+	}, 60*time.Second, 10*time.Millisecond, "the slow partition did not finish")
+	require.NoError(t, r.stop())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, skipped)
 }
