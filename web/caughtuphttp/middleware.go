@@ -210,7 +210,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		return
 	}
 	hctx := valuesOf{Context: ctx, values: routed}
-	s := &session{m: m, w: w, ctx: hctx, in: in, now: now}
+	s := &session{m: m, w: w, ctx: hctx, in: in}
 	s.before, _ = enqueue.TokenFrom(hctx)
 	s.foreign(d)
 	if s.drop != nil {

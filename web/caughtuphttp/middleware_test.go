@@ -151,6 +151,29 @@ func TestLateWrite(t *testing.T) {
 	require.Equal(t, int64(1), metrictest.Sum(t, e.reader, "caughtup.http.tokens.issued"))
 }
 
+// TestResponsePaths: the cookie goes out with the final response however
+// the handler ends it, and a hijacked connection's writes count as late.
+func TestResponsePaths(t *testing.T) {
+	e := setup(t, mods{})
+	for _, path := range []string{"/hints", "/silent"} {
+		resp, body := e.do(t, e.client(t), e.request(t, http.MethodPost, path, ""))
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		c := e.cookie(resp)
+		require.NotNil(t, c, path)
+		_, ok := e.token(t, c.Value).Entry("main")
+		require.True(t, ok, path)
+	}
+	require.Equal(t, int64(2), metrictest.Sum(t, e.reader, "caughtup.http.tokens.issued"))
+	require.Zero(t, metrictest.Sum(t, e.reader, "caughtup.http.tokens.late"))
+
+	resp, body := e.do(t, e.client(t), e.request(t, http.MethodPost, "/hijack", ""))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "ok", body)
+	require.Nil(t, e.cookie(resp))
+	require.Equal(t, int64(1), metrictest.Sum(t, e.reader, "caughtup.http.tokens.late"))
+	require.Equal(t, int64(2), metrictest.Sum(t, e.reader, "caughtup.http.tokens.issued"))
+}
+
 // TestHeader: an API client without cookies carries the value in a
 // header.
 func TestHeader(t *testing.T) {

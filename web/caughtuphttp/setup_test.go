@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,7 +41,9 @@ type env struct {
 	srv      *httptest.Server
 	cfg      Config
 	rcfg     consume.Config
-	sessions int
+	// inflight counts requests in the middleware, so that a test can wait
+	// for what it records after a handler returns.
+	inflight sync.WaitGroup
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -102,7 +105,12 @@ func setup(t *testing.T, m mods) *env {
 	e.mw, err = New(e.router, e.cfg)
 	require.NoError(t, err)
 	e.cfg = e.cfg.WithDefaults()
-	e.srv = httptest.NewTLSServer(e.mw.Handler(e.mux()))
+	h := e.mw.Handler(e.mux())
+	e.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.inflight.Add(1)
+		defer e.inflight.Done()
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(e.srv.Close)
 	return e
 }
@@ -174,6 +182,35 @@ func (e *env) mux() *http.ServeMux {
 		}
 		fmt.Fprint(w, id)
 	})
+	// Writes, then takes the connection over.
+	mux.HandleFunc("POST /hijack", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := insert(r.Context()); err != nil {
+			panic(err)
+		}
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+		_ = buf.Flush()
+	})
+	// Sends early hints, then writes, then answers.
+	mux.HandleFunc("POST /hints", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		id, err := insert(r.Context())
+		if err != nil {
+			panic(err)
+		}
+		fmt.Fprint(w, id)
+	})
+	// Writes and returns without writing anything.
+	mux.HandleFunc("POST /silent", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := insert(r.Context()); err != nil {
+			panic(err)
+		}
+	})
 	return mux
 }
 
@@ -191,6 +228,7 @@ func (e *env) do(t testing.TB, c *http.Client, req *http.Request) (*http.Respons
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
+	e.inflight.Wait() // a hijacked connection's answer can come before the handler returns
 	return resp, string(body)
 }
 

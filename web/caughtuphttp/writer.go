@@ -19,7 +19,6 @@ type session struct {
 	w   http.ResponseWriter // the one Handler got
 	ctx context.Context     // the handler's, with the enqueue session
 	in  carried
-	now time.Time
 	// before is the enqueue session's token when the handler starts: what
 	// the request was routed with, raised to what the replicas read had
 	// replayed. Entries that differ later were raised by the handler's
@@ -99,7 +98,9 @@ func (s *session) commit() {
 }
 
 func (s *session) issue(tok position.Token) {
-	value, err := s.m.codec.seal(tok, s.now, s.m.cfg.MaxAge)
+	// Issued now, not when the request started: MaxAge counts from the
+	// last write, however long the handler ran before it.
+	value, err := s.m.codec.seal(tok, s.m.cfg.Now(), s.m.cfg.MaxAge)
 	if err != nil {
 		// Only a token past position's limits (MaxDatabases) gets here.
 		// The client keeps what it had, which still covers earlier writes.
