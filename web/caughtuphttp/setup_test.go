@@ -33,14 +33,14 @@ import (
 // an HTTPS server whose handlers write on the primary and read from the
 // pool the middleware chose.
 type env struct {
-	c        *pgtest.Cluster
-	primary  *pgxpool.Pool
-	router   *consume.Router
-	reader   *sdkmetric.ManualReader
-	mw       *Middleware
-	srv      *httptest.Server
-	cfg      Config
-	rcfg     consume.Config
+	c       *pgtest.Cluster
+	primary *pgxpool.Pool
+	router  *consume.Router
+	reader  *sdkmetric.ManualReader
+	mw      *Middleware
+	srv     *httptest.Server
+	cfg     Config
+	rcfg    consume.Config
 	// inflight counts requests in the middleware, so that a test can wait
 	// for what it records after a handler returns.
 	inflight sync.WaitGroup
