@@ -35,12 +35,15 @@ import (
 type env struct {
 	c       *pgtest.Cluster
 	primary *pgxpool.Pool
-	router  *consume.Router
-	reader  *sdkmetric.ManualReader
-	mw      *Middleware
-	srv     *httptest.Server
-	cfg     Config
-	rcfg    consume.Config
+	// replicas are the application's own pools, for handlers that bypass
+	// the middleware (benchmarks).
+	replicas []*pgxpool.Pool
+	router   *consume.Router
+	reader   *sdkmetric.ManualReader
+	mw       *Middleware
+	srv      *httptest.Server
+	cfg      Config
+	rcfg     consume.Config
 	// inflight counts requests in the middleware, so that a test can wait
 	// for what it records after a handler returns.
 	inflight sync.WaitGroup
@@ -61,7 +64,7 @@ type mods struct {
 	http   func(*Config)
 }
 
-func setup(t *testing.T, m mods) *env {
+func setup(t testing.TB, m mods) *env {
 	t.Helper()
 	ctx := ctxT(t)
 	c := pgtest.Shared(t)
@@ -82,6 +85,7 @@ func setup(t *testing.T, m mods) *env {
 		require.NoError(t, err)
 		t.Cleanup(p.Close)
 		reps = append(reps, replay.Replica{Name: "r" + strconv.Itoa(i+1), Pool: p})
+		e.replicas = append(e.replicas, p)
 	}
 	e.rcfg = consume.Config{
 		Databases:     map[string]replay.Database{"main": {Primary: e.primary, Replicas: reps}},
