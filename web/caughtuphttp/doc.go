@@ -75,7 +75,11 @@
 // (default 5 minutes), which must exceed the router's Tracker.MaxLagTime
 // plus its StalenessBound: by the time a cookie expires, a replica that
 // still lacks the write is behind by more than MaxLagTime, which the
-// router counts as unhealthy and does not read. The token itself says
+// router counts as unhealthy and does not read. That holds while the
+// tracker can measure the replica's lag: one whose lag it cannot compute
+// (on another timeline than the primary's, not yet following a
+// promotion) counts as healthy, and a request without a token may read
+// it, as any read without a token may. The token itself says
 // only where the session's writes are; it is signed so that a client
 // cannot point other requests at positions of its choosing, not because
 // it is secret.
