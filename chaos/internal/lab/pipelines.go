@@ -48,6 +48,14 @@ func readRow(ctx context.Context, st *stream, pool *pgxpool.Pool, rd read) error
 // the decision come from the context the adapter built. retried is the
 // queue's retry count of this run.
 func caughtupRead(ctx context.Context, st *stream, p payload, header string, retried int) error {
+	return caughtupReadSince(ctx, st, p, header, time.Time{}, retried)
+}
+
+// caughtupReadSince is caughtupRead for a job whose token, when header
+// carries none, the adapter dated at since: a River job inserted with
+// InsertTx, routed by the position after its fetch with its CreatedAt as
+// the capture time.
+func caughtupReadSince(ctx context.Context, st *stream, p payload, header string, since time.Time, retried int) error {
 	dec, ok := consume.DecisionFrom(ctx)
 	pool, err := consume.Pool(ctx, "main")
 	if !ok || err != nil {
@@ -56,6 +64,9 @@ func caughtupRead(ctx context.Context, st *stream, p payload, header string, ret
 	rd := read{job: p, outcome: dec.Outcome.String(), reason: dec.Reason.String(), fallback: dec.Fallback, waited: dec.Waited, retried: retried}
 	if dd, ok := dec.Database("main"); ok {
 		rd.replica = dd.Replica
+	}
+	if !since.IsZero() && dec.TokenAge > 0 {
+		rd.decided = since.Add(dec.TokenAge)
 	}
 	if tok, err := position.Decode(header); err == nil {
 		// The Decision's own clock: Route stamped TokenAge from the same

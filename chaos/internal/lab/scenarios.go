@@ -56,6 +56,7 @@ var scenarioList = []func(sl scale) *scenario{
 	partitionPublisherScenario,        // partitions.go
 	feedRedisClusterFailoverScenario,  // feedredis.go
 	feedRedisSentinelFailoverScenario, // feedredis.go
+	adaptersScenario,                  // adapters.go
 }
 
 func replayPauseScenario(sl scale) *scenario {

@@ -119,6 +119,12 @@ type scenario struct {
 	// mode on a topic of its own, beside the in-place one: jobs then
 	// alternate between asynq, Kafka in place and Kafka retry topic.
 	retryTopic bool
+	// river and kgo add the River and franz-go pipelines (adapters.go):
+	// river two lanes, jobs inserted with caughtupriver.Insert and with
+	// River's InsertTx, kgo one, through caughtupkgo's Producer and
+	// Consumer on a topic of its own. Jobs alternate between every
+	// pipeline of the scenario.
+	river, kgo bool
 	// taskOptions, if set, are extra options of each job's asynq task.
 	taskOptions func(p payload) []asynq.Option
 	// span is how long production runs; fault runs alongside it.
@@ -160,6 +166,9 @@ type run struct {
 	retryPipe   *kafkaPipe
 	rst         *stream
 	retryMember *kafkaMember
+	// adapters are the River and franz-go pipelines (scenario.river,
+	// scenario.kgo); nil without them.
+	adapters *adapterPipes
 	// follower records the router's snapshots during production and the
 	// drain, for the catch-up → start latency; pausedAll are the spans
 	// during which the fault had replay paused on every replica.
@@ -352,6 +361,7 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	if r.rst != nil {
 		lanes = append(lanes, &lane{name: "kafka-retry", sinks: []sink{{send: r.retryPipe.send, streams: []*stream{r.rst}}}})
 	}
+	lanes = append(lanes, r.adapters.lanes()...)
 	r.work = &workload{
 		pool: env.producer, jobs: sl.jobs, over: span, workers: 8, keys: int64(max(sl.jobs/4, 50)), delay: sc.delay,
 		lanes: lanes,
@@ -366,6 +376,8 @@ func runScenario(ctx context.Context, s *services, sc *scenario) (res scenarioRe
 	}
 	s.out.say("%s: %s", sc.name, sc.about)
 	switch {
+	case r.adapters != nil:
+		s.out.say("%s: producing %d jobs over %s (split %d ways, concurrently: %s)", sc.name, sl.jobs, span.Round(100*time.Millisecond), len(lanes), laneNames(lanes))
 	case r.rst != nil:
 		s.out.say("%s: producing %d jobs over %s (a third each through asynq, kafka in place and kafka retry topic, concurrently)", sc.name, sl.jobs, span.Round(100*time.Millisecond))
 	case r.kst != nil:
@@ -453,7 +465,8 @@ func (r *run) rebuildRouter(ctx context.Context, rc consume.Config) error {
 }
 
 // streams are the scenario's pipelines: asynq, Kafka in place unless
-// asynqOnly, and Kafka retry topic with retryTopic.
+// asynqOnly, Kafka retry topic with retryTopic, and the adapters' with
+// river and kgo.
 func (r *run) streams() []*stream {
 	out := []*stream{r.ast}
 	for _, st := range []*stream{r.kst, r.rst} {
@@ -461,7 +474,7 @@ func (r *run) streams() []*stream {
 			out = append(out, st)
 		}
 	}
-	return out
+	return append(out, r.adapters.streams()...)
 }
 
 // produced counts the jobs of every producer.
@@ -476,6 +489,8 @@ func (r *run) produced() int64 {
 // split says how the jobs went through the pipelines.
 func (r *run) split() string {
 	switch {
+	case r.adapters != nil:
+		return r.splitAdapters()
 	case r.kst == nil:
 		return fmt.Sprintf("%d asynq", r.ast.jobs())
 	case r.rst != nil:
@@ -568,6 +583,9 @@ func (r *run) startPipelines(ctx context.Context) error {
 	if _, err := r.startAsynqServer(); err != nil {
 		return err
 	}
+	if err := r.startAdapters(ctx); err != nil {
+		return err
+	}
 	if r.kst == nil {
 		return nil
 	}
@@ -623,6 +641,7 @@ func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
 }
 
 func (r *run) stopPipelines() {
+	r.stopAdapters()
 	r.mu.Lock()
 	srvs, members := r.srvs, r.members
 	if r.retryMember != nil {

@@ -17,7 +17,12 @@ import (
 // topic, consumed by the given streams (a Kafka topic read by three
 // consumer groups feeds three streams with one write).
 type sink struct {
-	send    func(ctx context.Context, p payload) error
+	send func(ctx context.Context, p payload) error
+	// sendTx, set instead of send, enqueues inside the write's own
+	// transaction (River's InsertTx): the job commits with the row and
+	// carries no token. Its payload's Committed and Enqueued are when it
+	// was inserted, just before the COMMIT; delay does not apply.
+	sendTx  func(ctx context.Context, tx pgx.Tx, p payload) error
 	streams []*stream
 }
 
@@ -96,8 +101,8 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 	l := w.lanes[int(id%int64(len(w.lanes)))]
 	key := w.keyBase + 1 + rng.Int64N(w.keys)
 	var (
-		p    payload
-		tctx context.Context
+		p, inTx payload
+		tctx    context.Context
 	)
 	began := time.Now()
 	for {
@@ -107,8 +112,13 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 			w.gate.RLock()
 		}
 		tctx, err = enqueue.InTx(ctx, w.pool, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, `INSERT INTO items (id, version) VALUES ($1, 1)
-				ON CONFLICT (id) DO UPDATE SET version = items.version + 1 RETURNING version`, key).Scan(&version)
+			if err := tx.QueryRow(ctx, `INSERT INTO items (id, version) VALUES ($1, 1)
+				ON CONFLICT (id) DO UPDATE SET version = items.version + 1 RETURNING version`, key).Scan(&version); err != nil {
+				return err
+			}
+			now := time.Now().UnixNano()
+			inTx = payload{ID: id, Key: key, Version: version, Committed: now, Enqueued: now}
+			return l.sendInTx(ctx, tx, inTx)
 		})
 		if w.gate != nil {
 			w.gate.RUnlock()
@@ -120,7 +130,10 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 		// A failed COMMIT, or a commit whose position could not be read
 		// (*enqueue.CaptureError with Committed), is written again: the
 		// new version supersedes the old, and the job carries the new
-		// write's token. Nothing is enqueued without a token.
+		// write's token. Nothing is enqueued without a token. (A job
+		// inserted in the transaction, sink.sendTx, is then in its queue
+		// already, with the old version, and is judged by it; the job id
+		// is complete once either job of it has run.)
 		if ctx.Err() != nil {
 			return
 		}
@@ -129,10 +142,23 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 	}
 	w.writeNanos.Add(int64(time.Since(began)))
 	tok, _ := enqueue.TokenFrom(tctx)
+	// Jobs inserted in the transaction exist from its commit; the token
+	// captured after it is the lab's, for the catch-up latency (the job
+	// carries none).
+	for _, s := range l.sinks {
+		if s.sendTx != nil {
+			for _, st := range s.streams {
+				st.addProduced(inTx, tok)
+			}
+		}
+	}
 	send := func() {
 		sent := time.Now()
 		defer func() { w.sendNanos.Add(int64(time.Since(sent))) }()
 		for _, s := range l.sinks {
+			if s.sendTx != nil {
+				continue
+			}
 			for {
 				p.Enqueued = time.Now().UnixNano()
 				err := s.send(tctx, p)
@@ -165,6 +191,19 @@ func (w *workload) one(ctx context.Context, rng *rand.Rand, id int64, delayed *s
 		sleepCtx(ctx, d)
 		send()
 	})
+}
+
+// sendInTx enqueues through the lane's sinks that enqueue inside the
+// write's transaction (sink.sendTx).
+func (l *lane) sendInTx(ctx context.Context, tx pgx.Tx, p payload) error {
+	for _, s := range l.sinks {
+		if s.sendTx != nil {
+			if err := s.sendTx(ctx, tx, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // meanMS returns the mean write (transaction with capture) and enqueue
