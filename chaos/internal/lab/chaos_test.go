@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"regexp"
 	"testing"
 	"time"
 
@@ -30,12 +31,19 @@ func TestMain(m *testing.M) {
 // scenario and the comparison, on real services (PostgreSQL with streaming
 // replicas, redis-server, and an Apache Kafka broker from testkit/kafkatest
 // or the cluster $KAFKA_BROKERS names). It fails, never skips, when they
-// cannot start.
+// cannot start. CHAOS_RUN, a regular expression as the program's -run,
+// runs only the scenarios it matches (at least one; "compare": the
+// comparison), each checked as in the whole run.
 func TestChaosShort(t *testing.T) {
 	began := time.Now()
 	out := &progress{start: began, w: func(s string) { t.Log(s) }}
 	var tables bytes.Buffer
-	res := runSuite(t.Context(), options{short: true, scale: shortScale}, out, io.Discard, &tables)
+	o := options{short: true, scale: shortScale}
+	if only := os.Getenv("CHAOS_RUN"); only != "" {
+		o.only = regexp.MustCompile(only)
+	}
+	selected := func(name string) bool { return o.only == nil || o.only.MatchString(name) }
+	res := runSuite(t.Context(), o, out, io.Discard, &tables)
 	t.Logf("short suite in %s:\n%s", time.Since(began).Round(time.Second), tables.String())
 
 	require.NotEmpty(t, res.Scenarios, "no scenario ran")
@@ -72,9 +80,27 @@ func TestChaosShort(t *testing.T) {
 			require.Equal(t, timeoutCapRate+timeoutCapBurst, sc.CapWindowLimit)
 			require.LessOrEqual(t, all.MaxPrimaryPerSec, sc.CapWindowLimit, "primary reads over the cap")
 			require.Positive(t, all.Deferrals, "no task was deferred")
+		case "adapters":
+			// Every pipeline, each with jobs of its own.
+			var names []string
+			for _, st := range sc.Streams {
+				names = append(names, st.Stream)
+				require.Positive(t, st.Jobs, "%s: no job went through it", st.Stream)
+			}
+			require.Equal(t, []string{"asynq", "kafka", "kafka-retry", "river", "river-tx", "kgo", "all"}, names)
 		}
 	}
-	require.Len(t, res.Scenarios, len(scenarios(shortScale)))
+	want := 0
+	for _, sc := range scenarios(shortScale) {
+		if selected(sc.name) {
+			want++
+		}
+	}
+	require.Len(t, res.Scenarios, want)
+	if !selected("compare") {
+		require.Empty(t, res.Failures)
+		return
+	}
 	require.NotNil(t, res.Comparison, "the comparison did not run")
 	require.Len(t, res.Comparison.Totals, 3)
 	for _, st := range res.Comparison.Streams {
