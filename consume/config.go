@@ -94,7 +94,8 @@ type Config struct {
 	// TracerProvider makes the routing spans: caughtup.route around each
 	// Route, with the decision as attributes, and its child caughtup.wait
 	// while the job waits inside Route for a replica or the fallback cap
-	// (see trace.go).
+	// (SpanRoute, SpanWait). Only inside a trace: a Route whose context
+	// has no span makes none.
 	// Default: otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 	// Logger logs each decision at Debug and degraded or unknown state at

@@ -80,7 +80,8 @@
 // Spans under ScopeName, from Config.TracerProvider (default the global
 // one): SpanRoute around each Route, whose attributes are the decision
 // (TraceAttributes), and its child SpanWait while the job waits for a
-// replica or is held for the fallback cap. The handler's context keeps
+// replica or is held for the fallback cap, made only when Route's context
+// has a span (caughtup's spans join traces, they never start one). The handler's context keeps
 // the caller's span. The adapters add SpanDefer and SpanWake, and carry
 // the producer's trace context in the job's headers through the
 // application's propagators.

@@ -252,7 +252,11 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (hctx context.Co
 	// The span's context is for the waits and the cap's Redis calls, whose
 	// spans are its children; the handler's context derives from ctx, so
 	// the handler's spans are the route span's siblings, not children of a
-	// span that has ended.
+	// span that has ended. A job outside any trace gets no span: caughtup's
+	// spans join the application's traces, they never start one.
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return r.routeIn(ctx, ctx, job, t) // no trace to join (tracing.Start)
+	}
 	sctx, span := r.tracer.Start(ctx, SpanRoute)
 	hctx, d, err = r.routeIn(ctx, sctx, job, t)
 	endRoute(span, job, &d, err)

@@ -8,12 +8,16 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/caughtup/caughtup/internal/tracing"
 )
 
 // The routing spans. A span, unlike the metrics, says which job a decision
-// was about: the caughtup.route span of a job that read stale data, or
-// that waited seconds for a replica, sits in that job's trace, beside the
-// handler's queries.
+// was about: the caughtup.route span of a job that waited seconds for a
+// replica, or read the primary, sits in that job's trace, beside the
+// handler's queries. They are made only inside a trace (the context of
+// Route has a span: the producer's, continued from the job's headers, or
+// the consumer's own); a job outside any trace gets none.
 const (
 	// SpanRoute covers Router.Route: deciding, waiting, the fallback cap.
 	// Its attributes are the decision (TraceAttributes).
@@ -116,7 +120,7 @@ func endRoute(span trace.Span, job *Job, d *Decision, err error) {
 
 // startWait starts the caughtup.wait span, a child of ctx's caughtup.route.
 func (r *Router) startWait(ctx context.Context, waitFor string) trace.Span {
-	_, span := r.tracer.Start(ctx, SpanWait, trace.WithAttributes(attribute.String(attrWaitFor, waitFor)))
+	_, span := tracing.Start(ctx, r.tracer, SpanWait, trace.WithAttributes(attribute.String(attrWaitFor, waitFor)))
 	return span
 }
 

@@ -87,8 +87,9 @@ func TestRouteSpan(t *testing.T) {
 // replica serves is deferred, and a deferral is not an error.
 func TestRouteSpanUnknownState(t *testing.T) {
 	t.Parallel()
-	r, exp, _ := tracedRouter(t, func(c *Config) { c.WaitBudget = -1 })
-	ctx := context.Background()
+	r, exp, tracer := tracedRouter(t, func(c *Config) { c.WaitBudget = -1 })
+	ctx, job := tracer.Start(context.Background(), "job")
+	defer job.End()
 
 	_, _, err := r.Route(ctx, Job{Policy: Delayed})
 	require.NoError(t, err)
@@ -118,8 +119,10 @@ func TestRouteSpanUnknownState(t *testing.T) {
 // of its route span; a wait its context abandons marks both as errors.
 func TestWaitSpan(t *testing.T) {
 	t.Parallel()
-	r, exp, _ := tracedRouter(t, func(c *Config) { c.WaitBudget = 30 * time.Millisecond })
-	_, d, err := r.Route(context.Background(), Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
+	r, exp, tracer := tracedRouter(t, func(c *Config) { c.WaitBudget = 30 * time.Millisecond })
+	parent, job := tracer.Start(context.Background(), "job")
+	defer job.End()
+	_, d, err := r.Route(parent, Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
 	require.Error(t, err)
 	require.Equal(t, ActionDefer, d.Action, "the budget ran out")
 	waits, routes := spansNamed(exp, SpanWait), spansNamed(exp, SpanRoute)
@@ -130,7 +133,7 @@ func TestWaitSpan(t *testing.T) {
 	require.Equal(t, "defer", attrs(waits[0])["caughtup.action"].AsString())
 
 	exp.Reset()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	time.AfterFunc(5*time.Millisecond, cancel)
 	_, _, err = r.Route(ctx, Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
 	require.ErrorIs(t, err, context.Canceled)
@@ -145,14 +148,16 @@ func TestWaitSpan(t *testing.T) {
 // span too.
 func TestHoldSpan(t *testing.T) {
 	t.Parallel()
-	r, exp, _ := tracedRouter(t, func(c *Config) {
+	r, exp, tracer := tracedRouter(t, func(c *Config) {
 		c.PrimaryRate, c.PrimaryBurst = rate.Every(50*time.Millisecond), 1
 		c.WaitBudget = -1
 	})
+	ctx, job := tracer.Start(context.Background(), "job")
+	defer job.End()
 	behind := tok(time.Second, ent("main", 1, "0/8000000"))
-	_, _, err := r.Route(context.Background(), Job{Token: behind, Policy: Sticky}) // the burst
+	_, _, err := r.Route(ctx, Job{Token: behind, Policy: Sticky}) // the burst
 	require.NoError(t, err)
-	_, d, err := r.Route(context.Background(), Job{Token: behind, Policy: Sticky, NoDefer: true, Hold: true})
+	_, d, err := r.Route(ctx, Job{Token: behind, Policy: Sticky, NoDefer: true, Hold: true})
 	require.NoError(t, err)
 	require.True(t, d.Held)
 	waits := spansNamed(exp, SpanWait)
@@ -161,6 +166,21 @@ func TestHoldSpan(t *testing.T) {
 	routes := spansNamed(exp, SpanRoute)
 	require.True(t, attrs(routes[1])["caughtup.held"].AsBool())
 	require.True(t, attrs(routes[1])["caughtup.fallback"].AsBool())
+}
+
+// TestNoSpanOutsideTrace: a job whose context has no span gets none, not
+// a one-span trace of its own: caughtup's spans join traces, they never
+// start one; neither does its wait.
+func TestNoSpanOutsideTrace(t *testing.T) {
+	t.Parallel()
+	r, exp, _ := tracedRouter(t, func(c *Config) { c.WaitBudget = 20 * time.Millisecond })
+	_, d, err := r.Route(context.Background(), Job{Token: tok(time.Second, ent("main", 1, "0/100")), Policy: Sticky})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeReplica, d.Outcome)
+	_, d, err = r.Route(context.Background(), Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
+	require.Error(t, err)
+	require.Equal(t, ActionDefer, d.Action, "it waited, then was deferred")
+	require.Empty(t, exp.GetSpans())
 }
 
 // TestTraceAttributesSeveralDatabases: a job of two databases names both,

@@ -471,7 +471,7 @@ func (m *middleware) deferred(ctx context.Context, task *asynq.Task, de *consume
 	// The span is the moment of the deferral (asynq schedules the retry
 	// once the handler returns); the wake span links back to it, and the
 	// task's next attempt continues the same trace from its headers.
-	_, span := m.tracer.Start(ctx, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	_, span := tracing.Start(ctx, m.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
 		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
 		span.SetAttributes(taskAttributes(ctx, task)...)

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
@@ -538,6 +539,9 @@ func (w *waker) startWake(ctx context.Context, queue string, es []*wakeEntry) (c
 		if e.deferral != nil {
 			links = append(links, trace.Link{SpanContext: *e.deferral})
 		}
+	}
+	if len(links) == 0 {
+		return ctx, tracenoop.Span{} // no deferral of these was in a trace
 	}
 	return w.tracer.Start(ctx, consume.SpanWake, trace.WithLinks(links...), trace.WithAttributes(
 		systemAsynq, attribute.String(attrDestination, queue), attribute.Int(attrBatchCount, len(es))))

@@ -179,7 +179,7 @@ func (c *Consumer) untilDue(ctx context.Context, msg *kafka.Message, due time.Ti
 	// Past its due time the message is routed once and, if still behind,
 	// deferred again with a new due time: no loop, so even a token that a
 	// Verifier vouches for may wake on its position.
-	ctx, span := c.tracer.Start(ctx, consume.SpanWake, trace.WithAttributes(messageAttributes(msg)...))
+	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanWake, trace.WithAttributes(messageAttributes(msg)...))
 	held, woken := c.holdDeferred(ctx, due, tok, tokErr, ps)
 	span.SetAttributes(attribute.Bool(attrWoken, woken))
 	span.End()

@@ -90,7 +90,7 @@ func messageAttributes(msg *kafka.Message) []attribute.KeyValue {
 // startDefer starts the caughtup.defer span of a deferral of msg, in
 // mode ("in_place", "retry_topic").
 func (c *Consumer) startDefer(ctx context.Context, msg *kafka.Message, de *consume.DeferError, mode string) (context.Context, trace.Span) {
-	ctx, span := c.tracer.Start(ctx, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
 		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
 		span.SetAttributes(messageAttributes(msg)...)

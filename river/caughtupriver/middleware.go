@@ -18,6 +18,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -173,7 +174,7 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 
 // traceSnooze records a snooze as a consume.SpanDefer span.
 func (m *Middleware) traceSnooze(ctx context.Context, job *rivertype.JobRow, de *consume.DeferError) {
-	_, span := m.tracer.Start(ctx, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	_, span := tracing.Start(ctx, m.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
 		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
 		span.SetAttributes(

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -15,9 +17,23 @@ import (
 	"github.com/caughtup/caughtup/river/caughtupriver"
 )
 
+// jobSpans is worker middleware that starts a span per job, as
+// otelriver's does: caughtup's spans join it.
+type jobSpans struct {
+	river.MiddlewareDefaults
+	tracer trace.Tracer
+}
+
+func (m *jobSpans) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	ctx, span := m.tracer.Start(ctx, "river.work "+job.Kind, trace.WithSpanKind(trace.SpanKindConsumer))
+	defer span.End()
+	return doInner(ctx)
+}
+
 // TestTraceSnooze: each snooze of a job no replica serves yet is a
 // caughtup.defer span with the decision and the job, and each attempt's
-// caughtup.route span records what was decided, the last on a replica.
+// caughtup.route span records what was decided, the last on a replica;
+// all of them children of the job's span.
 func TestTraceSnooze(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
@@ -29,7 +45,7 @@ func TestTraceSnooze(t *testing.T) {
 	})
 	ctx := ctxT(t)
 	w, runs := recorder()
-	c := e.client(t, clientConfig(4, w, e.middleware(t, caughtupriver.Config{TracerProvider: tp})), true)
+	c := e.client(t, clientConfig(4, w, &jobSpans{tracer: tp.Tracer("app")}, e.middleware(t, caughtupriver.Config{TracerProvider: tp})), true)
 	resume := e.pauseAll(t)
 	res := e.insertTx(t, ctx, c, 1)
 
@@ -71,4 +87,13 @@ func TestTraceSnooze(t *testing.T) {
 		return last["caughtup.action"] == "run"
 	}, 10*time.Second, 10*time.Millisecond)
 	require.Contains(t, []string{"replica", "replica_waited"}, last["caughtup.outcome"])
+	work := spans("river.work item")
+	require.NotEmpty(t, work)
+	parents := map[trace.SpanID]bool{}
+	for _, w := range work {
+		parents[w.SpanContext.SpanID()] = true
+	}
+	for _, s := range append(routes, spans(consume.SpanDefer)...) {
+		require.True(t, parents[s.Parent.SpanID()], "%s is not a child of a job's span", s.Name)
+	}
 }
