@@ -553,3 +553,34 @@ func checkAdapters(r *run, res *scenarioResult) {
 		r.fail("no job waited for a replica or was deferred: the pauses did not take effect")
 	}
 }
+
+func adaptersPauseScenario(sl scale) *scenario {
+	return &scenario{
+		name: "adapters-pause",
+		about: fmt.Sprintf("WAL replay paused on both replicas for %s mid-run, with every pipeline at once (as adapters): River's jobs snoozed "+
+			"again and again, franz-go's partitions paused, through one long lag", sl.pause),
+		policy:     consume.Delayed,
+		retryTopic: true,
+		river:      true,
+		kgo:        true,
+		span:       func(s scale) time.Duration { return s.span(s.lead + s.pause + s.tail) },
+		fault:      replayPause,
+		check:      checkAdaptersPause,
+	}
+}
+
+// checkAdaptersPause: every pipeline deferred jobs through the pause (a
+// River snooze, an in-place wait, an asynq deferral, a retry-topic
+// republish), and River routed by both kinds of token.
+func checkAdaptersPause(r *run, res *scenarioResult) {
+	toks := r.riverTokens()
+	r.note("river middleware tokens by source (caughtup.river.tokens): %v", toks)
+	if toks["metadata"] == 0 || toks["fetch"] == 0 {
+		r.fail("River routed jobs by %d metadata tokens and %d positions after the fetch: both paths must be exercised", toks["metadata"], toks["fetch"])
+	}
+	for _, sr := range res.Streams[:len(res.Streams)-1] {
+		if sr.Deferrals == 0 {
+			r.fail("%s: no job was deferred: the pause did not reach it", sr.Stream)
+		}
+	}
+}

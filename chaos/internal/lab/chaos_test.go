@@ -80,12 +80,17 @@ func TestChaosShort(t *testing.T) {
 			require.Equal(t, timeoutCapRate+timeoutCapBurst, sc.CapWindowLimit)
 			require.LessOrEqual(t, all.MaxPrimaryPerSec, sc.CapWindowLimit, "primary reads over the cap")
 			require.Positive(t, all.Deferrals, "no task was deferred")
-		case "adapters":
-			// Every pipeline, each with jobs of its own.
+		case "adapters", "adapters-pause":
+			// Every pipeline, each with jobs of its own; through the long
+			// pause, the catch-up -> start latency measured for each.
 			var names []string
 			for _, st := range sc.Streams {
 				names = append(names, st.Stream)
 				require.Positive(t, st.Jobs, "%s: no job went through it", st.Stream)
+				if sc.Name == "adapters-pause" {
+					require.Positive(t, st.Paused.N, "%s: no job enqueued during the pause was measured", st.Stream)
+					require.Zero(t, st.Paused.Never, "%s: jobs the recorded snapshots never show caught up", st.Stream)
+				}
 			}
 			require.Equal(t, []string{"asynq", "kafka", "kafka-retry", "river", "river-tx", "kgo", "all"}, names)
 		}

@@ -57,6 +57,7 @@ var scenarioList = []func(sl scale) *scenario{
 	feedRedisClusterFailoverScenario,  // feedredis.go
 	feedRedisSentinelFailoverScenario, // feedredis.go
 	adaptersScenario,                  // adapters.go
+	adaptersPauseScenario,             // adapters.go
 }
 
 func replayPauseScenario(sl scale) *scenario {
