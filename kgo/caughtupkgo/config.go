@@ -9,6 +9,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/retry"
@@ -197,11 +199,24 @@ type ConsumerConfig struct {
 	// MeterProvider records caughtup.kafka.messages.
 	// Default: otel.GetMeterProvider(), the application's global one.
 	MeterProvider metric.MeterProvider
+	// TracerProvider makes the consume.SpanDefer span of each deferral (a
+	// wait in place, ending at the catch-up, or a republication to the
+	// retry topic) and consume.SpanWake for a retry-topic record held
+	// until its catch-up, inside the record's trace. The routing spans are
+	// the router's (consume.Config.TracerProvider).
+	// Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagators read the producer's trace context from the record's
+	// headers (HeaderCarrier), where Producer and Stamp wrote it, when the
+	// record's Context has no span of franz-go's kotel plugin.
+	// Default: otel.GetTextMapPropagator(), which propagates nothing until
+	// the application sets one (otel.SetTextMapPropagator).
+	Propagators propagation.TextMapPropagator
 }
 
 // WithDefaults returns c with every zero optional field set to its
-// default. Logger and MeterProvider stay nil; NewConsumer fills them with
-// the globals.
+// default. Logger, MeterProvider, TracerProvider and Propagators stay nil;
+// NewConsumer fills them with the globals.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	if c.RetryTopic == "" && c.Topic != "" {
 		c.RetryTopic = c.Topic + ".retry"

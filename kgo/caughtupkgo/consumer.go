@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/internal/retry"
 )
@@ -53,6 +55,8 @@ type Consumer struct {
 	handler Handler
 	log     *slog.Logger
 	met     map[string]*topicMetrics
+	tracer  trace.Tracer
+	prop    propagation.TextMapPropagator
 
 	running atomic.Bool
 	client  atomic.Pointer[kgo.Client]
@@ -97,6 +101,14 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	c.tracer = tp.Tracer(ScopeName)
+	if c.prop = cfg.Propagators; c.prop == nil {
+		c.prop = otel.GetTextMapPropagator()
 	}
 	var err error
 	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {

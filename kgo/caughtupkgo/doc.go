@@ -91,4 +91,16 @@
 // counts in bulk and the counts reach the instruments at every commit, so
 // they trail the records by up to CommitInterval. Routing decisions are
 // counted by the router.
+//
+// # Traces
+//
+// Producer and Stamp write the trace context of their ctx into the
+// record's headers (HeaderCarrier) through the global propagators
+// (otel.SetTextMapPropagator; none by default). The consumer continues the
+// span franz-go's kotel plugin put in the record's Context, else the trace
+// context of its headers (ConsumerConfig.Propagators). Under ScopeName,
+// from ConsumerConfig.TracerProvider and only inside a trace:
+// consume.SpanDefer for each deferral (caughtup.kafka.defer in_place,
+// ending at the catch-up or the delay, or retry_topic) and
+// consume.SpanWake for a retry-topic record held until its catch-up.
 package caughtupkgo

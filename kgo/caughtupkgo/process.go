@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -35,6 +38,9 @@ type recordToken struct {
 // record must then stay uncommitted, to be delivered again.
 func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) bool {
 	defer p.release()
+	// The producer's trace continues here (unless ctx has a span): the
+	// routing spans and the handler's join it.
+	ctx = c.traceContext(ctx, r)
 	var rt recordToken
 	rt.tok, rt.err = p.tokenOf(r)
 	if rt.err != nil {
@@ -70,7 +76,10 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				if !c.republish(ctx, r, time.Now().Add(delay), attempts, true) {
+				sctx, span := c.startDefer(ctx, r, de, "retry_topic")
+				ok := c.republish(sctx, r, time.Now().Add(delay), attempts, true)
+				span.End()
+				if !ok {
 					return false
 				}
 				p.counts.add(resultDeferred)
@@ -89,7 +98,11 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			if !c.holdDeferred(ctx, time.Now().Add(delay), &rt, p) {
+			sctx, span := c.startDefer(ctx, r, de, "in_place")
+			held, woken := c.holdDeferred(sctx, time.Now().Add(delay), &rt, p)
+			span.SetAttributes(attribute.Bool(attrWoken, woken))
+			span.End()
+			if !held {
 				return false
 			}
 			continue
@@ -159,31 +172,37 @@ func (c *Consumer) untilDue(ctx context.Context, r *kgo.Record, due time.Time, r
 	if !hasHeader(r.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
-	return c.holdDeferred(ctx, due, rt, p)
+	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanWake, trace.WithAttributes(recordAttributes(r)...))
+	held, woken := c.holdDeferred(ctx, due, rt, p)
+	span.SetAttributes(attribute.Bool(attrWoken, woken))
+	span.End()
+	return held
 }
 
 // holdDeferred holds a record deferred for lag until deadline, or until a
 // replica has replayed its token (consume.Router.WaitCaughtUp: exactly the
 // replicas routing would choose) if that comes first, which counts as
 // woken. A record without a readable token sleeps until deadline: its
-// catch-up cannot be waited for. It returns false if ctx ended first.
-func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, rt *recordToken, p *partition) bool {
+// catch-up cannot be waited for. It returns false if ctx ended first,
+// and whether the catch-up ended the hold.
+func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, rt *recordToken, p *partition) (held, woken bool) {
 	if rt.err != nil || rt.tok.IsZero() {
-		return retry.Sleep(ctx, time.Until(deadline))
+		return retry.Sleep(ctx, time.Until(deadline)), false
 	}
 	if !time.Now().Before(deadline) {
-		return ctx.Err() == nil
+		return ctx.Err() == nil, false
 	}
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	err := c.cfg.Router.WaitCaughtUp(dctx, rt.tok)
 	cancel()
 	switch {
 	case ctx.Err() != nil:
-		return false
+		return false, false
 	case err == nil:
 		p.counts.add(resultWoken)
+		return true, true
 	}
-	return true
+	return true, false
 }
 
 // republish produces r to the retry topic, due at due, and waits for the

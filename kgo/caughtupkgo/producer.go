@@ -75,29 +75,34 @@ func (p *Producer) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.Produ
 //
 // An error means the merged token cannot be carried (more than
 // position.MaxDatabases databases, an invalid database name); r is then
-// unchanged. Without a token in ctx r is unchanged.
+// unchanged. Without a token or a trace context in ctx r is unchanged.
 //
 // Stamp replaces r.Headers with a new slice, so a header slice shared
 // with other records is not modified.
+//
+// Stamp (and so Producer) also writes ctx's trace context into headers r
+// does not have yet, through the global propagators
+// (otel.SetTextMapPropagator; the default propagates nothing), so that the
+// consumer's spans continue the producer's trace
+// (ConsumerConfig.Propagators).
 func Stamp(ctx context.Context, r *kgo.Record) error {
-	tok, ok := enqueue.TokenFrom(ctx)
-	if !ok || tok.IsZero() {
-		return nil
-	}
-	existing, err := position.MergeHeaderValues(tokenValues(r.Headers)...)
-	if err == nil {
-		existing, err = position.MergeHeader(existing, tok)
-	}
-	if err != nil {
-		return fmt.Errorf("caughtup/kgo: stamping a record: %w", err)
-	}
-	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
-	for _, h := range r.Headers {
-		if h.Key != position.HeaderName {
-			hs = append(hs, h)
+	if tok, ok := enqueue.TokenFrom(ctx); ok && !tok.IsZero() {
+		existing, err := position.MergeHeaderValues(tokenValues(r.Headers)...)
+		if err == nil {
+			existing, err = position.MergeHeader(existing, tok)
 		}
+		if err != nil {
+			return fmt.Errorf("caughtup/kgo: stamping a record: %w", err)
+		}
+		hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
+		for _, h := range r.Headers {
+			if h.Key != position.HeaderName {
+				hs = append(hs, h)
+			}
+		}
+		r.Headers = append(hs, kgo.RecordHeader{Key: position.HeaderName, Value: []byte(existing)})
 	}
-	r.Headers = append(hs, kgo.RecordHeader{Key: position.HeaderName, Value: []byte(existing)})
+	stampTrace(ctx, r)
 	return nil
 }
 

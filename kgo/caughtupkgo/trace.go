@@ -1,0 +1,105 @@
+package caughtupkgo
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/tracing"
+)
+
+// Span attributes, after OpenTelemetry's messaging conventions.
+const (
+	attrDestination = "messaging.destination.name"
+	attrPartition   = "messaging.destination.partition.id"
+	attrOffset      = "messaging.kafka.offset"
+	attrDeferMode   = "caughtup.kafka.defer"
+	attrWoken       = "caughtup.kafka.woken"
+)
+
+var systemKafka = attribute.String("messaging.system", "kafka")
+
+// HeaderCarrier adapts a record's headers to OpenTelemetry's propagators,
+// as franz-go's kotel plugin carries trace context: Get reads the first
+// header of a key, Set replaces every header of the key with one.
+type HeaderCarrier struct{ Headers *[]kgo.RecordHeader }
+
+var _ propagation.TextMapCarrier = HeaderCarrier{}
+
+// Get returns the value of the first header named key, or "".
+func (c HeaderCarrier) Get(key string) string {
+	for _, h := range *c.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// Set replaces the headers named key with one of value.
+func (c HeaderCarrier) Set(key, value string) {
+	hs := (*c.Headers)[:0:0]
+	for _, h := range *c.Headers {
+		if h.Key != key {
+			hs = append(hs, h)
+		}
+	}
+	*c.Headers = append(hs, kgo.RecordHeader{Key: key, Value: []byte(value)})
+}
+
+// Keys returns the header names.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, len(*c.Headers))
+	for i, h := range *c.Headers {
+		keys[i] = h.Key
+	}
+	return keys
+}
+
+// stampTrace writes the trace context of ctx into r's headers that are
+// not set already, through the global propagators (none until the
+// application sets them). r.Headers is replaced, not appended to in place.
+func stampTrace(ctx context.Context, r *kgo.Record) {
+	for k, v := range tracing.Fields(ctx, otel.GetTextMapPropagator()) {
+		if !hasHeader(r.Headers, k) {
+			r.Headers = append(r.Headers[:len(r.Headers):len(r.Headers)], kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
+}
+
+// traceContext returns ctx in r's trace: the span franz-go's kotel plugin
+// put in r.Context, else the trace context of r's headers, unless ctx has
+// a span already.
+func (c *Consumer) traceContext(ctx context.Context, r *kgo.Record) context.Context {
+	if r.Context != nil {
+		if sc := trace.SpanContextFromContext(r.Context); sc.IsValid() && !trace.SpanContextFromContext(ctx).IsValid() {
+			return trace.ContextWithSpanContext(ctx, sc)
+		}
+	}
+	return tracing.Continue(ctx, c.prop, HeaderCarrier{&r.Headers})
+}
+
+// recordAttributes names r on a span.
+func recordAttributes(r *kgo.Record) []attribute.KeyValue {
+	return []attribute.KeyValue{systemKafka,
+		attribute.String(attrDestination, r.Topic),
+		attribute.Int(attrPartition, int(r.Partition)),
+		attribute.Int64(attrOffset, r.Offset)}
+}
+
+// startDefer starts the caughtup.defer span of a deferral of r, in mode
+// ("in_place", "retry_topic").
+func (c *Consumer) startDefer(ctx context.Context, r *kgo.Record, de *consume.DeferError, mode string) (context.Context, trace.Span) {
+	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
+		span.SetAttributes(recordAttributes(r)...)
+		span.SetAttributes(attribute.String(attrDeferMode, mode))
+	}
+	return ctx, span
+}
