@@ -63,8 +63,8 @@ fuzz:
 # Benchmarks, including the throughput runs that print tables (kafka:
 # routed vs plain kafka-go consumer); never part of make test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./replay/ ./outbox/ ./feed/ ./asynq/...
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/...
+	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./replay/ ./outbox/ ./feed/ ./asynq/... ./river/... ./web/...
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/... ./kgo/...
 
 demo: deps
 	$(GO) run ./cmd/caughtup-demo
@@ -91,12 +91,12 @@ fleet: deps
 # Connect with Debezium, for the examples that need them), replay paused at
 # random for up to EXAMPLE_MAX_PAUSE at a time:
 #   make example EXAMPLE=kafka-consumer EXAMPLE_ARGS='-messages 1000'
-# make examples runs all four, one after another.
+# make examples runs them all, one after another.
 EXAMPLE           ?= asynq-worker
 EXAMPLE_ARGS      ?=
 EXAMPLE_MAX_PAUSE ?= 1s
-EXAMPLES          := asynq-worker kafka-consumer outbox-relay debezium-consumer
-example_services   = $(if $(filter debezium-consumer,$(1)),-debezium,$(if $(filter kafka-consumer outbox-relay,$(1)),-kafka))
+EXAMPLES          := asynq-worker river-worker kafka-consumer kgo-consumer outbox-relay debezium-consumer web-session
+example_services   = $(if $(filter debezium-consumer,$(1)),-debezium,$(if $(filter kafka-consumer kgo-consumer outbox-relay,$(1)),-kafka))
 
 .PHONY: example examples
 example: deps

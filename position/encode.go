@@ -24,8 +24,8 @@ const (
 	// Version is the version Encode writes.
 	Version = 1
 	// HeaderName is the header that carries a token in asynq task headers,
-	// Kafka message headers and outbox event headers. No HTTP integration
-	// ships yet; the value is a valid HTTP header value all the same.
+	// Kafka message and record headers, outbox event headers and River job
+	// metadata. The value is a valid HTTP header value too.
 	HeaderName = "caughtup-token"
 	// MaxEncodedLen bounds the text Decode accepts.
 	MaxEncodedLen = 1024
