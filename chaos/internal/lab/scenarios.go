@@ -152,9 +152,14 @@ func replayConflictScenario(sl scale) *scenario {
 
 func lagSpikeCapScenario(sl scale) *scenario {
 	return &scenario{
-		name:   "lag-spike-cap",
-		about:  fmt.Sprintf("sticky policy with the fallback cap at 20/s, burst 20; replay paused on both replicas for %s", sl.capPause),
+		name: "lag-spike-cap",
+		about: fmt.Sprintf("sticky policy with the fallback cap at 20/s, burst 20; replay paused on both replicas for %s; "+
+			"River and franz-go beside asynq and Kafka", sl.capPause),
 		policy: consume.Sticky,
+		// A refusal fails a River attempt (River retries it) and holds a
+		// franz-go record in place: the cap is shared by every pipeline.
+		river:  true,
+		kgo:    true,
 		router: func(c *consume.Config) { c.PrimaryRate, c.PrimaryBurst = rate.Limit(20), 20 },
 		span:   func(s scale) time.Duration { return s.span(s.lead + s.capPause + s.tail) },
 		fault:  capSpike,
