@@ -6,10 +6,11 @@ GO        ?= go
 # Fuzz budgets are execution counts, not durations: at a duration's end
 # Go 1.26's fuzzing coordinator can race its own deadline and fail with
 # "context deadline exceeded" and no failing input (go.dev/issue/75804,
-# fixed in Go 1.27). These take about 30 s, 10 s and 10 s on 2 cores.
+# fixed in Go 1.27). These take about 30 s, 10 s, 10 s and 15 s on 2 cores.
 FUZZ_POSITION ?= 500000x
 FUZZ_CDC      ?= 70000x
 FUZZ_FEED     ?= 130000x
+FUZZ_SESSION  ?= 200000x
 # -p 2: integration packages each start their own PostgreSQL cluster; two at
 # a time fits a 2-core machine.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 12m
@@ -59,6 +60,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_POSITION) ./position/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime $(FUZZ_CDC) ./cdc/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseMessage$$' -fuzztime $(FUZZ_FEED) ./feed/
+	$(GO) test -run '^$$' -fuzz '^FuzzOpen$$' -fuzztime $(FUZZ_SESSION) ./web/caughtuphttp/
 
 # Benchmarks, including the throughput runs that print tables (kafka:
 # routed vs plain kafka-go consumer); never part of make test.
