@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,6 +22,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kgo/caughtupkgo"
 	"github.com/caughtup/caughtup/river/caughtupriver"
+	"github.com/caughtup/caughtup/testkit/fault"
 )
 
 // The River and franz-go pipelines (scenario.river, scenario.kgo): their
@@ -308,20 +312,34 @@ func (p *riverPipe) stop() error {
 	return err
 }
 
-// kgoPipe is franz-go's producer and consumer, on a topic of their own.
+// kgoPipe is franz-go's producer and the consumers of its group, on a
+// topic of their own.
 type kgoPipe struct {
 	topic  string
 	prod   *kgo.Client
 	p      *caughtupkgo.Producer
 	st     *stream
-	cancel context.CancelFunc
-	done   chan error
 	folded bool
+
+	mu      sync.Mutex
+	members []*kgoMember
+}
+
+// kgoMember is one caughtupkgo.Consumer of the group. Its connections go
+// through a fault dialer, so that it can be killed as a crashed process
+// dies (as kafkaMember).
+type kgoMember struct {
+	name    string
+	dialer  *fault.Dialer
+	cancel  context.CancelFunc
+	done    chan error
+	handled atomic.Int64 // records its handler completed
+	once    sync.Once
+	err     error
 }
 
 // startKgo creates the topic (8 partitions, as the kafka-go pipelines'),
-// its producer and a consumer in the group of the topic's name, with the
-// suite's group timings.
+// its producer and a first consumer of the group named after the topic.
 func (r *run) startKgo(ctx context.Context) (*kgoPipe, error) {
 	kp := &kgoPipe{topic: r.s.name(r.sc.name + "-kgo"), st: newStream("kgo", "kafka", "caughtup")}
 	if err := r.s.createTopics(ctx, 8, kp.topic); err != nil {
@@ -333,18 +351,27 @@ func (r *run) startKgo(ctx context.Context) (*kgoPipe, error) {
 		return nil, err
 	}
 	kp.p = caughtupkgo.NewProducer(kp.prod)
-	st := kp.st
+	_, err = kp.startMember(r, "kgo-1")
+	return kp, err
+}
+
+// startMember starts a consumer of the group, with the suite's group
+// timings.
+func (k *kgoPipe) startMember(r *run, name string) (*kgoMember, error) {
+	m := &kgoMember{name: name, dialer: fault.NewDialer(nil), done: make(chan error, 1)}
+	st := k.st
 	c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
 		ClientOpts: []kgo.Opt{
 			kgo.SeedBrokers(r.s.brokers...),
+			kgo.Dialer(m.dialer.DialContext),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 			kgo.FetchMaxWait(100 * time.Millisecond),
 			kgo.SessionTimeout(r.s.group.session),
 			kgo.RebalanceTimeout(r.s.group.rebalance),
 			kgo.HeartbeatInterval(300 * time.Millisecond),
 		},
-		GroupID:             kp.topic,
-		Topic:               kp.topic,
+		GroupID:             k.topic,
+		Topic:               k.topic,
 		Router:              r.env.router,
 		Policy:              r.sc.policy,
 		Mode:                caughtupkgo.InPlace,
@@ -371,15 +398,49 @@ func (r *run) startKgo(ctx context.Context) (*kgoPipe, error) {
 		err = caughtupRead(ctx, st, p, kgoTokenText(rec), caughtupkgo.Attempt(ctx))
 		classify(st, err)
 		st.attempted(p.ID, err)
+		if err == nil {
+			m.handled.Add(1)
+		}
 		return err
 	})
 	if err != nil {
-		return kp, err
+		return nil, err
 	}
 	cctx, cancel := context.WithCancel(context.Background())
-	kp.cancel, kp.done = cancel, make(chan error, 1)
-	go func() { kp.done <- c.Run(cctx) }()
-	return kp, nil
+	m.cancel = cancel
+	go func() { m.done <- c.Run(cctx) }()
+	k.mu.Lock()
+	k.members = append(k.members, m)
+	k.mu.Unlock()
+	return m, nil
+}
+
+// stop ends the member's Run: it commits what is done and leaves the
+// group, unless it was killed.
+func (m *kgoMember) stop() error {
+	m.once.Do(func() {
+		m.cancel()
+		select {
+		case err := <-m.done:
+			if err != nil {
+				m.err = fmt.Errorf("franz-go consumer %s: %w", m.name, err)
+			}
+		case <-time.After(30 * time.Second):
+			m.err = fmt.Errorf("franz-go consumer %s did not stop within 30s", m.name)
+		}
+	})
+	return m.err
+}
+
+// kill makes the member vanish as a crashed process would: connections
+// reset and refused, so its last offsets are not committed and the group
+// is not told; the coordinator expires it after its session timeout and
+// hands its partitions to the others, which deliver again what it had
+// done since its last commit.
+func (m *kgoMember) kill() error {
+	m.dialer.Refuse(true)
+	m.dialer.Cut()
+	return m.stop()
 }
 
 // kgoTokenText is the token rec carries as header text ("" for none).
@@ -398,27 +459,21 @@ func (k *kgoPipe) send(ctx context.Context, p payload) error {
 	return k.p.ProduceSync(ctx, &kgo.Record{Key: strconv.AppendInt(nil, p.Key, 10), Value: p.encode()}).FirstErr()
 }
 
-// stop ends the consumer's Run (it commits what is done and leaves the
-// group) and closes the producer.
+// stop stops every member and closes the producer.
 func (k *kgoPipe) stop() error {
-	var err error
-	if k.cancel != nil {
-		k.cancel()
-		select {
-		case rerr := <-k.done:
-			if rerr != nil {
-				err = fmt.Errorf("the franz-go consumer: %w", rerr)
-			}
-		case <-time.After(30 * time.Second):
-			err = errors.New("the franz-go consumer did not stop within 30s")
-		}
-		k.cancel = nil
+	k.mu.Lock()
+	members := k.members
+	k.members = nil
+	k.mu.Unlock()
+	var errs []error
+	for _, m := range members {
+		errs = append(errs, m.stop())
 	}
 	if k.prod != nil {
 		k.prod.Close()
 		k.prod = nil
 	}
-	return err
+	return errors.Join(errs...)
 }
 
 // foldWaits adds the consumer's in-place waits (caughtup.kafka.messages
@@ -460,7 +515,8 @@ func adaptersScenario(sl scale) *scenario {
 		name: "adapters",
 		about: fmt.Sprintf("every pipeline at once: asynq, kafka-go in place and retry topic, River (caughtupriver.Insert with the commit's token, "+
 			"and InsertTx in the write's transaction) and franz-go (caughtupkgo, in place); replay paused at random (up to %s, one replica or both) "+
-			"throughout, while replica1 and then replica2 are SIGKILLed and restarted %s later", maxPause, sl.down),
+			"throughout, while replica1 and then replica2 are SIGKILLed and restarted %s later; a franz-go member killed (no commit, no leave), "+
+			"a replacement, a third joining (rebalance)", maxPause, sl.down),
 		policy:     consume.Delayed,
 		retryTopic: true,
 		river:      true,
@@ -488,6 +544,13 @@ func adaptersFault(ctx context.Context, r *run) error {
 		r.event("random replay pauses stopped: %s", p)
 		if n := p.errs.Load(); n > 0 {
 			r.fail("the pauser failed to pause or resume replay %d times", n)
+		}
+	}()
+	churn := make(chan error, 1)
+	go func() { churn <- kgoChurn(ctx, r) }()
+	defer func() {
+		if err := <-churn; err != nil {
+			r.fail("franz-go consumers: %v", err)
 		}
 	}()
 	t := r.sl.lead + r.sl.down/2
@@ -526,6 +589,43 @@ func adaptersFault(ctx context.Context, r *run) error {
 	return r.at(ctx, t+r.sl.down/2)
 }
 
+// kgoChurn kills the franz-go group's first member a down time after the
+// lead and starts a replacement, and 1.5 down times later adds a third
+// member (a rebalance), while the replicas crash and pause.
+func kgoChurn(ctx context.Context, r *run) error {
+	k := r.adapters.kgo
+	k.mu.Lock()
+	first := k.members[0]
+	k.members = k.members[1:]
+	k.mu.Unlock()
+	if err := r.at(ctx, r.sl.lead+r.sl.down); err != nil {
+		return err
+	}
+	if err := first.kill(); err != nil {
+		return err
+	}
+	r.event("kgo: killed %s (connections reset and refused: no final commit, no LeaveGroup); it had completed %d records", first.name, first.handled.Load())
+	second, err := k.startMember(r, "kgo-2")
+	if err != nil {
+		return err
+	}
+	r.event("kgo: kgo-2 joined the group; it gets kgo-1's partitions once kgo-1's session (%s) expires", r.s.group.session)
+	if err := r.at(ctx, r.sl.lead+5*r.sl.down/2); err != nil {
+		return err
+	}
+	third, err := k.startMember(r, "kgo-3")
+	if err != nil {
+		return err
+	}
+	r.event("kgo: kgo-3 joined: rebalance")
+	r.mu.Lock()
+	r.state = &kgoChurnState{members: []*kgoMember{first, second, third}}
+	r.mu.Unlock()
+	return nil
+}
+
+type kgoChurnState struct{ members []*kgoMember }
+
 // checkAdapters: the crashes were noticed (checkCrash), and both of
 // River's token paths and every pipeline were exercised: River routed
 // jobs by their metadata token and by the position after the fetch, and
@@ -551,6 +651,25 @@ func checkAdapters(r *run, res *scenarioResult) {
 	}
 	if waited == 0 {
 		r.fail("no job waited for a replica or was deferred: the pauses did not take effect")
+	}
+	r.mu.Lock()
+	cs, _ := r.state.(*kgoChurnState)
+	r.mu.Unlock()
+	if cs == nil {
+		return // the fault failed and said so
+	}
+	var by []string
+	for _, m := range cs.members {
+		by = append(by, fmt.Sprintf("%s %d", m.name, m.handled.Load()))
+		if m.handled.Load() == 0 {
+			r.fail("franz-go consumer %s completed no record: the group never gave it partitions", m.name)
+		}
+	}
+	for _, sr := range res.Streams {
+		if sr.Stream == "kgo" {
+			r.note("kgo: records completed by member: %s (%d runs for %d jobs: %d delivered again after the kill and the rebalance)",
+				strings.Join(by, ", "), sr.Runs, sr.Jobs, sr.Runs-sr.Completed)
+		}
 	}
 }
 
