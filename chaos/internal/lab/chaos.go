@@ -43,8 +43,17 @@
 // caughtupasynq.ServerConfig and Middleware, whose Inspector wakes
 // deferred tasks at their catch-up, and a caughtupkafka.Consumer (8
 // partitions, in-place deferral; RetryTopic for the third pipeline) with
-// caughtupkafka.Middleware. The handler reads the row from
-// consume.DB(ctx, "main").
+// caughtupkafka.Middleware. Some scenarios add the River and franz-go
+// adapters' pipelines (adapters.go): River (caughtupriver's Middleware on a
+// River client working River's schema, installed with rivermigrate in the
+// scenario's database) in two lanes, jobs inserted after the commit with
+// caughtupriver.Insert (the token in the job's metadata) and jobs inserted
+// with River's InsertTx inside the write's transaction (no token: routed
+// by the primary's position read after the fetch), and franz-go
+// (caughtupkgo's Producer, and its Consumer waiting in place by pausing
+// partitions) on a topic of its own; the jobs then alternate between every
+// pipeline, each with its own stream (river, river-tx, kgo). The handler
+// reads the row from consume.DB(ctx, "main").
 //
 // Checker and columns: every handler run is a read, recorded with where
 // it ran and the version it saw.
@@ -137,7 +146,9 @@
 //     is released (replica2).
 //   - lag-spike-cap: sticky policy with the fallback cap at 20/s, burst 20,
 //     and replay paused on both replicas: at most 40 primary reads in any
-//     window [t, t+1s).
+//     window [t, t+1s). River and franz-go run beside asynq and Kafka: a
+//     refusal fails a River attempt, which River retries, and holds a
+//     franz-go record in place.
 //   - diverged-standby: a failover whose old primary was not fenced, on a
 //     cluster of its own with three replicas. The main producers and the
 //     router's primary pool are moved to replica1 (their connections to
@@ -202,6 +213,31 @@
 //     Checks besides stale and lost: replay was paused, and some routed
 //     connection reached the standby the tracker does not watch; a note
 //     gives the connection checks by result.
+//   - adapters (adapters.go): every pipeline at once (asynq, Kafka in
+//     place and retry topic, river, river-tx, kgo, a sixth of the jobs
+//     each) while replay pauses at random on one replica or both (up to
+//     1.5s; 800ms) and each replica is SIGKILLed and restarted in turn;
+//     meanwhile a franz-go member is killed (connections cut and refused:
+//     no commit, no LeaveGroup), a replacement joins and later a third
+//     (rebalance). Checks besides stale and lost: the tracker saw each
+//     crash, River routed by metadata tokens and by positions after the
+//     fetch, jobs waited or were deferred, and every franz-go member
+//     completed records.
+//   - adapters-pause (adapters.go): every pipeline through replay-pause's
+//     pause (30s; 3s): River's jobs are snoozed again and again, franz-go's
+//     partitions paused. Every pipeline must have deferred jobs.
+//
+// The River pipeline counts each attempt in a worker middleware outside
+// caughtup's, as the other pipelines' wrappers do (a snooze is a
+// deferral). franz-go's Consumer routes before its handler and holds a
+// record that must wait, which the handler never sees: its stream's
+// deferrals are the consumer's caughtup.kafka.messages waited (the cap's
+// refusals among them, so its capped column stays 0), and its routed more
+// than once row counts handler runs only (redeliveries, runs after a
+// handler error). The decision time
+// of a River job inserted with InsertTx, for the fallback cap's windows,
+// is its CreatedAt plus the decision's TokenAge (the middleware dates the
+// position after the fetch at the job's insert).
 //
 // A new scenario goes in a file of its own (diverged.go and timeouts.go
 // are examples): a constructor returning a *scenario, named on its own
@@ -247,7 +283,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
-		fmt.Fprintln(stdout, "usage: go run ./chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages;\nand with the replicas behind a balancer),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
+		fmt.Fprintln(stdout, "usage: go run ./chaos [-short] [-run REGEXP] [-jobs N] [-json FILE] [-v] [-capacity]\n\nRuns caughtup through faults on real services (replay pause, replica crash,\nfailover, tracker wedge, Redis restart, consumer kills and rebalances, replay\nconflict, lag spike under the fallback cap, diverged standby, Timeout tasks\nunder a long lag, and with the router on a position feed: a publisher killed,\nall stopped, Redis restarted, publishers frozen, a failover, forged messages;\nand with the replicas behind a balancer; and the River and franz-go\nadapters beside asynq and Kafka),\ncompares it with GitLab-style and time-window policies,\nprints a table per scenario and exits 1 on any stale read or lost job.\n\nKAFKA_BROKERS=host:port,... runs the Kafka pipelines on that cluster instead\nof the broker the suite starts.")
 		fs.PrintDefaults()
 	}
 	short := fs.Bool("short", false, "fewer jobs and shorter faults (at most 3 minutes)")
