@@ -79,6 +79,9 @@ func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 // pipeline nor a tail of partitions finishing one after another is
 // measured, only the steady rate.
 type side struct {
+	// query: the handler reads a row (a point query on the pool it got),
+	// as most real handlers do, rather than nothing.
+	query    bool
 	seen     []atomic.Bool
 	distinct atomic.Int64
 	from, to int64
@@ -87,20 +90,28 @@ type side struct {
 	all      chan struct{}
 }
 
-func newSide(n int) *side {
-	sd := &side{seen: make([]atomic.Bool, n), all: make(chan struct{}), from: int64(n) / 10, to: int64(n) * 9 / 10}
+func newSide(n int, query bool) *side {
+	sd := &side{query: query, seen: make([]atomic.Bool, n), all: make(chan struct{}), from: int64(n) / 10, to: int64(n) * 9 / 10}
 	sd.marked.Add(2)
 	return sd
 }
 
-// handle does nothing but get its pool and note the record.
+// handle gets its pool, reads a row there if sd.query, and notes the
+// record.
 func (sd *side) handle(ctx context.Context, r *kgo.Record, pool func(context.Context) (*pgxpool.Pool, error)) error {
-	if _, err := pool(ctx); err != nil {
+	p, err := pool(ctx)
+	if err != nil {
 		return err
 	}
 	i, err := strconv.Atoi(string(r.Value))
 	if err != nil || i < 0 || i >= len(sd.seen) {
 		return fmt.Errorf("not a throughput record: %q", r.Value)
+	}
+	if sd.query {
+		var n int
+		if err := p.QueryRow(ctx, `SELECT count(*) FROM items WHERE id = $1`, i).Scan(&n); err != nil {
+			return err
+		}
 	}
 	if !sd.seen[i].Swap(true) {
 		switch sd.distinct.Add(1) {
@@ -140,7 +151,7 @@ func fetchOpts(t testing.TB, topic string) []kgo.Opt {
 // autocommit. The handler reads the replicas in turn, without knowing
 // whether they have caught up.
 func runPlain(t testing.TB, e *env, topic string, n int) float64 {
-	sd := newSide(n)
+	sd := newSide(n, false)
 	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(newGroup(t)), kgo.ConsumeTopics(topic))...)
 	require.NoError(t, err)
 	var turn atomic.Uint32
@@ -173,8 +184,8 @@ func runPlain(t testing.TB, e *env, topic string, n int) float64 {
 // runRouted reads the topic with caughtup's Consumer, Policy Delayed, the
 // router recording into the SDK as in production; the handler gets the
 // pool it was routed to.
-func runRouted(t testing.TB, e *env, topic string, n int) float64 {
-	sd := newSide(n)
+func runRouted(t testing.TB, e *env, topic string, n int, query bool) float64 {
+	sd := newSide(n, query)
 	c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
 		ClientOpts: fetchOpts(t, topic), GroupID: newGroup(t), Topic: topic,
 		Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp, Logger: testLogger(t),
@@ -227,9 +238,9 @@ func BenchmarkThroughput(b *testing.B) {
 		for i := range rounds {
 			var p, r float64
 			if i%2 == 0 {
-				p, r = runPlain(b, e, topic, n), runRouted(b, e, topic, n)
+				p, r = runPlain(b, e, topic, n), runRouted(b, e, topic, n, false)
 			} else {
-				r, p = runRouted(b, e, topic, n), runPlain(b, e, topic, n)
+				r, p = runRouted(b, e, topic, n, false), runPlain(b, e, topic, n)
 			}
 			plain, routed, ratios = append(plain, p), append(routed, r), append(ratios, r/p)
 		}
@@ -238,6 +249,99 @@ func BenchmarkThroughput(b *testing.B) {
 	b.ReportMetric(median(routed), "routed-rec/s")
 	b.ReportMetric(median(ratios), "routed/plain")
 	b.Logf("%d records, %d partitions, %d rounds: plain %.0f rec/s, routed %.0f rec/s, ratio routed/plain %.3f (rounds %.3f)",
+		n, benchPartitions, rounds, median(plain), median(routed), median(ratios), ratios)
+}
+
+// runPlainPerPartition reads the topic as a plain franz-go application
+// whose handler queries does: one group client, PollFetches, and each
+// partition's records handed to a goroutine of its own (franz-go's
+// goroutine-per-partition pattern), so that partitions query
+// concurrently, as caughtup's workers do; autocommit. The handler reads a
+// row from the replicas in turn, without knowing whether they have caught
+// up.
+func runPlainPerPartition(t testing.TB, e *env, topic string, n int) float64 {
+	sd := newSide(n, true)
+	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(newGroup(t)), kgo.ConsumeTopics(topic))...)
+	require.NoError(t, err)
+	var turn atomic.Uint32
+	pool := func(context.Context) (*pgxpool.Pool, error) {
+		return e.replicas[int(turn.Add(1))%len(e.replicas)], nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var workers sync.WaitGroup
+	queues := map[int32]chan []*kgo.Record{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			for _, q := range queues {
+				close(q)
+			}
+			workers.Wait()
+		}()
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			if fs.IsClientClosed() || ctx.Err() != nil {
+				return
+			}
+			fs.EachPartition(func(p kgo.FetchTopicPartition) {
+				q, ok := queues[p.Partition]
+				if !ok {
+					q = make(chan []*kgo.Record, 4)
+					queues[p.Partition] = q
+					workers.Go(func() {
+						for rs := range q {
+							for _, r := range rs {
+								if ctx.Err() != nil {
+									return
+								}
+								if err := sd.handle(ctx, r, pool); err != nil && ctx.Err() == nil {
+									t.Error(err)
+								}
+							}
+						}
+					})
+				}
+				select {
+				case q <- p.Records:
+				case <-ctx.Done():
+				}
+			})
+		}
+	}()
+	rate := sd.wait(t)
+	cancel()
+	<-done
+	cl.Close()
+	return rate
+}
+
+// BenchmarkThroughputQuery is BenchmarkThroughput with a handler that
+// reads a row, as most handlers do, against a plain consumer that runs
+// each partition on a goroutine of its own (runPlainPerPartition), on a
+// topic of CAUGHTUP_KGO_BENCH_QUERY_RECORDS records (default 40,000).
+func BenchmarkThroughputQuery(b *testing.B) {
+	e := setupDB(b, nil)
+	n := benchEnv(b, "CAUGHTUP_KGO_BENCH_QUERY_RECORDS", 40_000)
+	rounds := benchEnv(b, "CAUGHTUP_KGO_BENCH_ROUNDS", 3)
+	topic := throughputTopic(b, stampedCtx(b, e), n)
+	var plain, routed, ratios []float64
+	for b.Loop() {
+		plain, routed, ratios = nil, nil, nil
+		for i := range rounds {
+			var p, r float64
+			if i%2 == 0 {
+				p, r = runPlainPerPartition(b, e, topic, n), runRouted(b, e, topic, n, true)
+			} else {
+				r, p = runRouted(b, e, topic, n, true), runPlainPerPartition(b, e, topic, n)
+			}
+			plain, routed, ratios = append(plain, p), append(routed, r), append(ratios, r/p)
+		}
+	}
+	b.ReportMetric(median(plain), "plain-rec/s")
+	b.ReportMetric(median(routed), "routed-rec/s")
+	b.ReportMetric(median(ratios), "routed/plain")
+	b.Logf("%d records, %d partitions, %d rounds, a point query per record: plain %.0f rec/s, routed %.0f rec/s, ratio routed/plain %.3f (rounds %.3f)",
 		n, benchPartitions, rounds, median(plain), median(routed), median(ratios), ratios)
 }
 
