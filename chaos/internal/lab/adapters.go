@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -596,12 +597,15 @@ func kgoChurn(ctx context.Context, r *run) error {
 	k := r.adapters.kgo
 	k.mu.Lock()
 	first := k.members[0]
-	k.members = k.members[1:]
 	k.mu.Unlock()
 	if err := r.at(ctx, r.sl.lead+r.sl.down); err != nil {
 		return err
 	}
-	if err := first.kill(); err != nil {
+	err := first.kill()
+	k.mu.Lock()
+	k.members = slices.DeleteFunc(k.members, func(m *kgoMember) bool { return m == first })
+	k.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	r.event("kgo: killed %s (connections reset and refused: no final commit, no LeaveGroup); it had completed %d records", first.name, first.handled.Load())
