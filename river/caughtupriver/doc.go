@@ -59,6 +59,20 @@
 // interval. A metadata token names the producer's commit exactly. See
 // BenchmarkThroughput.
 //
+// So give jobs inserted with InsertTx the Delayed policy. Sticky, which
+// never waits, sends nearly every one of them to the primary under the
+// fallback cap (a chaos probe without any fault: 9% replica reads), where
+// the refusals of a spent cap retry against newer positions; the cap is
+// per process, so they spend it for the process's other queues too.
+// Metadata tokens (Insert) do not have this cost.
+//
+// A snoozed job is not woken when a replica catches up, as asynq's
+// deferred tasks are: it runs when its snooze ends, up to the router's
+// DeferMax later (chaos replay-pause: catch-up → start p99 15.8 s against
+// asynq's 0.9 s). River writes some 4 KiB of WAL per job (7 KiB when
+// snoozed), which a long replica pause adds to its lag
+// (replay.TrackerConfig.MaxLagBytes).
+//
 // # Deferral
 //
 // A Delayed job no replica serves within the router's wait is snoozed
