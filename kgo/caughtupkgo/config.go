@@ -170,8 +170,9 @@ type ConsumerConfig struct {
 	// partition that is not paused holds less than half of it, so a
 	// consumer that is slower than its fetches waits in franz-go's
 	// buffer, not in memory here; a partition whose queue still reaches
-	// it (its worker is slower than the others') has its fetches paused
-	// until it has drained. Must be positive.
+	// it while another partition's worker is idle (its worker is slower
+	// than the others') has its fetches paused until it has drained. Must
+	// be positive.
 	// Default: DefaultQueueCapacity (1000).
 	// A pause throws away what franz-go buffered for the partition and
 	// costs a fetch to undo, so pauses are for partitions that wait, not

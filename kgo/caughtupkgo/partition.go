@@ -34,6 +34,7 @@ type partition struct {
 	spare   []*kgo.Record // the worker's previous batch, reused
 	paused  bool          // our pause of its fetches is on
 	holding bool          // the worker holds its head record
+	idle    bool          // the worker waits in take for records
 	wake    chan struct{} // one slot: records were queued
 
 	// done is the offset after the last record done, in order, and
@@ -99,6 +100,7 @@ func (p *partition) take(prev []*kgo.Record) []*kgo.Record {
 		if len(p.queue) > 0 {
 			batch := p.queue
 			p.queue = prev[:0]
+			p.idle = false
 			if !p.holding {
 				p.resumeLocked()
 			}
@@ -106,7 +108,12 @@ func (p *partition) take(prev []*kgo.Record) []*kgo.Record {
 			p.c.signalRoom()
 			return batch
 		}
+		wasIdle := p.idle
+		p.idle = true
 		p.mu.Unlock()
+		if !wasIdle {
+			p.c.signalRoom() // a full partition may now be what starves this one
+		}
 		select {
 		case <-p.wake:
 		case <-p.ctx.Done():
