@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 )
 
@@ -57,25 +58,27 @@ func (m Mode) String() string {
 
 // Headers the Consumer writes on messages it republishes to the retry or
 // dead-letter topic, besides the token (position.HeaderName), which is
-// copied unchanged. Numbers are decimal text.
+// copied unchanged. Numbers are decimal text. The names and meanings are
+// caughtupkgo's too, so that a retry topic written by one Kafka adapter is
+// read correctly by the other.
 const (
 	// HeaderDue is when a republished message may run, in Unix
 	// milliseconds.
-	HeaderDue = "caughtup-due"
+	HeaderDue = kafkarec.HeaderDue
 	// HeaderDeferred ("1") marks a message republished to the retry topic
 	// because no replica had replayed its token, rather than after a
 	// handler error: it runs at its due time or as soon as a replica has
 	// caught up, whichever comes first.
-	HeaderDeferred = "caughtup-deferred"
+	HeaderDeferred = kafkarec.HeaderDeferred
 	// HeaderAttempts counts the handler's failed attempts so far.
-	HeaderAttempts = "caughtup-attempts"
+	HeaderAttempts = kafkarec.HeaderAttempts
 	// HeaderOriginTopic, HeaderOriginPartition and HeaderOriginOffset name
 	// where the message was first consumed from.
-	HeaderOriginTopic     = "caughtup-origin-topic"
-	HeaderOriginPartition = "caughtup-origin-partition"
-	HeaderOriginOffset    = "caughtup-origin-offset"
+	HeaderOriginTopic     = kafkarec.HeaderOriginTopic
+	HeaderOriginPartition = kafkarec.HeaderOriginPartition
+	HeaderOriginOffset    = kafkarec.HeaderOriginOffset
 	// HeaderError is the last handler error, on dead-lettered messages.
-	HeaderError = "caughtup-error"
+	HeaderError = kafkarec.HeaderError
 )
 
 // Defaults, exported so that documentation and callers can refer to them.

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/cdc"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 )
 
@@ -39,7 +40,7 @@ type Consumer struct {
 	cfg     ConsumerConfig
 	handler Handler
 	log     *slog.Logger
-	met     *metrics
+	met     map[string]*kafkarec.Topic
 	tracer  trace.Tracer
 	prop    propagation.TextMapPropagator
 
@@ -81,7 +82,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		c.prop = otel.GetTextMapPropagator()
 	}
 	var err error
-	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {
+	if c.met, err = kafkarec.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kafka: creating instruments: %w", err)
 	}
 	if cfg.TokenFormat == TokenDebezium {
@@ -248,7 +249,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 		}
 		fails = 0
 		if !c.process(ctx, &msg, w, ps) {
-			ps.add(ctx, resultDropped)
+			ps.Add(kafkarec.Dropped)
 			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
 				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))
 			return
@@ -284,7 +285,7 @@ func (c *Consumer) commitLoop(runCtx, gctx context.Context, g *generation) {
 // instruments (partState).
 func (g *generation) flush(ctx context.Context) {
 	for _, p := range g.parts {
-		p.state.flush(ctx)
+		p.state.Flush(ctx)
 	}
 }
 

@@ -1,12 +1,9 @@
 package caughtupkafka
 
 import (
-	"context"
-	"sync/atomic"
-
 	"github.com/segmentio/kafka-go"
 
-	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -26,9 +23,7 @@ import (
 //     header (a batch of one transaction's events, an outbox relay's
 //     batch stamped with one position) once.
 type partState struct {
-	tm      *topicMetrics
-	results [numResults]atomic.Int64
-	tally   *consume.Tally
+	kafkarec.Counts
 
 	// The worker's alone. The token it returns is valid until the next
 	// message's: the Router keeps nothing of the tokens it routes.
@@ -36,21 +31,7 @@ type partState struct {
 }
 
 func (c *Consumer) newPartState(topic string) *partState {
-	return &partState{tm: c.met.topic(topic), tally: c.cfg.Router.NewTally()}
-}
-
-// add counts one message's result until the next flush.
-func (ps *partState) add(_ context.Context, r result) { ps.results[r].Add(1) }
-
-// flush adds the counts since the last flush to the instruments.
-func (ps *partState) flush(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
-	for r := range numResults {
-		if n := ps.results[r].Swap(0); n > 0 {
-			ps.tm.messages.Add(ctx, n, ps.tm.opts[r])
-		}
-	}
-	ps.tally.Flush(ctx)
+	return &partState{Counts: kafkarec.Counts{Topic: c.met[topic], Tally: c.cfg.Router.NewTally()}}
 }
 
 // tokenOf is TokenOf, through the partition's HeaderDecoder for a message

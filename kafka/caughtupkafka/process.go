@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -14,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
@@ -21,9 +21,6 @@ import (
 
 // minDeferDelay keeps a deferral that asks for no delay from spinning.
 const minDeferDelay = 10 * time.Millisecond
-
-// maxErrorHeader bounds the error text written on a dead letter.
-const maxErrorHeader = 1024
 
 // process runs one message to its end: handled, republished to the retry
 // topic, or dead-lettered. It returns false if ctx ended first; the
@@ -41,9 +38,9 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 	}
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
-		n, _ := headerInt(msg.Headers, HeaderAttempts)
+		n, _ := kafkarec.Int(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
-		if due, ok := headerInt(msg.Headers, HeaderDue); ok {
+		if due, ok := kafkarec.Int(msg.Headers, HeaderDue); ok {
 			if !c.untilDue(ctx, msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
 				return false
 			}
@@ -56,7 +53,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		}
 		err := c.attempt(hctx, msg, &mt, ps)
 		if err == nil {
-			ps.add(ctx, resultHandled)
+			ps.Add(kafkarec.Handled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -72,7 +69,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 				if !ok {
 					return false
 				}
-				ps.add(ctx, resultDeferred)
+				ps.Add(kafkarec.Deferred)
 				return true
 			}
 			// InPlace: keep the partition's order and wait here. Route
@@ -85,7 +82,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 			// waiting disabled, no healthy replica, a tiny budget) hold
 			// the delay, or less if a replica can serve the token first
 			// (holdDeferred), so the loop never spins.
-			ps.add(ctx, resultWaited)
+			ps.Add(kafkarec.Waited)
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
@@ -114,7 +111,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
 			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		ps.add(ctx, resultRetried)
+		ps.Add(kafkarec.Retried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, false)
 		}
@@ -139,7 +136,7 @@ func Attempt(ctx context.Context) int {
 // partition's Tally, and runs the handler with the routed context. It returns Route's *consume.DeferError
 // when no replica can serve the message yet.
 func (c *Consumer) attempt(ctx context.Context, msg *kafka.Message, mt *msgToken, ps *partState) error {
-	rctx, _, err := ps.tally.Route(ctx, consume.Job{
+	rctx, _, err := ps.Tally.Route(ctx, consume.Job{
 		Token: mt.tok, TokenErr: mt.err, Policy: c.cfg.Policy, Source: mt.source, Verify: mt.verify,
 	})
 	if err != nil {
@@ -173,7 +170,7 @@ func (c *Consumer) call(ctx context.Context, msg *kafka.Message) (err error) {
 // little; a message behind the head waits for it even when its own token
 // is caught up.
 func (c *Consumer) untilDue(ctx context.Context, msg *kafka.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
-	if !hasHeader(msg.Headers, HeaderDeferred) {
+	if !kafkarec.Has(msg.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
 	// Past its due time the message is routed once and, if still behind,
@@ -189,7 +186,7 @@ func (c *Consumer) untilDue(ctx context.Context, msg *kafka.Message, due time.Ti
 // holdDeferred holds a message deferred for lag until deadline, or until
 // a replica has replayed tok (consume.Router.WaitCaughtUp: exactly the
 // replicas routing would choose) if that comes first, which counts as
-// resultWoken. A message without a readable token sleeps until deadline:
+// kafkarec.Woken. A message without a readable token sleeps until deadline:
 // its catch-up cannot be waited for. It returns false if ctx ended first,
 // and whether the catch-up ended the hold.
 func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) (held, woken bool) {
@@ -206,7 +203,7 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok pos
 	case ctx.Err() != nil:
 		return false, false
 	case err == nil:
-		ps.add(ctx, resultWoken)
+		ps.Add(kafkarec.Woken)
 		return true, true
 	}
 	return true, false
@@ -218,11 +215,8 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok pos
 // a duplicate: nothing is lost. deferred marks a deferral for lag
 // (HeaderDeferred), which runs as soon as a replica catches up.
 func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafka.Message, due time.Time, attempts int, deferred bool) bool {
-	out := derived(msg, c.cfg.RetryTopic, attempts)
-	out.Headers = append(out.Headers, kafka.Header{Key: HeaderDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)})
-	if deferred {
-		out.Headers = append(out.Headers, kafka.Header{Key: HeaderDeferred, Value: []byte("1")})
-	}
+	out := kafka.Message{Topic: c.cfg.RetryTopic, Key: msg.Key, Value: msg.Value,
+		Headers: kafkarec.RetryHeaders(msg.Headers, msg.Topic, int32(msg.Partition), msg.Offset, attempts, due.UnixMilli(), deferred)}
 	return c.publish(ctx, w, out)
 }
 
@@ -250,16 +244,12 @@ func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafka.Me
 			}
 		}
 	} else {
-		out := derived(msg, c.cfg.DeadLetterTopic, attempts)
-		text := cause.Error()
-		if len(text) > maxErrorHeader {
-			text = text[:maxErrorHeader]
-		}
-		out.Headers = append(out.Headers, kafka.Header{Key: HeaderError, Value: []byte(text)})
+		out := kafka.Message{Topic: c.cfg.DeadLetterTopic, Key: msg.Key, Value: msg.Value,
+			Headers: kafkarec.DeadLetterHeaders(msg.Headers, msg.Topic, int32(msg.Partition), msg.Offset, attempts, cause)}
 		ok = c.publish(ctx, w, out)
 	}
 	if ok {
-		ps.add(ctx, resultDeadLettered)
+		ps.Add(kafkarec.DeadLettered)
 	}
 	return ok
 }
@@ -280,51 +270,4 @@ func (c *Consumer) publish(ctx context.Context, w MessageWriter, m kafka.Message
 			return false
 		}
 	}
-}
-
-// derived is msg addressed to topic: same key, value and headers (the
-// token among them, unchanged), the origin recorded once, and the attempt
-// count replaced. The due time is the caller's to add.
-func derived(msg kafka.Message, topic string, attempts int) kafka.Message {
-	hs := make([]kafka.Header, 0, len(msg.Headers)+6)
-	origin := false
-	for _, h := range msg.Headers {
-		switch h.Key {
-		case HeaderDue, HeaderDeferred, HeaderAttempts, HeaderError:
-			continue
-		case HeaderOriginTopic:
-			origin = true
-		}
-		hs = append(hs, h)
-	}
-	if !origin {
-		hs = append(hs,
-			kafka.Header{Key: HeaderOriginTopic, Value: []byte(msg.Topic)},
-			kafka.Header{Key: HeaderOriginPartition, Value: strconv.AppendInt(nil, int64(msg.Partition), 10)},
-			kafka.Header{Key: HeaderOriginOffset, Value: strconv.AppendInt(nil, msg.Offset, 10)},
-		)
-	}
-	hs = append(hs, kafka.Header{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)})
-	return kafka.Message{Topic: topic, Key: msg.Key, Value: msg.Value, Headers: hs}
-}
-
-// hasHeader reports whether hs has a header key.
-func hasHeader(hs []kafka.Header, key string) bool {
-	for i := range hs {
-		if hs[i].Key == key {
-			return true
-		}
-	}
-	return false
-}
-
-// headerInt returns the last header key as a decimal integer.
-func headerInt(hs []kafka.Header, key string) (int64, bool) {
-	for i := len(hs) - 1; i >= 0; i-- {
-		if hs[i].Key == key {
-			n, err := strconv.ParseInt(string(hs[i].Value), 10, 64)
-			return n, err == nil
-		}
-	}
-	return 0, false
 }

@@ -75,7 +75,7 @@ func BenchmarkProcess(b *testing.B) {
 				i++
 			}
 			b.ReportMetric(float64((ProcessCPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
-			ps.flush(ctx)
+			ps.Flush(ctx)
 		})
 	}
 }

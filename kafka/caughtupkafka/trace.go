@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/tracing"
 )
 
@@ -33,45 +34,13 @@ type HeaderCarrier struct{ Headers *[]kafka.Header }
 var _ propagation.TextMapCarrier = HeaderCarrier{}
 
 // Get returns the value of the first header named key, or "".
-func (c HeaderCarrier) Get(key string) string {
-	for _, h := range *c.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
+func (c HeaderCarrier) Get(key string) string { return kafkarec.Get(*c.Headers, key) }
 
 // Set replaces the headers named key with one of value.
-func (c HeaderCarrier) Set(key, value string) {
-	hs := (*c.Headers)[:0:0]
-	for _, h := range *c.Headers {
-		if h.Key != key {
-			hs = append(hs, h)
-		}
-	}
-	*c.Headers = append(hs, kafka.Header{Key: key, Value: []byte(value)})
-}
+func (c HeaderCarrier) Set(key, value string) { *c.Headers = kafkarec.Set(*c.Headers, key, value) }
 
 // Keys returns the header names.
-func (c HeaderCarrier) Keys() []string {
-	keys := make([]string, len(*c.Headers))
-	for i, h := range *c.Headers {
-		keys[i] = h.Key
-	}
-	return keys
-}
-
-// traceHeaders returns fields (tracing.Fields) as the headers hs lacks.
-func traceHeaders(hs []kafka.Header, fields map[string]string) []kafka.Header {
-	var out []kafka.Header
-	for k, v := range fields {
-		if !hasHeader(hs, k) {
-			out = append(out, kafka.Header{Key: k, Value: []byte(v)})
-		}
-	}
-	return out
-}
+func (c HeaderCarrier) Keys() []string { return kafkarec.Keys(*c.Headers) }
 
 // producerTrace is the trace context a producer's messages carry: ctx's,
 // through the global propagators (none until the application sets them).

@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -82,11 +83,11 @@ func Stamped(ctx context.Context, msgs []kafka.Message) ([]kafka.Message, error)
 		hs := msgs[i].Headers
 		if stamp {
 			var err error
-			if hs, err = stampHeaders(hs, tok, alone); err != nil {
+			if hs, err = kafkarec.Stamped(hs, tok, alone); err != nil {
 				return nil, fmt.Errorf("caughtup/kafka: stamping message %d: %w", i, err)
 			}
 		}
-		if th := traceHeaders(hs, tf); len(th) > 0 {
+		if th := kafkarec.Missing(hs, tf); len(th) > 0 {
 			hs = append(slices.Clip(hs), th...)
 		}
 		out[i].Headers = hs
@@ -123,7 +124,7 @@ func Stamp(ctx context.Context, msg *kafka.Message) error {
 			return err
 		}
 	}
-	if th := traceHeaders(msg.Headers, producerTrace(ctx)); len(th) > 0 {
+	if th := kafkarec.Missing(msg.Headers, producerTrace(ctx)); len(th) > 0 {
 		msg.Headers = append(slices.Clip(msg.Headers), th...)
 	}
 	return nil
@@ -135,57 +136,12 @@ func stampToken(msg *kafka.Message, tok position.Token) error {
 	if tok.IsZero() {
 		return nil
 	}
-	hs, err := stampHeaders(msg.Headers, tok, "")
+	hs, err := kafkarec.Stamped(msg.Headers, tok, "")
 	if err != nil {
 		return fmt.Errorf("caughtup/kafka: stamping a message: %w", err)
 	}
 	msg.Headers = hs
 	return nil
-}
-
-// stampHeaders returns a new header slice: hs without its token headers,
-// plus one token header, position.MergeHeader of what hs carried and tok.
-// alone, when not empty, is tok's header value on its own (what
-// MergeHeader returns without an existing header).
-func stampHeaders(hs []kafka.Header, tok position.Token, alone string) ([]kafka.Header, error) {
-	existing, err := existingHeader(hs)
-	if err != nil {
-		return nil, err
-	}
-	v := alone
-	if existing != "" || v == "" {
-		if v, err = position.MergeHeader(existing, tok); err != nil {
-			return nil, err
-		}
-	}
-	out := make([]kafka.Header, 0, len(hs)+1)
-	for _, h := range hs {
-		if h.Key != position.HeaderName {
-			out = append(out, h)
-		}
-	}
-	return append(out, kafka.Header{Key: position.HeaderName, Value: []byte(v)}), nil
-}
-
-// existingHeader is the one token header value that stands for every
-// token header in hs (position.MergeHeaderValues).
-func existingHeader(hs []kafka.Header) (string, error) {
-	v, err := position.MergeHeaderValues(tokenValues(hs)...)
-	if err != nil {
-		return "", fmt.Errorf("the message's token headers merged: %w", err)
-	}
-	return v, nil
-}
-
-// tokenValues returns the non-empty values of the token headers in hs.
-func tokenValues(hs []kafka.Header) []string {
-	var vals []string
-	for _, h := range hs {
-		if h.Key == position.HeaderName && len(h.Value) > 0 {
-			vals = append(vals, string(h.Value))
-		}
-	}
-	return vals
 }
 
 // TokenOf returns the token msg carries, read with position.DecodeHeaders
@@ -195,22 +151,4 @@ func tokenValues(hs []kafka.Header) []string {
 // to consume.Router.Route (as Job.Token and Job.TokenErr), which sends a message whose token does
 // not decode to the primary (ReasonMalformedToken); Middleware and the
 // Consumer do.
-func TokenOf(msg kafka.Message) (position.Token, error) {
-	var first []byte
-	n := 0
-	for _, h := range msg.Headers {
-		if h.Key == position.HeaderName && len(h.Value) > 0 {
-			if n == 0 {
-				first = h.Value
-			}
-			n++
-		}
-	}
-	switch n {
-	case 0:
-		return position.Token{}, nil
-	case 1:
-		return position.DecodeHeaders(string(first))
-	}
-	return position.DecodeHeaders(tokenValues(msg.Headers)...)
-}
+func TokenOf(msg kafka.Message) (position.Token, error) { return kafkarec.TokenOf(msg.Headers) }

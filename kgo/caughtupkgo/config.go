@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 )
 
@@ -63,21 +64,21 @@ func (m Mode) String() string {
 const (
 	// HeaderDue is when a republished record may run, in Unix
 	// milliseconds.
-	HeaderDue = "caughtup-due"
+	HeaderDue = kafkarec.HeaderDue
 	// HeaderDeferred ("1") marks a record republished because no replica
 	// had replayed its token, rather than after a handler error: it runs
 	// at its due time or as soon as a replica has caught up, whichever
 	// comes first.
-	HeaderDeferred = "caughtup-deferred"
+	HeaderDeferred = kafkarec.HeaderDeferred
 	// HeaderAttempts counts the handler's failed attempts so far.
-	HeaderAttempts = "caughtup-attempts"
+	HeaderAttempts = kafkarec.HeaderAttempts
 	// HeaderOriginTopic, HeaderOriginPartition and HeaderOriginOffset name
 	// where the record was first consumed from.
-	HeaderOriginTopic     = "caughtup-origin-topic"
-	HeaderOriginPartition = "caughtup-origin-partition"
-	HeaderOriginOffset    = "caughtup-origin-offset"
+	HeaderOriginTopic     = kafkarec.HeaderOriginTopic
+	HeaderOriginPartition = kafkarec.HeaderOriginPartition
+	HeaderOriginOffset    = kafkarec.HeaderOriginOffset
 	// HeaderError is the last handler error, on dead-lettered records.
-	HeaderError = "caughtup-error"
+	HeaderError = kafkarec.HeaderError
 )
 
 // Defaults, exported so that documentation and callers can refer to them.

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 )
 
@@ -54,7 +55,7 @@ type Consumer struct {
 	cfg     ConsumerConfig
 	handler Handler
 	log     *slog.Logger
-	met     map[string]*topicMetrics
+	met     map[string]*kafkarec.Topic
 	tracer  trace.Tracer
 	prop    propagation.TextMapPropagator
 
@@ -111,7 +112,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		c.prop = otel.GetTextMapPropagator()
 	}
 	var err error
-	if c.met, err = newMetrics(mp, cfg.topics()); err != nil {
+	if c.met, err = kafkarec.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kgo: creating instruments: %w", err)
 	}
 	return c, nil
@@ -191,7 +192,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	for _, p := range left {
 		p.stop()
-		p.counts.flush(ctx)
+		p.counts.Flush(ctx)
 	}
 	return nil
 }
@@ -424,7 +425,7 @@ func (c *Consumer) forget(ctx context.Context, cl *kgo.Client, parts []*partitio
 	resume := map[string][]int32{}
 	for _, p := range parts {
 		resume[p.key.topic] = append(resume[p.key.topic], p.key.id)
-		p.counts.flush(ctx)
+		p.counts.Flush(ctx)
 	}
 	if len(resume) > 0 {
 		cl.ResumeFetchPartitions(resume)
@@ -454,7 +455,7 @@ func (c *Consumer) commitLoop(ctx context.Context, cl *kgo.Client) {
 			parts := c.snapshot()
 			c.commit(ctx, cl, parts)
 			for _, p := range parts {
-				p.counts.flush(ctx)
+				p.counts.Flush(ctx)
 			}
 		case <-ctx.Done():
 			return

@@ -7,6 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -47,7 +48,7 @@ type partition struct {
 	doneEpoch atomic.Int32
 	committed atomic.Int64
 
-	counts *counts
+	counts *kafkarec.Counts
 	// The worker's alone: decodes the token header of record after
 	// record without allocating (position.HeaderDecoder).
 	dec position.HeaderDecoder
@@ -59,12 +60,12 @@ func (c *Consumer) newPartition(k partKey) *partition {
 	p := &partition{
 		c: c, key: k, ctx: ctx, cancel: cancel, stopped: make(chan struct{}),
 		wake:   make(chan struct{}, 1),
-		counts: &counts{tm: c.met[k.topic], tally: c.cfg.Router.NewTally()},
+		counts: &kafkarec.Counts{Topic: c.met[k.topic], Tally: c.cfg.Router.NewTally()},
 	}
-	if p.counts.tm == nil {
+	if p.counts.Topic == nil {
 		// Not a topic the group subscribes to; count it under the main
 		// topic's name rather than not at all.
-		p.counts.tm = c.met[c.cfg.Topic]
+		p.counts.Topic = c.met[c.cfg.Topic]
 	}
 	p.done.Store(-1)
 	p.committed.Store(-1)
@@ -185,7 +186,7 @@ func (p *partition) run() {
 		}
 		for i, r := range batch {
 			if !p.c.process(p.ctx, r, p) {
-				p.counts.add(resultDropped)
+				p.counts.Add(kafkarec.Dropped)
 				return
 			}
 			p.doneEpoch.Store(r.LeaderEpoch)

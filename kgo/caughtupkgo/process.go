@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -14,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
@@ -21,9 +21,6 @@ import (
 
 // minDeferDelay keeps a deferral that asks for no delay from spinning.
 const minDeferDelay = 10 * time.Millisecond
-
-// maxErrorHeader bounds the error text written on a dead letter.
-const maxErrorHeader = 1024
 
 // recordToken is a record's token as read once: every attempt routes it
 // again.
@@ -50,9 +47,9 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 	}
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && r.Topic == c.cfg.RetryTopic {
-		n, _ := headerInt(r.Headers, HeaderAttempts)
+		n, _ := kafkarec.Int(r.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
-		if due, ok := headerInt(r.Headers, HeaderDue); ok && time.Now().Before(time.UnixMilli(due)) {
+		if due, ok := kafkarec.Int(r.Headers, HeaderDue); ok && time.Now().Before(time.UnixMilli(due)) {
 			p.hold()
 			if !c.untilDue(ctx, r, time.UnixMilli(due), &rt, p) {
 				return false
@@ -66,7 +63,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		}
 		err := c.attempt(hctx, r, &rt, p)
 		if err == nil {
-			p.counts.add(resultHandled)
+			p.counts.Add(kafkarec.Handled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -82,7 +79,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 				if !ok {
 					return false
 				}
-				p.counts.add(resultDeferred)
+				p.counts.Add(kafkarec.Deferred)
 				return true
 			}
 			// InPlace: pause the partition and hold the record. Route
@@ -93,7 +90,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 			// waiting disabled, no healthy replica) hold the delay, or
 			// less if a replica can serve the token first, so the loop
 			// never spins.
-			p.counts.add(resultWaited)
+			p.counts.Add(kafkarec.Waited)
 			p.hold()
 			if de.Decision.Waited >= minDeferDelay {
 				continue
@@ -115,7 +112,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		c.log.WarnContext(ctx, "caughtup/kgo: handler failed; retrying",
 			slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		p.counts.add(resultRetried)
+		p.counts.Add(kafkarec.Retried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, r, time.Now().Add(delay), attempts, false)
 		}
@@ -141,7 +138,7 @@ func Attempt(ctx context.Context) int {
 // with the routed context. It returns Route's *consume.DeferError when no
 // replica can serve the record yet.
 func (c *Consumer) attempt(ctx context.Context, r *kgo.Record, rt *recordToken, p *partition) error {
-	rctx, _, err := p.counts.tally.Route(ctx, consume.Job{
+	rctx, _, err := p.counts.Tally.Route(ctx, consume.Job{
 		Token: rt.tok, TokenErr: rt.err, Policy: c.cfg.Policy, Source: rt.source,
 	})
 	if err != nil {
@@ -169,7 +166,7 @@ func (c *Consumer) call(ctx context.Context, r *kgo.Record) (err error) {
 // "until a replica catches up". A record retried after a handler error
 // waits out its backoff whatever the replicas do.
 func (c *Consumer) untilDue(ctx context.Context, r *kgo.Record, due time.Time, rt *recordToken, p *partition) bool {
-	if !hasHeader(r.Headers, HeaderDeferred) {
+	if !kafkarec.Has(r.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
 	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanWake, trace.WithAttributes(recordAttributes(r)...))
@@ -199,7 +196,7 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, rt *rec
 	case ctx.Err() != nil:
 		return false, false
 	case err == nil:
-		p.counts.add(resultWoken)
+		p.counts.Add(kafkarec.Woken)
 		return true, true
 	}
 	return true, false
@@ -210,12 +207,8 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, rt *rec
 // so a crash in between delivers the original again and the retry topic
 // gets a duplicate: nothing is lost.
 func (c *Consumer) republish(ctx context.Context, r *kgo.Record, due time.Time, attempts int, deferred bool) bool {
-	out := derived(r, c.cfg.RetryTopic, attempts)
-	out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderDue, Value: strconv.AppendInt(nil, due.UnixMilli(), 10)})
-	if deferred {
-		out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderDeferred, Value: []byte("1")})
-	}
-	return c.publish(ctx, out)
+	return c.publish(ctx, &kgo.Record{Topic: c.cfg.RetryTopic, Key: r.Key, Value: r.Value,
+		Headers: kafkarec.RetryHeaders(r.Headers, r.Topic, r.Partition, r.Offset, attempts, due.UnixMilli(), deferred)})
 }
 
 // deadLetter hands a record that failed attempts times to the hook or the
@@ -242,16 +235,11 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, attempts int, 
 			}
 		}
 	} else {
-		out := derived(r, c.cfg.DeadLetterTopic, attempts)
-		text := cause.Error()
-		if len(text) > maxErrorHeader {
-			text = text[:maxErrorHeader]
-		}
-		out.Headers = append(out.Headers, kgo.RecordHeader{Key: HeaderError, Value: []byte(text)})
-		ok = c.publish(ctx, out)
+		ok = c.publish(ctx, &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value,
+			Headers: kafkarec.DeadLetterHeaders(r.Headers, r.Topic, r.Partition, r.Offset, attempts, cause)})
 	}
 	if ok {
-		p.counts.add(resultDeadLettered)
+		p.counts.Add(kafkarec.DeadLettered)
 	}
 	return ok
 }
@@ -280,51 +268,4 @@ func (c *Consumer) publish(ctx context.Context, out *kgo.Record) bool {
 		// keeps its partition and producer state on it.
 		out = &kgo.Record{Topic: out.Topic, Key: out.Key, Value: out.Value, Headers: out.Headers}
 	}
-}
-
-// derived is r addressed to topic: same key, value and headers (the
-// token among them, unchanged), the origin recorded once, and the attempt
-// count replaced. The due time is the caller's to add.
-func derived(r *kgo.Record, topic string, attempts int) *kgo.Record {
-	hs := make([]kgo.RecordHeader, 0, len(r.Headers)+6)
-	origin := false
-	for _, h := range r.Headers {
-		switch h.Key {
-		case HeaderDue, HeaderDeferred, HeaderAttempts, HeaderError:
-			continue
-		case HeaderOriginTopic:
-			origin = true
-		}
-		hs = append(hs, h)
-	}
-	if !origin {
-		hs = append(hs,
-			kgo.RecordHeader{Key: HeaderOriginTopic, Value: []byte(r.Topic)},
-			kgo.RecordHeader{Key: HeaderOriginPartition, Value: strconv.AppendInt(nil, int64(r.Partition), 10)},
-			kgo.RecordHeader{Key: HeaderOriginOffset, Value: strconv.AppendInt(nil, r.Offset, 10)},
-		)
-	}
-	hs = append(hs, kgo.RecordHeader{Key: HeaderAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)})
-	return &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: hs}
-}
-
-// hasHeader reports whether hs has a header key.
-func hasHeader(hs []kgo.RecordHeader, key string) bool {
-	for i := range hs {
-		if hs[i].Key == key {
-			return true
-		}
-	}
-	return false
-}
-
-// headerInt returns the last header key as a decimal integer.
-func headerInt(hs []kgo.RecordHeader, key string) (int64, bool) {
-	for i := len(hs) - 1; i >= 0; i-- {
-		if hs[i].Key == key {
-			n, err := strconv.ParseInt(string(hs[i].Value), 10, 64)
-			return n, err == nil
-		}
-	}
-	return 0, false
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -87,34 +88,14 @@ func (p *Producer) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.Produ
 // (ConsumerConfig.Propagators).
 func Stamp(ctx context.Context, r *kgo.Record) error {
 	if tok, ok := enqueue.TokenFrom(ctx); ok && !tok.IsZero() {
-		existing, err := position.MergeHeaderValues(tokenValues(r.Headers)...)
-		if err == nil {
-			existing, err = position.MergeHeader(existing, tok)
-		}
+		hs, err := kafkarec.Stamped(r.Headers, tok, "")
 		if err != nil {
 			return fmt.Errorf("caughtup/kgo: stamping a record: %w", err)
 		}
-		hs := make([]kgo.RecordHeader, 0, len(r.Headers)+1)
-		for _, h := range r.Headers {
-			if h.Key != position.HeaderName {
-				hs = append(hs, h)
-			}
-		}
-		r.Headers = append(hs, kgo.RecordHeader{Key: position.HeaderName, Value: []byte(existing)})
+		r.Headers = hs
 	}
 	stampTrace(ctx, r)
 	return nil
-}
-
-// tokenValues returns the non-empty values of the token headers in hs.
-func tokenValues(hs []kgo.RecordHeader) []string {
-	var vals []string
-	for _, h := range hs {
-		if h.Key == position.HeaderName && len(h.Value) > 0 {
-			vals = append(vals, string(h.Value))
-		}
-	}
-	return vals
 }
 
 // TokenOf returns the token r carries, read with position.DecodeHeaders
@@ -124,22 +105,4 @@ func tokenValues(hs []kgo.RecordHeader) []string {
 // to consume.Router.Route (as Job.Token and Job.TokenErr), which sends a
 // record whose token does not decode to the primary
 // (ReasonMalformedToken); the Consumer does.
-func TokenOf(r *kgo.Record) (position.Token, error) {
-	var first []byte
-	n := 0
-	for _, h := range r.Headers {
-		if h.Key == position.HeaderName && len(h.Value) > 0 {
-			if n == 0 {
-				first = h.Value
-			}
-			n++
-		}
-	}
-	switch n {
-	case 0:
-		return position.Token{}, nil
-	case 1:
-		return position.DecodeHeaders(string(first))
-	}
-	return position.DecodeHeaders(tokenValues(r.Headers)...)
-}
+func TokenOf(r *kgo.Record) (position.Token, error) { return kafkarec.TokenOf(r.Headers) }

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/tracing"
 )
 
@@ -32,43 +33,20 @@ type HeaderCarrier struct{ Headers *[]kgo.RecordHeader }
 var _ propagation.TextMapCarrier = HeaderCarrier{}
 
 // Get returns the value of the first header named key, or "".
-func (c HeaderCarrier) Get(key string) string {
-	for _, h := range *c.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
+func (c HeaderCarrier) Get(key string) string { return kafkarec.Get(*c.Headers, key) }
 
 // Set replaces the headers named key with one of value.
-func (c HeaderCarrier) Set(key, value string) {
-	hs := (*c.Headers)[:0:0]
-	for _, h := range *c.Headers {
-		if h.Key != key {
-			hs = append(hs, h)
-		}
-	}
-	*c.Headers = append(hs, kgo.RecordHeader{Key: key, Value: []byte(value)})
-}
+func (c HeaderCarrier) Set(key, value string) { *c.Headers = kafkarec.Set(*c.Headers, key, value) }
 
 // Keys returns the header names.
-func (c HeaderCarrier) Keys() []string {
-	keys := make([]string, len(*c.Headers))
-	for i, h := range *c.Headers {
-		keys[i] = h.Key
-	}
-	return keys
-}
+func (c HeaderCarrier) Keys() []string { return kafkarec.Keys(*c.Headers) }
 
 // stampTrace writes the trace context of ctx into r's headers that are
 // not set already, through the global propagators (none until the
 // application sets them). r.Headers is replaced, not appended to in place.
 func stampTrace(ctx context.Context, r *kgo.Record) {
-	for k, v := range tracing.Fields(ctx, otel.GetTextMapPropagator()) {
-		if !hasHeader(r.Headers, k) {
-			r.Headers = append(r.Headers[:len(r.Headers):len(r.Headers)], kgo.RecordHeader{Key: k, Value: []byte(v)})
-		}
+	if th := kafkarec.Missing(r.Headers, tracing.Fields(ctx, otel.GetTextMapPropagator())); len(th) > 0 {
+		r.Headers = append(r.Headers[:len(r.Headers):len(r.Headers)], th...)
 	}
 }
 

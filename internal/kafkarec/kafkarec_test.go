@@ -1,0 +1,95 @@
+package kafkarec
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/caughtup/caughtup/position"
+)
+
+var epoch = position.Epoch{SystemID: 7, Timeline: 1}
+
+func tok(lsn position.LSN) position.Token {
+	return position.New("main", epoch, lsn, position.SourcePrimary, time.Unix(1700000000, 0))
+}
+
+// The helpers work on both clients' header types alike.
+func TestBothClients(t *testing.T) {
+	t.Parallel()
+	kh := RetryHeaders([]kafka.Header{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
+	gh := RetryHeaders([]kgo.RecordHeader{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
+	require.Equal(t, Keys(kh), Keys(gh))
+	for _, k := range Keys(kh) {
+		require.Equal(t, Get(kh, k), Get(gh, k))
+	}
+}
+
+// Derived records the origin once, replaces the attempt count and drops
+// the republishing headers of an earlier round; RetryHeaders and
+// DeadLetterHeaders add theirs.
+func TestDerived(t *testing.T) {
+	t.Parallel()
+	first := RetryHeaders([]kafka.Header{{Key: position.HeaderName, Value: []byte("tok")}}, "orders", 1, 10, 1, 5000, true)
+	require.Equal(t, "orders", Get(first, HeaderOriginTopic))
+	require.Equal(t, "1", Get(first, HeaderOriginPartition))
+	require.Equal(t, "10", Get(first, HeaderOriginOffset))
+	require.Equal(t, "1", Get(first, HeaderAttempts))
+	require.Equal(t, "5000", Get(first, HeaderDue))
+	require.Equal(t, "1", Get(first, HeaderDeferred))
+	require.Equal(t, "tok", Get(first, position.HeaderName), "the token is copied unchanged")
+
+	again := RetryHeaders(first, "orders.retry", 0, 99, 2, 9000, false)
+	require.Equal(t, "orders", Get(again, HeaderOriginTopic), "the origin is the first topic's")
+	require.Equal(t, "10", Get(again, HeaderOriginOffset))
+	n, ok := Int(again, HeaderAttempts)
+	require.True(t, ok)
+	require.Equal(t, int64(2), n)
+	require.False(t, Has(again, HeaderDeferred), "a handler retry is not a deferral")
+	due, _ := Int(again, HeaderDue)
+	require.Equal(t, int64(9000), due)
+	require.Len(t, again, len(first)-1, "no header twice")
+
+	dead := DeadLetterHeaders(again, "orders.retry", 0, 100, 5, errors.New(strings.Repeat("e", 2*MaxErrorHeader)))
+	require.Len(t, Get(dead, HeaderError), MaxErrorHeader)
+	require.False(t, Has(dead, HeaderDue))
+}
+
+// Stamped merges the token headers into one; TokenOf reads them back, and
+// one that does not decode makes the token unreadable.
+func TestStampedAndTokenOf(t *testing.T) {
+	t.Parallel()
+	a, _ := tok(100).Encode()
+	hs := []kgo.RecordHeader{{Key: position.HeaderName, Value: []byte(a)}, {Key: "other", Value: []byte("v")}}
+	out, err := Stamped(hs, tok(200), "")
+	require.NoError(t, err)
+	require.Equal(t, []string{"other", position.HeaderName}, Keys(out))
+	got, err := TokenOf(out)
+	require.NoError(t, err)
+	require.Equal(t, position.LSN(200), got.Entries[0].LSN)
+	require.Equal(t, a, string(hs[0].Value), "the input is not modified")
+
+	none, err := TokenOf([]kafka.Header{{Key: "x"}})
+	require.NoError(t, err)
+	require.True(t, none.IsZero())
+	_, err = TokenOf([]kafka.Header{{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte("garbage")}})
+	var de *position.DecodeError
+	require.ErrorAs(t, err, &de)
+	_, err = Stamped([]kafka.Header{{Key: position.HeaderName, Value: []byte("garbage")}, {Key: position.HeaderName, Value: []byte(a)}}, tok(1), "")
+	require.NoError(t, err, "a header that does not decode stays, as position.MergeHeader keeps it")
+}
+
+// Set replaces every header of a key with one; Missing adds only absent
+// fields.
+func TestSetAndMissing(t *testing.T) {
+	t.Parallel()
+	hs := Set([]kafka.Header{{Key: "k", Value: []byte("1")}, {Key: "k", Value: []byte("2")}}, "k", "3")
+	require.Equal(t, []kafka.Header{{Key: "k", Value: []byte("3")}}, hs)
+	add := Missing(hs, map[string]string{"k": "x", "traceparent": "00-…"})
+	require.Equal(t, []kafka.Header{{Key: "traceparent", Value: []byte("00-…")}}, add)
+}
