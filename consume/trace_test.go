@@ -9,18 +9,17 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/testkit/spantest"
 )
 
 // tracedRouter is unitRouter with spans recorded in memory.
 func tracedRouter(t *testing.T, s func(*Config)) (*Router, *tracetest.InMemoryExporter, trace.Tracer) {
 	t.Helper()
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	exp, tp := spantest.New(t)
 	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/9000"))), func(c *Config) {
 		c.TracerProvider = tp
 		c.Now = func() time.Time { return t0 }
@@ -29,25 +28,6 @@ func tracedRouter(t *testing.T, s func(*Config)) (*Router, *tracetest.InMemoryEx
 		}
 	})
 	return r, exp, tp.Tracer("test")
-}
-
-// spansNamed returns the ended spans called name.
-func spansNamed(exp *tracetest.InMemoryExporter, name string) []tracetest.SpanStub {
-	var out []tracetest.SpanStub
-	for _, s := range exp.GetSpans() {
-		if s.Name == name {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func attrs(s tracetest.SpanStub) map[string]attribute.Value {
-	m := map[string]attribute.Value{}
-	for _, kv := range s.Attributes {
-		m[string(kv.Key)] = kv.Value
-	}
-	return m
 }
 
 // TestRouteSpan: Route makes one caughtup.route span, a child of the
@@ -63,12 +43,12 @@ func TestRouteSpan(t *testing.T) {
 	require.Equal(t, ps.SpanContext(), trace.SpanContextFromContext(hctx), "the handler's spans are the caller's children")
 	ps.End()
 
-	routes := spansNamed(exp, SpanRoute)
+	routes := spantest.Named(exp, SpanRoute)
 	require.Len(t, routes, 1)
 	s := routes[0]
 	require.Equal(t, ps.SpanContext().SpanID(), s.Parent.SpanID())
 	require.Equal(t, ps.SpanContext().TraceID(), s.SpanContext.TraceID())
-	a := attrs(s)
+	a := spantest.Attrs(s)
 	require.Equal(t, "sticky", a["caughtup.policy"].AsString())
 	require.Equal(t, "run", a["caughtup.action"].AsString())
 	require.Equal(t, "replica", a["caughtup.outcome"].AsString())
@@ -79,7 +59,7 @@ func TestRouteSpan(t *testing.T) {
 	require.InDelta(t, 1.0, a["caughtup.token.age"].AsFloat64(), 1e-9)
 	require.Equal(t, "asynq email:send", a["caughtup.source"].AsString())
 	require.Equal(t, codes.Unset, s.Status.Code)
-	require.Empty(t, spansNamed(exp, SpanWait), "no wait")
+	require.Empty(t, spantest.Named(exp, SpanWait), "no wait")
 }
 
 // TestRouteSpanUnknownState: what the unknown state paths decided is on
@@ -100,9 +80,9 @@ func TestRouteSpanUnknownState(t *testing.T) {
 	require.ErrorAs(t, err, &de)
 	require.Equal(t, ActionDefer, d.Action)
 
-	routes := spansNamed(exp, SpanRoute)
+	routes := spantest.Named(exp, SpanRoute)
 	require.Len(t, routes, 3)
-	noTok, bad, behind := attrs(routes[0]), attrs(routes[1]), attrs(routes[2])
+	noTok, bad, behind := spantest.Attrs(routes[0]), spantest.Attrs(routes[1]), spantest.Attrs(routes[2])
 	require.Equal(t, "primary_no_token", noTok["caughtup.outcome"].AsString())
 	require.Equal(t, "no_token", noTok["caughtup.reason"].AsString())
 	require.Equal(t, "malformed_token", bad["caughtup.reason"].AsString())
@@ -125,19 +105,19 @@ func TestWaitSpan(t *testing.T) {
 	_, d, err := r.Route(parent, Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
 	require.Error(t, err)
 	require.Equal(t, ActionDefer, d.Action, "the budget ran out")
-	waits, routes := spansNamed(exp, SpanWait), spansNamed(exp, SpanRoute)
+	waits, routes := spantest.Named(exp, SpanWait), spantest.Named(exp, SpanRoute)
 	require.Len(t, waits, 1)
 	require.Len(t, routes, 1)
 	require.Equal(t, routes[0].SpanContext.SpanID(), waits[0].Parent.SpanID())
-	require.Equal(t, "replica", attrs(waits[0])["caughtup.wait.for"].AsString())
-	require.Equal(t, "defer", attrs(waits[0])["caughtup.action"].AsString())
+	require.Equal(t, "replica", spantest.Attrs(waits[0])["caughtup.wait.for"].AsString())
+	require.Equal(t, "defer", spantest.Attrs(waits[0])["caughtup.action"].AsString())
 
 	exp.Reset()
 	ctx, cancel := context.WithCancel(parent)
 	time.AfterFunc(5*time.Millisecond, cancel)
 	_, _, err = r.Route(ctx, Job{Token: tok(time.Second, ent("main", 1, "0/8000000")), Policy: Delayed})
 	require.ErrorIs(t, err, context.Canceled)
-	waits, routes = spansNamed(exp, SpanWait), spansNamed(exp, SpanRoute)
+	waits, routes = spantest.Named(exp, SpanWait), spantest.Named(exp, SpanRoute)
 	require.Len(t, waits, 1)
 	require.Len(t, routes, 1)
 	require.Equal(t, codes.Error, waits[0].Status.Code)
@@ -160,12 +140,12 @@ func TestHoldSpan(t *testing.T) {
 	_, d, err := r.Route(ctx, Job{Token: behind, Policy: Sticky, NoDefer: true, Hold: true})
 	require.NoError(t, err)
 	require.True(t, d.Held)
-	waits := spansNamed(exp, SpanWait)
+	waits := spantest.Named(exp, SpanWait)
 	require.Len(t, waits, 1)
-	require.Equal(t, "replica_or_fallback_cap", attrs(waits[0])["caughtup.wait.for"].AsString())
-	routes := spansNamed(exp, SpanRoute)
-	require.True(t, attrs(routes[1])["caughtup.held"].AsBool())
-	require.True(t, attrs(routes[1])["caughtup.fallback"].AsBool())
+	require.Equal(t, "replica_or_fallback_cap", spantest.Attrs(waits[0])["caughtup.wait.for"].AsString())
+	routes := spantest.Named(exp, SpanRoute)
+	require.True(t, spantest.Attrs(routes[1])["caughtup.held"].AsBool())
+	require.True(t, spantest.Attrs(routes[1])["caughtup.fallback"].AsBool())
 }
 
 // TestNoSpanOutsideTrace: a job whose context has no span gets none, not

@@ -9,33 +9,14 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/asynq/caughtupasynq"
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/testkit/spantest"
 )
-
-func spanAttrs(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
-	m := map[attribute.Key]attribute.Value{}
-	for _, kv := range s.Attributes {
-		m[kv.Key] = kv.Value
-	}
-	return m
-}
-
-func spansNamed(exp *tracetest.InMemoryExporter, name string) []tracetest.SpanStub {
-	var out []tracetest.SpanStub
-	for _, s := range exp.GetSpans() {
-		if s.Name == name {
-			out = append(out, s)
-		}
-	}
-	return out
-}
 
 // TestTraceDeferAndWake follows one task's trace: the request that wrote
 // the row and enqueued the task, the worker's first route (a wait, then a
@@ -44,9 +25,7 @@ func spansNamed(exp *tracetest.InMemoryExporter, name string) []tracetest.SpanSt
 // whose handler's context continues the request's trace through the W3C
 // trace context in the task's headers.
 func TestTraceDeferAndWake(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	exp, tp := spantest.New(t)
 	prop := propagation.TraceContext{}
 	// NewTask writes the trace context through the global propagators,
 	// as otel contrib's producers do.
@@ -71,19 +50,19 @@ func TestTraceDeferAndWake(t *testing.T) {
 	info, err := e.client.EnqueueContext(ctx, task)
 	require.NoError(t, err)
 	req.End()
-	waitFor(t, time.Minute, func() bool { return len(spansNamed(exp, consume.SpanDefer)) == 1 }, "no caughtup.defer span")
+	waitFor(t, time.Minute, func() bool { return len(spantest.Named(exp, consume.SpanDefer)) == 1 }, "no caughtup.defer span")
 
 	resume()
 	s := nextStart(t, runs, 30*time.Second, "after the resume")
 	require.Equal(t, info.ID, s.id)
 	require.NotEmpty(t, replicaOf(s.dec))
 	require.Equal(t, req.SpanContext().TraceID(), (<-handlerSpans).TraceID(), "the handler continues the request's trace")
-	waitFor(t, 30*time.Second, func() bool { return len(spansNamed(exp, consume.SpanWake)) > 0 }, "no caughtup.wake span")
+	waitFor(t, 30*time.Second, func() bool { return len(spantest.Named(exp, consume.SpanWake)) > 0 }, "no caughtup.wake span")
 
 	reqTrace := req.SpanContext().TraceID()
-	routes := spansNamed(exp, consume.SpanRoute)
+	routes := spantest.Named(exp, consume.SpanRoute)
 	require.GreaterOrEqual(t, len(routes), 2, "a route per attempt")
-	first, last := spanAttrs(routes[0]), spanAttrs(routes[len(routes)-1])
+	first, last := spantest.Attrs(routes[0]), spantest.Attrs(routes[len(routes)-1])
 	require.Equal(t, "defer", first["caughtup.action"].AsString())
 	require.Equal(t, "run", last["caughtup.action"].AsString())
 	require.Equal(t, "replica", last["caughtup.outcome"].AsString())
@@ -91,11 +70,11 @@ func TestTraceDeferAndWake(t *testing.T) {
 		require.Equal(t, reqTrace, r.SpanContext.TraceID(), "every route of the task is in the request's trace")
 		require.Equal(t, req.SpanContext().SpanID(), r.Parent.SpanID(), "parented by the enqueuing span (no consumer span of the application's)")
 	}
-	require.NotEmpty(t, spansNamed(exp, consume.SpanWait), "the first attempt waited out the budget")
+	require.NotEmpty(t, spantest.Named(exp, consume.SpanWait), "the first attempt waited out the budget")
 
-	defers := spansNamed(exp, consume.SpanDefer)
+	defers := spantest.Named(exp, consume.SpanDefer)
 	require.Len(t, defers, 1)
-	d := spanAttrs(defers[0])
+	d := spantest.Attrs(defers[0])
 	require.Equal(t, reqTrace, defers[0].SpanContext.TraceID())
 	require.Equal(t, trace.SpanKindConsumer, defers[0].SpanKind)
 	require.Equal(t, "asynq", d["messaging.system"].AsString())
@@ -105,10 +84,10 @@ func TestTraceDeferAndWake(t *testing.T) {
 	require.Equal(t, "replica_behind", d["caughtup.reason"].AsString())
 	require.Positive(t, d["caughtup.defer.delay"].AsFloat64())
 
-	wakes := spansNamed(exp, consume.SpanWake)
+	wakes := spantest.Named(exp, consume.SpanWake)
 	var linked bool
 	for _, w := range wakes {
-		a := spanAttrs(w)
+		a := spantest.Attrs(w)
 		require.Equal(t, e.queue, a["messaging.destination.name"].AsString())
 		for _, l := range w.Links {
 			if l.SpanContext.SpanID() == defers[0].SpanContext.SpanID() {
@@ -125,9 +104,7 @@ func TestTraceDeferAndWake(t *testing.T) {
 // parent of the routing spans; the task's trace context does not replace
 // it.
 func TestTraceApplicationSpanKept(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	exp, tp := spantest.New(t)
 	prop := propagation.TraceContext{}
 	e := setup(t, func(c *consume.Config) { c.TracerProvider = tp })
 	h, runs := starts()
@@ -156,7 +133,7 @@ func TestTraceApplicationSpanKept(t *testing.T) {
 	app := <-appSpans
 	var route *tracetest.SpanStub
 	waitFor(t, 10*time.Second, func() bool {
-		for _, r := range spansNamed(exp, consume.SpanRoute) {
+		for _, r := range spantest.Named(exp, consume.SpanRoute) {
 			if r.SpanContext.TraceID() == app.TraceID() {
 				route = &r
 				return true

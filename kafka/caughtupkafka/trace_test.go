@@ -8,33 +8,14 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/testkit/spantest"
 )
-
-func spanAttrs(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
-	m := map[attribute.Key]attribute.Value{}
-	for _, kv := range s.Attributes {
-		m[kv.Key] = kv.Value
-	}
-	return m
-}
-
-func spansNamed(exp *tracetest.InMemoryExporter, name string) []tracetest.SpanStub {
-	var out []tracetest.SpanStub
-	for _, s := range exp.GetSpans() {
-		if s.Name == name {
-			out = append(out, s)
-		}
-	}
-	return out
-}
 
 // TestTraceDeferral follows a message deferred while every replica is
 // paused, in place and through the retry topic: the producer's trace
@@ -58,9 +39,7 @@ func TestTraceDeferral(t *testing.T) {
 		{"RetryTopic", caughtupkafka.RetryTopic, "retry_topic", consume.SpanWake},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			exp := tracetest.NewInMemoryExporter()
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-			t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			exp, tp := spantest.New(t)
 			e := setupDB(t, func(c *consume.Config) {
 				c.TracerProvider = tp
 				c.WaitBudget = -1 // defer at once: the in-place hold, not Route's wait
@@ -83,7 +62,7 @@ func TestTraceDeferral(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("traced")}))
 			req.End()
-			require.Eventually(t, func() bool { return len(spansNamed(exp, consume.SpanRoute)) > 0 }, time.Minute, 10*time.Millisecond, "no route span")
+			require.Eventually(t, func() bool { return len(spantest.Named(exp, consume.SpanRoute)) > 0 }, time.Minute, 10*time.Millisecond, "no route span")
 			require.Empty(t, handled, "handled while every replica was paused")
 
 			e.resumeAll(t)
@@ -95,26 +74,26 @@ func TestTraceDeferral(t *testing.T) {
 			}
 
 			reqTrace := req.SpanContext().TraceID()
-			routes := spansNamed(exp, consume.SpanRoute)
+			routes := spantest.Named(exp, consume.SpanRoute)
 			require.GreaterOrEqual(t, len(routes), 2)
-			require.Equal(t, "defer", spanAttrs(routes[0])["caughtup.action"].AsString())
-			last := spanAttrs(routes[len(routes)-1])
+			require.Equal(t, "defer", spantest.Attrs(routes[0])["caughtup.action"].AsString())
+			last := spantest.Attrs(routes[len(routes)-1])
 			require.Equal(t, "run", last["caughtup.action"].AsString())
 			require.Equal(t, "replica", last["caughtup.outcome"].AsString())
 			for _, r := range routes {
 				require.Equal(t, reqTrace, r.SpanContext.TraceID())
 			}
-			defers := spansNamed(exp, consume.SpanDefer)
+			defers := spantest.Named(exp, consume.SpanDefer)
 			require.Len(t, defers, 1)
-			d := spanAttrs(defers[0])
+			d := spantest.Attrs(defers[0])
 			require.Equal(t, reqTrace, defers[0].SpanContext.TraceID())
 			require.Equal(t, tc.deferred, d["caughtup.kafka.defer"].AsString())
 			require.Equal(t, "kafka", d["messaging.system"].AsString())
 			require.Equal(t, names[0], d["messaging.destination.name"].AsString())
 			require.Equal(t, "replica_behind", d["caughtup.reason"].AsString())
-			woke := spansNamed(exp, tc.ended)
+			woke := spantest.Named(exp, tc.ended)
 			require.NotEmpty(t, woke)
-			require.True(t, spanAttrs(woke[len(woke)-1])["caughtup.kafka.woken"].AsBool(), "the catch-up ended the deferral")
+			require.True(t, spantest.Attrs(woke[len(woke)-1])["caughtup.kafka.woken"].AsBool(), "the catch-up ended the deferral")
 			require.Equal(t, reqTrace, woke[len(woke)-1].SpanContext.TraceID())
 		})
 	}
