@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/kafkarec"
@@ -63,7 +61,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				sctx, span := c.startDefer(ctx, msg, de, "retry_topic")
+				sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferRetryTopic, kafkarec.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
 				ok := c.republish(sctx, w, *msg, time.Now().Add(delay), attempts, true)
 				span.End()
 				if !ok {
@@ -86,7 +84,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			sctx, span := c.startDefer(ctx, msg, de, "in_place")
+			sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferInPlace, kafkarec.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
 			held, woken := false, false
 			if mt.verify != nil {
 				// The position alone does not say a Verifier will vouch
@@ -96,8 +94,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 			} else {
 				held, woken = c.holdDeferred(sctx, time.Now().Add(delay), mt.tok, mt.err, ps)
 			}
-			span.SetAttributes(attribute.Bool(attrWoken, woken))
-			span.End()
+			kafkarec.EndHold(span, woken)
 			if !held {
 				return false
 			}
@@ -176,10 +173,9 @@ func (c *Consumer) untilDue(ctx context.Context, msg *kafka.Message, due time.Ti
 	// Past its due time the message is routed once and, if still behind,
 	// deferred again with a new due time: no loop, so even a token that a
 	// Verifier vouches for may wake on its position.
-	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanWake, trace.WithAttributes(messageAttributes(msg)...))
+	ctx, span := kafkarec.StartWake(ctx, c.tracer, kafkarec.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
 	held, woken := c.holdDeferred(ctx, due, tok, tokErr, ps)
-	span.SetAttributes(attribute.Bool(attrWoken, woken))
-	span.End()
+	kafkarec.EndHold(span, woken)
 	return held
 }
 

@@ -9,13 +9,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
-	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -73,7 +70,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				sctx, span := c.startDefer(ctx, r, de, "retry_topic")
+				sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferRetryTopic, kafkarec.RecordAttributes(r.Topic, r.Partition, r.Offset))
 				ok := c.republish(sctx, r, time.Now().Add(delay), attempts, true)
 				span.End()
 				if !ok {
@@ -95,10 +92,9 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			sctx, span := c.startDefer(ctx, r, de, "in_place")
+			sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferInPlace, kafkarec.RecordAttributes(r.Topic, r.Partition, r.Offset))
 			held, woken := c.holdDeferred(sctx, time.Now().Add(delay), &rt, p)
-			span.SetAttributes(attribute.Bool(attrWoken, woken))
-			span.End()
+			kafkarec.EndHold(span, woken)
 			if !held {
 				return false
 			}
@@ -169,10 +165,9 @@ func (c *Consumer) untilDue(ctx context.Context, r *kgo.Record, due time.Time, r
 	if !kafkarec.Has(r.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
-	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanWake, trace.WithAttributes(recordAttributes(r)...))
+	ctx, span := kafkarec.StartWake(ctx, c.tracer, kafkarec.RecordAttributes(r.Topic, r.Partition, r.Offset))
 	held, woken := c.holdDeferred(ctx, due, rt, p)
-	span.SetAttributes(attribute.Bool(attrWoken, woken))
-	span.End()
+	kafkarec.EndHold(span, woken)
 	return held
 }
 

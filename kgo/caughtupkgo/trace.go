@@ -5,25 +5,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/tracing"
 )
-
-// Span attributes, after OpenTelemetry's messaging conventions.
-const (
-	attrDestination = "messaging.destination.name"
-	attrPartition   = "messaging.destination.partition.id"
-	attrOffset      = "messaging.kafka.offset"
-	attrDeferMode   = "caughtup.kafka.defer"
-	attrWoken       = "caughtup.kafka.woken"
-)
-
-var systemKafka = attribute.String("messaging.system", "kafka")
 
 // HeaderCarrier adapts a record's headers to OpenTelemetry's propagators,
 // as franz-go's kotel plugin carries trace context: Get reads the first
@@ -60,24 +47,4 @@ func (c *Consumer) traceContext(ctx context.Context, r *kgo.Record) context.Cont
 		}
 	}
 	return tracing.Continue(ctx, c.prop, HeaderCarrier{&r.Headers})
-}
-
-// recordAttributes names r on a span.
-func recordAttributes(r *kgo.Record) []attribute.KeyValue {
-	return []attribute.KeyValue{systemKafka,
-		attribute.String(attrDestination, r.Topic),
-		attribute.Int(attrPartition, int(r.Partition)),
-		attribute.Int64(attrOffset, r.Offset)}
-}
-
-// startDefer starts the caughtup.defer span of a deferral of r, in mode
-// ("in_place", "retry_topic").
-func (c *Consumer) startDefer(ctx context.Context, r *kgo.Record, de *consume.DeferError, mode string) (context.Context, trace.Span) {
-	ctx, span := tracing.Start(ctx, c.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
-	if span.IsRecording() {
-		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
-		span.SetAttributes(recordAttributes(r)...)
-		span.SetAttributes(attribute.String(attrDeferMode, mode))
-	}
-	return ctx, span
 }
