@@ -554,38 +554,13 @@ func adaptersFault(ctx context.Context, r *run) error {
 			r.fail("franz-go consumers: %v", err)
 		}
 	}()
-	t := r.sl.lead + r.sl.down/2
-	for i, n := range r.cluster.Replicas() {
-		if err := r.at(ctx, t); err != nil {
-			return err
-		}
+	t, err := crashReplicas(ctx, r, r.sl.lead+r.sl.down/2, func(op func() error) error {
 		p.hold()
-		killed := time.Now()
-		err := n.Kill()
-		p.release()
-		if err != nil {
-			return fmt.Errorf("kill %s: %w", n.Name(), err)
-		}
-		r.event("SIGKILLed %s", n.Name())
-		if _, ok := r.watchReplica(ctx, i, true); ok {
-			r.event("tracker marks %s unreadable %s after the SIGKILL", n.Name(), time.Since(killed).Round(time.Millisecond))
-			r.mu.Lock()
-			r.crashesSeen++
-			r.mu.Unlock()
-		}
-		t += r.sl.down
-		if err := r.at(ctx, t); err != nil {
-			return err
-		}
-		p.hold()
-		began := time.Now()
-		err = n.Start(ctx)
-		p.release()
-		if err != nil {
-			return fmt.Errorf("restart %s: %w", n.Name(), err)
-		}
-		r.event("restarted %s (crash recovery, streaming again after %s)", n.Name(), time.Since(began).Round(time.Millisecond))
-		t += r.sl.down / 2
+		defer p.release()
+		return op()
+	})
+	if err != nil {
+		return err
 	}
 	return r.at(ctx, t+r.sl.down/2)
 }

@@ -259,15 +259,23 @@ func (r *run) watchReplica(ctx context.Context, idx int, failing bool) (time.Dur
 }
 
 func replicaCrash(ctx context.Context, r *run) error {
-	nodes := r.cluster.Replicas()
-	t := r.sl.lead
-	for i, n := range nodes {
+	_, err := crashReplicas(ctx, r, r.sl.lead, func(op func() error) error { return op() })
+	return err
+}
+
+// crashReplicas SIGKILLs each replica in turn from t on, watches the
+// tracker notice it (crashesSeen), and restarts it a down time later;
+// guard runs each kill and restart (the adapters scenario holds its
+// replay pauser off the node meanwhile). It returns the schedule's time
+// after the last restart.
+func crashReplicas(ctx context.Context, r *run, t time.Duration, guard func(op func() error) error) (time.Duration, error) {
+	for i, n := range r.cluster.Replicas() {
 		if err := r.at(ctx, t); err != nil {
-			return err
+			return t, err
 		}
-		killed := time.Now()
-		if err := n.Kill(); err != nil {
-			return fmt.Errorf("kill %s: %w", n.Name(), err)
+		var killed time.Time
+		if err := guard(func() error { killed = time.Now(); return n.Kill() }); err != nil {
+			return t, fmt.Errorf("kill %s: %w", n.Name(), err)
 		}
 		r.event("SIGKILLed %s", n.Name())
 		if _, ok := r.watchReplica(ctx, i, true); ok {
@@ -278,16 +286,16 @@ func replicaCrash(ctx context.Context, r *run) error {
 		}
 		t += r.sl.down
 		if err := r.at(ctx, t); err != nil {
-			return err
+			return t, err
 		}
-		began := time.Now()
-		if err := n.Start(ctx); err != nil {
-			return fmt.Errorf("restart %s: %w", n.Name(), err)
+		var began time.Time
+		if err := guard(func() error { began = time.Now(); return n.Start(ctx) }); err != nil {
+			return t, fmt.Errorf("restart %s: %w", n.Name(), err)
 		}
 		r.event("restarted %s (crash recovery, streaming again after %s)", n.Name(), time.Since(began).Round(time.Millisecond))
 		t += r.sl.down / 2
 	}
-	return nil
+	return t, nil
 }
 
 // checkCrash: the router must have noticed each crash, or the scenario
