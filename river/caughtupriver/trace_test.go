@@ -9,12 +9,12 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 	"github.com/stretchr/testify/require"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/river/caughtupriver"
+	"github.com/caughtup/caughtup/testkit/spantest"
 )
 
 // jobSpans is worker middleware that starts a span per job, as
@@ -35,9 +35,7 @@ func (m *jobSpans) Work(ctx context.Context, job *rivertype.JobRow, doInner func
 // caughtup.route span records what was decided, the last on a replica;
 // all of them children of the job's span.
 func TestTraceSnooze(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	exp, tp := spantest.New(t)
 	e := setup(t, func(c *consume.Config) {
 		c.TracerProvider = tp
 		c.WaitBudget = 50 * time.Millisecond
@@ -49,15 +47,7 @@ func TestTraceSnooze(t *testing.T) {
 	resume := e.pauseAll(t)
 	res := e.insertTx(t, ctx, c, 1)
 
-	spans := func(name string) []tracetest.SpanStub {
-		var out []tracetest.SpanStub
-		for _, s := range exp.GetSpans() {
-			if s.Name == name {
-				out = append(out, s)
-			}
-		}
-		return out
-	}
+	spans := func(name string) []tracetest.SpanStub { return spantest.Named(exp, name) }
 	require.Eventually(t, func() bool { return len(spans(consume.SpanDefer)) > 0 }, time.Minute, 20*time.Millisecond, "no snooze span")
 	resume()
 	r := next(t, runs, time.Minute)
