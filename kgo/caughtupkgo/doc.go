@@ -59,8 +59,8 @@
 // it buffered for a paused partition without moving its cursor, and
 // fetches it again on resume. When every partition has work queued the
 // loop stops polling, so that records wait in franz-go's buffer; a
-// partition that stays full while another has nothing to do is paused
-// as well (QueueCapacity).
+// partition that stays full while another partition's worker is idle is
+// paused as well (QueueCapacity).
 //
 // Offsets are committed (every CommitInterval, and on every revocation
 // and at the end of Run) only up to the last record done in order, with
@@ -85,8 +85,9 @@
 //
 // caughtup.kafka.messages ({message}) counts what happened to records by
 // topic (messaging.destination.name) and caughtup.kafka.result (handled,
-// waited, deferred, retried, dead_lettered, dropped, woken): the
-// instrument of caughtupkafka, under this package's ScopeName, on the
+// waited, deferred, retried, dead_lettered, dropped, woken): the same
+// instrument, attributes and values as caughtupkafka's, under this
+// package's ScopeName, on the
 // MeterProvider in ConsumerConfig (default the global one). Each worker
 // counts in bulk and the counts reach the instruments at every commit, so
 // they trail the records by up to CommitInterval. Routing decisions are
