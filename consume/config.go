@@ -120,6 +120,15 @@ const (
 	DefaultPrimaryBurst       = 100
 )
 
+// policy is the policy a job routed with p gets: p, or DefaultPolicy for
+// PolicyDefault and invalid values.
+func (c *Config) policy(p Policy) Policy {
+	if p == PolicyDefault || !p.valid() {
+		return c.DefaultPolicy
+	}
+	return p
+}
+
 // WithDefaults returns c with every zero field set to its default. It does
 // not fill MeterProvider, TracerProvider and Logger with globals; NewRouter does, when it
 // starts.

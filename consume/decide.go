@@ -174,10 +174,7 @@ func decide(in *DecideInput, d *Decision) {
 	if !in.Token.Normal() {
 		in.Token = in.Token.Normalize()
 	}
-	pol := in.Policy
-	if pol == PolicyDefault || !pol.valid() {
-		pol = cfg.DefaultPolicy
-	}
+	pol := cfg.policy(in.Policy)
 	*d = Decision{Policy: pol, Action: ActionRun, Outcome: OutcomeReplica, Reason: ReasonNone, Databases: in.Buf[:0]}
 	age, ageKnown, skew := tokenAge(in.Token, in.Now, cfg.ClockSkewTolerance)
 	d.TokenAge, d.ClockSkew = age, skew

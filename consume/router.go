@@ -255,15 +255,27 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (hctx context.Co
 	// span that has ended. A job outside any trace gets no span: caughtup's
 	// spans join the application's traces, they never start one.
 	if !trace.SpanContextFromContext(ctx).IsValid() {
-		return r.routeIn(ctx, ctx, job, t) // no trace to join (tracing.Start)
+		// No trace to join (tracing.Start).
+		if t == nil {
+			return r.routeIn(ctx, ctx, job, nil, false)
+		}
+		if rc, ok := t.repeat(ctx, job); ok {
+			r.met.recordTo(ctx, &rc.d, false, t)
+			r.logDecision(ctx, &rc.d, nil, job.Source)
+			return rc, rc.d, nil
+		}
+		return r.routeIn(ctx, ctx, job, t, true)
 	}
 	sctx, span := r.tracer.Start(ctx, SpanRoute)
-	hctx, d, err = r.routeIn(ctx, sctx, job, t)
+	hctx, d, err = r.routeIn(ctx, sctx, job, t, false)
 	endRoute(span, job, &d, err)
 	return hctx, d, err
 }
 
-func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally) (context.Context, Decision, error) {
+// routeIn is route's work, in the route span's context sctx. With
+// repeatable, t may offer the decision to the jobs that follow
+// (Tally.repeat).
+func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally, repeatable bool) (context.Context, Decision, error) {
 	tok, tokErr, verify := job.Token, job.TokenErr, job.Verify
 	if tokErr != nil {
 		tok = position.Token{}
@@ -341,5 +353,9 @@ func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally) (context
 	// themselves (the Verifier vouched for them): children inherit only
 	// what the replicas read had replayed.
 	rc.r, rc.captured, rc.now = r, tok.CapturedAt, in.Now
-	return handlerContext(ctx, rc, verify != nil), *d, nil
+	hctx := handlerContext(ctx, rc, verify != nil)
+	if repeatable && !waited && verify == nil && tokErr == nil {
+		t.remember(in.Snapshot, rc, ctx)
+	}
+	return hctx, *d, nil
 }

@@ -2,10 +2,13 @@ package consume
 
 import (
 	"context"
+	"reflect"
 	"sync"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/caughtup/caughtup/replay"
 )
 
 // counter names the Router's counters that a Tally batches.
@@ -51,14 +54,31 @@ const numCounters = int(counterFuture) + 1
 // and the one that flushes it.
 //
 // A Tally also allocates its jobs' handler contexts a few at a time (9
-// for jobs of one database), which saves about 40 ns a job. Each
-// context still belongs to one job and is never reused; a handler that
-// keeps its context after it returns keeps its batch (about 2.7 KB) in
-// memory.
+// for jobs of one database), which saves about 40 ns a job; a handler
+// that keeps its context after it returns keeps its batch (about 2.7 KB)
+// in memory.
+//
+// And a job may repeat an earlier job's decision. Consecutive messages
+// often carry the same token: the events of one transaction, an outbox
+// relay's batch stamped with one position, everything produced while the
+// replicas were paused by a lag spike. A job with a one-database token
+// equal to that of the Tally's last job routed to a replica without
+// waiting, with the same policy and parent context, routed against the
+// same tracker snapshot while the replica chosen is still fresh in it, is
+// given that job's handler context and decision: the decision Route would
+// make again, but for the replica Spread would pick and the decision time
+// (Decision.TokenAge; a child token's capture time is the earlier job's,
+// which only makes it look older). It is counted and logged as a decision
+// of its own. Without it a drain after a lag spike pays a context and its
+// garbage per message (BenchmarkDrain). Jobs with a Verify, a token error,
+// a trace to join (each gets its route span), or whose earlier job's
+// replica connections were refused are always decided afresh.
 type Tally struct {
 	r *Router
 	// slab is the batch the Tally's next handler contexts come from.
 	slab atomic.Pointer[routedSlab]
+	// last is the decision a job with the same token may repeat.
+	last atomic.Pointer[tallyLast]
 	// recent holds, per counter, the slots counted last: a worker's jobs
 	// mostly repeat a few decisions (one replica or another), which then
 	// cost a few atomic loads and an add.
@@ -111,8 +131,10 @@ func (t *Tally) add(c counter, set *measurement) {
 }
 
 // nextRouted hands out the next context of t's current batch, starting a
-// new batch when it is used up. Each context goes to one job only, and is
-// never reused: handlers may keep theirs.
+// new batch when it is used up. Each context is handed out once, and is
+// never recycled: handlers may keep theirs. (A job that repeats another's
+// decision gets that job's context, which Route never modifies after it
+// returned it.)
 func (t *Tally) nextRouted() *routedOne {
 	if s := t.slab.Load(); s != nil {
 		if i := s.next.Add(1) - 1; i < routedBatch {
@@ -126,9 +148,76 @@ func (t *Tally) nextRouted() *routedOne {
 }
 
 // Route is Router.Route, counted in t. Like it, it keeps nothing of
-// job.Token once it returns.
+// job.Token once it returns. A job like the last one may get its context
+// and decision (Tally).
 func (t *Tally) Route(ctx context.Context, job Job) (context.Context, Decision, error) {
 	return t.r.route(ctx, &job, t)
+}
+
+// tallyLast holds, for one snapshot, the handler context of the latest
+// job routed on it whose decision another job may repeat. Every context
+// stored in rc was decided on snap, so that the pair, which two atomics
+// could tear, never mixes snapshots; a new snapshot gets a new tallyLast.
+type tallyLast struct {
+	snap *replay.Snapshot
+	rc   atomic.Pointer[routed]
+}
+
+// remember offers rc, decided on snap for a job whose parent context was
+// parent, to the jobs that follow (repeat). Only a decision that repeat
+// can check entirely is kept: every database (one) on a replica, chosen
+// without a wait, a Verifier or the fallback cap.
+func (t *Tally) remember(snap *replay.Snapshot, rc *routed, parent context.Context) {
+	d := &rc.d
+	if d.Action != ActionRun || d.Outcome != OutcomeReplica || d.Fallback || len(d.Databases) != 1 {
+		return
+	}
+	// repeat compares parent contexts with ==, which panics on values of
+	// a type that is not comparable.
+	if typ := reflect.TypeOf(parent); typ == nil || !typ.Comparable() {
+		return
+	}
+	l := t.last.Load()
+	if l == nil || l.snap != snap {
+		l = &tallyLast{snap: snap}
+		t.last.Store(l)
+	}
+	l.rc.Store(rc)
+}
+
+// repeat returns the handler context of the last job remembered, if job
+// may have its decision: the same token and policy, the same parent
+// context, the same snapshot, and the chosen replica still fresh at now
+// (Decide's ReplicaState.Usable), which is all that a decision to run on
+// a caught-up replica depends on that can change. It was not waited for
+// and no connection of it was refused (connCheck.admit).
+func (t *Tally) repeat(ctx context.Context, job *Job) (*routed, bool) {
+	if job.TokenErr != nil || job.Verify != nil || len(job.Token.Entries) != 1 {
+		return nil, false
+	}
+	l := t.last.Load()
+	if l == nil {
+		return nil, false
+	}
+	rc := l.rc.Load()
+	if rc == nil || rc.SourceContext.Context != ctx || rc.refusals.Load() != 0 {
+		return nil, false
+	}
+	dd := &rc.d.Databases[0]
+	r := t.r
+	if dd.Entry != job.Token.Entries[0] || !rc.captured.Equal(job.Token.CapturedAt) || rc.d.Policy != r.cfg.policy(job.Policy) {
+		return nil, false
+	}
+	now := r.cfg.Now()
+	snap := r.snapshotAt(now)
+	if snap != l.snap {
+		return nil, false
+	}
+	db := snap.Database(dd.Database)
+	if db == nil || int(dd.replica) >= len(db.Replicas) || !db.Replicas[dd.replica].Usable(now.Add(-r.cfg.Tracker.StalenessBound)) {
+		return nil, false
+	}
+	return rc, true
 }
 
 // Flush adds what t counted since the last Flush to the router's

@@ -184,6 +184,22 @@ func BenchmarkTallyRoute(b *testing.B) {
 	tally.Flush(ctx)
 }
 
+// BenchmarkTallyRouteSameToken is BenchmarkTallyRoute with one token for
+// every job, as the messages of one transaction or of an outbox batch
+// carry: the jobs after the first repeat its decision (Tally.repeat).
+func BenchmarkTallyRouteSameToken(b *testing.B) {
+	r, toks := tallyBenchRouter(b)
+	tally := r.NewTally()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := routeCaughtUp(tally, toks[0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	tally.Flush(context.Background())
+}
+
 // BenchmarkTallyRouteParallel is BenchmarkTallyRoute from one worker
 // per core, each with its own Tally, as a Kafka Consumer's partitions
 // route: what the workers share (the Router, its spread counter) costs
