@@ -30,28 +30,36 @@ import (
 // starting N messages on the same partitions that become runnable at
 // once, for N = 1,000, 5,000 and 10,000 (or CAUGHTUP_DRAIN_N,
 // comma-separated), with a trivial handler and one that sleeps 1ms. Each
-// round runs the two sides one after the other, in alternating order
+// round runs the three sides one after the other, in a rotating order
 // (CAUGHTUP_DRAIN_ROUNDS rounds, default 3), each on a fresh topic of
 // benchPartitions partitions and a fresh group whose members own every
 // partition before the messages are written:
 //
 //   - caughtup: the Consumer in InPlace mode (router defaults), every
 //     replica's replay paused, N messages stamped with tokens written
-//     during the pause (a row per 100 messages), so that each partition's
-//     head waits for a replica; then replay resumes. Time: from the
-//     catch-up of the newest token (catchup.FirstCaughtUp, CatchUp.Read)
-//     to the last handler start.
+//     during the pause (a row per 100 messages, as an outbox relay's
+//     batches or one transaction's events share a position), so that each
+//     partition's head waits for a replica; then replay resumes. Time:
+//     from the catch-up of the newest token (catchup.FirstCaughtUp,
+//     CatchUp.Read) to the last handler start.
 //   - bare: one plain kafka-go group Reader per partition (FetchMessage,
 //     handler, CommitMessages), whose handlers hold on a gate until all N
 //     messages are written; then the gate opens. Time: from the gate's
-//     opening to the last handler start.
+//     opening to the last handler start. It reads the same messages as
+//     the caughtup side, token headers included (tokens of rows written
+//     just before), so that the two differ in what the consumer does with
+//     them only.
+//   - bare, unstamped: bare with messages that carry no header. kafka-go
+//     spends a few hundred nanoseconds and bytes more on a message with a
+//     token header than on one without; the ratio against this side says
+//     what carrying a token costs a drain besides routing.
 //
-// Both sides commit every second, fetch with MaxWait 100ms and
+// Every side commits every second, fetches with MaxWait 100ms and
 // QueueCapacity 100. The table gives each side's median over the rounds
-// and the median of the rounds' ratios bare/caughtup (≥ 0.9 is the
-// goal). Handler starts not on a replica or before their token's
-// catch-up count as stale (must be 0). It asserts nothing about time. Run
-// it alone (it takes minutes):
+// and the medians of the rounds' ratios bare/caughtup (≥ 0.9 is the goal).
+// Handler starts not on a replica or before their token's catch-up count
+// as stale (must be 0). It asserts nothing about time. Run it alone (it
+// takes minutes):
 //
 //	go test -run '^$' -bench Drain -benchtime 1x -timeout 30m ./kafka/caughtupkafka/
 func BenchmarkDrain(b *testing.B) {
@@ -59,12 +67,11 @@ func BenchmarkDrain(b *testing.B) {
 	ns := drain.Sizes(b)
 	rounds := drain.Rounds(b)
 	type cell struct {
-		n        int
-		handler  string
-		caughtup []time.Duration
-		bare     []time.Duration
-		ratios   []float64
-		stale    int
+		n                         int
+		handler                   string
+		caughtup, bare, unstamped []time.Duration
+		ratios, unstampedRatios   []float64
+		stale                     int
 	}
 	var cells []cell
 	for b.Loop() {
@@ -76,18 +83,21 @@ func BenchmarkDrain(b *testing.B) {
 					c.handler = "1 ms"
 				}
 				for r := range rounds {
-					var ct, bt time.Duration
+					var ct, bt, ut time.Duration
 					var stale int
-					if r%2 == 0 {
-						ct, stale = drainCaughtup(b, e, n, hd)
-						bt = drainBare(b, e, n, hd)
-					} else {
-						bt = drainBare(b, e, n, hd)
-						ct, stale = drainCaughtup(b, e, n, hd)
+					sides := []func(){
+						func() { ct, stale = drainCaughtup(b, e, n, hd) },
+						func() { bt = drainBare(b, n, hd, drainTokens(b, e, n)) },
+						func() { ut = drainBare(b, n, hd, nil) },
+					}
+					for i := range sides {
+						sides[(i+r)%len(sides)]()
 					}
 					c.caughtup = append(c.caughtup, ct)
 					c.bare = append(c.bare, bt)
+					c.unstamped = append(c.unstamped, ut)
 					c.ratios = append(c.ratios, float64(bt)/float64(ct))
+					c.unstampedRatios = append(c.unstampedRatios, float64(ut)/float64(ct))
 					c.stale += stale
 				}
 				cells = append(cells, c)
@@ -95,14 +105,35 @@ func BenchmarkDrain(b *testing.B) {
 		}
 	}
 	var tb strings.Builder
-	fmt.Fprintf(&tb, "\n| kafka InPlace, %d partitions | N | handler | caughtup: catch-up → last start (median) | bare: gate → last start (median) | ratio bare/caughtup (median; min–max) | rounds | stale |\n|---|---|---|---|---|---|---|---|\n", benchPartitions)
+	fmt.Fprintf(&tb, "\n| kafka InPlace, %d partitions | N | handler | caughtup: catch-up → last start (median) | bare: gate → last start (median) | ratio bare/caughtup (median; min–max) | bare, unstamped (median) | ratio unstamped/caughtup (median; min–max) | rounds | stale |\n|---|---|---|---|---|---|---|---|---|---|\n", benchPartitions)
 	for _, c := range cells {
-		fmt.Fprintf(&tb, "| kafka | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %d | %d |\n", c.n, c.handler,
-			latency.Percentile(c.caughtup, 0.5).Round(time.Millisecond), latency.Percentile(c.bare, 0.5).Round(time.Millisecond),
-			drain.Median(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.stale)
-		b.ReportMetric(drain.Median(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
+		fmt.Fprintf(&tb, "| kafka | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %v | %.2f (%.2f–%.2f) | %d | %d |\n", c.n, c.handler,
+			median(c.caughtup), median(c.bare), drain.Median(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios),
+			median(c.unstamped), drain.Median(c.unstampedRatios), slices.Min(c.unstampedRatios), slices.Max(c.unstampedRatios),
+			len(c.ratios), c.stale)
+		h := strings.ReplaceAll(c.handler, " ", "")
+		b.ReportMetric(drain.Median(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, h))
+		b.ReportMetric(drain.Median(c.unstampedRatios), fmt.Sprintf("ratio-unstamped-%d-%s", c.n, h))
 	}
 	b.Log(tb.String())
+}
+
+// median is the median of d, to the 100 µs.
+func median(d []time.Duration) time.Duration {
+	return latency.Percentile(d, 0.5).Round(100 * time.Microsecond)
+}
+
+// drainTokens returns the tokens of rows written now, one per 100 of n
+// messages, for writeDrain.
+func drainTokens(b *testing.B, e *env, n int) []position.Token {
+	ctx := context.Background()
+	toks := make([]position.Token, (n+99)/100)
+	for k := range toks {
+		pctx, err := e.insert(ctx, stampedIDs.Add(1), "drain", k)
+		require.NoError(b, err)
+		toks[k], _ = enqueue.TokenFrom(pctx)
+	}
+	return toks
 }
 
 // drainTopic is a fresh topic of benchPartitions partitions and a writer
@@ -188,12 +219,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 			}
 		}
 	}()
-	toks := make([]position.Token, (n+99)/100)
-	for k := range toks {
-		pctx, err := e.insert(ctx, stampedIDs.Add(1), "drain", k)
-		require.NoError(b, err)
-		toks[k], _ = enqueue.TokenFrom(pctx)
-	}
+	toks := drainTokens(b, e, n)
 	newest := toks[len(toks)-1]
 	writeDrain(b, w, n, toks)
 	// Let the readers fetch and every partition's head wait.
@@ -221,9 +247,10 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 	return st.Last().Sub(caught.Read), bad
 }
 
-// drainBare runs the bare side of one round: a plain kafka-go group
-// Reader per partition, as startKafkaGo.
-func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
+// drainBare runs a bare side of one round: a plain kafka-go group Reader
+// per partition, as startKafkaGo, on n messages stamped with toks (as
+// writeDrain; nil: unstamped).
+func drainBare(b *testing.B, n int, work time.Duration, toks []position.Token) time.Duration {
 	topic, w := drainTopic(b)
 	st := drain.NewStarts(n)
 	gate := make(chan struct{})
@@ -271,7 +298,7 @@ func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 	}
 	defer func() { require.NoError(b, stop()) }()
 	waitStable(b, group, benchPartitions)
-	writeDrain(b, w, n, nil)
+	writeDrain(b, w, n, toks)
 	time.Sleep(time.Second)
 	runtime.GC()
 	t0 := time.Now()
