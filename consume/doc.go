@@ -41,7 +41,10 @@
 // for one that cannot be refused either (it waits for a replica or the cap
 // in its worker), Verify for a token whose position is necessary but not
 // sufficient (a Debezium event). A Tally routes like its Router and adds
-// the counts in bulk, for adapters at a high message rate.
+// the counts in bulk, for adapters at a high message rate; a job with the
+// same token as the one before it, routed against the same snapshot while
+// the replica chosen is fresh, repeats that decision and its context
+// instead of making both again.
 //
 // Unknown is infinitely behind: a replica whose position is NULL or
 // unreadable, whose last observation is older than the staleness bound,

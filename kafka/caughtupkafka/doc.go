@@ -46,7 +46,9 @@
 //
 // The Consumer reads each message's token once (TokenOf: every token
 // header, merged) and routes it (consume.Tally.Route, one decision per
-// attempt) before the handler runs. A message without a usable token reads
+// attempt) before the handler runs. A run of messages with one token (one
+// transaction's events, an outbox batch) shares its first message's decision
+// and handler context while the replica chosen stays fresh. A message without a usable token reads
 // the primary and is counted; the router's warning names the topic. Code
 // with its own consume loop gets the same routing from Middleware.
 //

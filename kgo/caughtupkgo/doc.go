@@ -41,7 +41,9 @@
 //
 // The Consumer reads each record's token once (TokenOf: every token
 // header, merged) and routes it (consume.Tally.Route, one decision per
-// attempt) before the handler runs. A record without a token, or with one
+// attempt) before the handler runs. A run of records with one token (one
+// transaction's events, an outbox batch) shares its first record's decision
+// and handler context while the replica chosen stays fresh. A record without a token, or with one
 // that does not decode, reads the primary and is counted
 // (caughtup.consume.decisions outcome primary_no_token, reason no_token or
 // malformed_token, and caughtup.consume.tokens.missing), with a warning
