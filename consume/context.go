@@ -168,6 +168,8 @@ func (s *childSource) Token() position.Token {
 }
 
 // DecisionFrom returns the decision of a context that came from Route.
+// Its Databases are the context's own (the child token is made from them,
+// and a Tally's next job may repeat them): read them, do not modify them.
 func DecisionFrom(ctx context.Context) (Decision, bool) {
 	rv := routingFrom(ctx)
 	if rv == nil {
