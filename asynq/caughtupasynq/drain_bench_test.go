@@ -36,8 +36,8 @@ const drainConcurrency = 250
 // become runnable at once (issue #27), against plain asynq starting N
 // tasks made pending at once, for N = 1,000, 5,000 and 10,000 (or
 // CAUGHTUP_DRAIN_N, comma-separated), with a trivial handler and with one
-// that sleeps 1ms. Each round runs the two sides one after the other, in
-// alternating order (CAUGHTUP_DRAIN_ROUNDS rounds, default 3), on fresh
+// that sleeps 1ms. Each round runs the three sides one after the other,
+// in a rotating order (CAUGHTUP_DRAIN_ROUNDS rounds, default 3), on fresh
 // queues of the shared redis-server:
 //
 //   - caughtup: every replica's replay is paused, N tasks stamped with
@@ -52,7 +52,11 @@ const drainConcurrency = 250
 //     caughtup side (Concurrency, TaskCheckInterval 20ms,
 //     DelayedTaskCheckInterval 1s), N tasks scheduled an hour ahead, then
 //     made pending in one call (Inspector.RunAllScheduledTasks). Time:
-//     from just before that call to the last handler start.
+//     from just before that call to the last handler start. The tasks are
+//     the caughtup side's, token headers included (tokens of rows written
+//     just before), so that the two differ in what the server does with
+//     them only.
+//   - bare, unstamped: bare with tasks that carry no header.
 //
 // The table gives each side's median time over the rounds and the median
 // of the rounds' ratios bare/caughtup (≥ 0.9 is issue #27's goal). Handler
@@ -71,14 +75,13 @@ func BenchmarkDrain(b *testing.B) {
 	ns := drain.Sizes(b)
 	rounds := drain.Rounds(b)
 	type cell struct {
-		n        int
-		handler  string
-		caughtup []time.Duration
-		bare     []time.Duration
-		ratios   []float64
-		stale    int
-		woken    int64
-		errs     string
+		n                         int
+		handler                   string
+		caughtup, bare, unstamped []time.Duration
+		ratios, unstampedRatios   []float64
+		stale                     int
+		woken                     int64
+		errs                      string
 	}
 	var cells []cell
 	round := 0
@@ -97,18 +100,22 @@ func BenchmarkDrain(b *testing.B) {
 				}
 				for r := range rounds {
 					round++
-					var ct, bt time.Duration
+					base := int64(round) * 100_000
+					var ct, bt, ut time.Duration
 					var stale int
-					if r%2 == 0 {
-						ct, stale = drainCaughtup(b, e, n, hd, int64(round)*100_000)
-						bt = drainBare(b, e, n, hd)
-					} else {
-						bt = drainBare(b, e, n, hd)
-						ct, stale = drainCaughtup(b, e, n, hd, int64(round)*100_000)
+					sides := []func(){
+						func() { ct, stale = drainCaughtup(b, e, n, hd, base) },
+						func() { bt = drainBare(b, e, n, hd, drainTokens(b, e, n, base+50_000)) },
+						func() { ut = drainBare(b, e, n, hd, nil) },
+					}
+					for i := range sides {
+						sides[(i+r)%len(sides)]()
 					}
 					c.caughtup = append(c.caughtup, ct)
 					c.bare = append(c.bare, bt)
+					c.unstamped = append(c.unstamped, ut)
 					c.ratios = append(c.ratios, float64(bt)/float64(ct))
+					c.unstampedRatios = append(c.unstampedRatios, float64(ut)/float64(ct))
 					c.stale += stale
 				}
 				c.woken = e.sum(b, "caughtup.asynq.wake.tasks", nil) - woken0
@@ -124,12 +131,16 @@ func BenchmarkDrain(b *testing.B) {
 		}
 	}
 	var tb strings.Builder
-	fmt.Fprintf(&tb, "\n| asynq, %d workers | N | handler | caughtup: catch-up → last start (median) | bare: pending → last start (median) | ratio bare/caughtup (median; min–max) | rounds | woken | not woken | stale |\n|---|---|---|---|---|---|---|---|---|---|\n", drainConcurrency)
+	fmt.Fprintf(&tb, "\n| asynq, %d workers | N | handler | caughtup: catch-up → last start (median) | bare: pending → last start (median) | ratio bare/caughtup (median; min–max) | bare, unstamped (median) | ratio unstamped/caughtup (median; min–max) | rounds | woken | not woken | stale |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", drainConcurrency)
 	for _, c := range cells {
-		fmt.Fprintf(&tb, "| asynq | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %d | %d | %s | %d |\n", c.n, c.handler,
+		fmt.Fprintf(&tb, "| asynq | %d | %s | %v | %v | %.2f (%.2f–%.2f) | %v | %.2f (%.2f–%.2f) | %d | %d | %s | %d |\n", c.n, c.handler,
 			median(c.caughtup).Round(time.Millisecond), median(c.bare).Round(time.Millisecond),
-			drain.Median(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios), len(c.ratios), c.woken, c.errs, c.stale)
-		b.ReportMetric(drain.Median(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, strings.ReplaceAll(c.handler, " ", "")))
+			drain.Median(c.ratios), slices.Min(c.ratios), slices.Max(c.ratios),
+			median(c.unstamped).Round(time.Millisecond), drain.Median(c.unstampedRatios), slices.Min(c.unstampedRatios), slices.Max(c.unstampedRatios),
+			len(c.ratios), c.woken, c.errs, c.stale)
+		h := strings.ReplaceAll(c.handler, " ", "")
+		b.ReportMetric(drain.Median(c.ratios), fmt.Sprintf("ratio-%d-%s", c.n, h))
+		b.ReportMetric(drain.Median(c.unstampedRatios), fmt.Sprintf("ratio-unstamped-%d-%s", c.n, h))
 	}
 	b.Log(tb.String())
 }
@@ -224,11 +235,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) 
 		}
 	}()
 	// A row per 100 tasks: tokens past what the paused replicas have.
-	toks := make([]position.Token, (n+99)/100)
-	for k := range toks {
-		wctx := e.write(b, ctx, base+int64(k))
-		toks[k], _ = enqueue.TokenFrom(wctx)
-	}
+	toks := drainTokens(b, e, n, base)
 	newest := toks[len(toks)-1]
 	enqueueAll(b, n, func(i int) error {
 		tctx := enqueue.WithToken(ctx, toks[i/100])
@@ -274,9 +281,21 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration, base int64) 
 	return st.Last().Sub(caught.Read), bad
 }
 
-// drainBare runs the bare side of one round: plain asynq, same config,
-// n tasks made pending at once.
-func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
+// drainTokens writes a row per 100 of n tasks (ids from base) and
+// returns their tokens.
+func drainTokens(b *testing.B, e *env, n int, base int64) []position.Token {
+	toks := make([]position.Token, (n+99)/100)
+	for k := range toks {
+		wctx := e.write(b, context.Background(), base+int64(k))
+		toks[k], _ = enqueue.TokenFrom(wctx)
+	}
+	return toks
+}
+
+// drainBare runs a bare side of one round: plain asynq, same config, n
+// tasks made pending at once, task i stamped with toks[i/100] as the
+// caughtup side's are (nil: unstamped).
+func drainBare(b *testing.B, e *env, n int, work time.Duration, toks []position.Token) time.Duration {
 	queue := queueName(b)
 	st := drain.NewStarts(n)
 	mux := asynq.NewServeMux()
@@ -296,7 +315,11 @@ func drainBare(b *testing.B, e *env, n int, work time.Duration) time.Duration {
 	require.NoError(b, srv.Start(mux))
 	defer srv.Shutdown()
 	enqueueAll(b, n, func(i int) error {
-		_, err := e.raw.Enqueue(asynq.NewTask("drain", []byte(strconv.Itoa(i))), asynq.Queue(queue), asynq.MaxRetry(5), asynq.ProcessIn(time.Hour))
+		task := asynq.NewTask("drain", []byte(strconv.Itoa(i)))
+		if toks != nil {
+			task = caughtupasynq.NewTask(enqueue.WithToken(context.Background(), toks[i/100]), "drain", []byte(strconv.Itoa(i)))
+		}
+		_, err := e.raw.Enqueue(task, asynq.Queue(queue), asynq.MaxRetry(5), asynq.ProcessIn(time.Hour))
 		return err
 	})
 	runtime.GC()
