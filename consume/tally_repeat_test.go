@@ -204,12 +204,12 @@ func TestTallyRepeatOnlyWhatHolds(t *testing.T) {
 		// decision (replica_waited) is not one to repeat. (A snapshot
 		// built by hand never signals a change: the wait ends with its
 		// budget, then decides on the snapshot of the moment.)
-		r, tr, _ := repeatRouter(t, func(c *Config) { c.WaitBudget = 100 * time.Millisecond })
+		r, tr, _ := repeatRouter(t, func(c *Config) { c.WaitBudget = time.Second })
 		behind := snap(dbState("main", 1, nil, rep("r1", 1, "0/100"), rep("r2", 1, "0/100")))
 		tr.s.Store(behind)
 		tally := r.NewTally()
 		go func() {
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 			tr.s.Store(snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000"), rep("r2", 1, "0/3000000"))))
 		}()
 		first, d := routeRepeat(t, tally, ctx, repeatTok)
