@@ -180,8 +180,32 @@ func TokenValues[H Header](hs []H) []string {
 // the tokens of several headers merged, and the zero Token with a
 // *position.DecodeError when any of them does not decode.
 func TokenOf[H Header](hs []H) (position.Token, error) {
-	var first []byte
-	n := 0
+	switch first, n := tokenHeader(hs); n {
+	case 0:
+		return position.Token{}, nil
+	case 1:
+		return position.DecodeHeaders(string(first))
+	}
+	return position.DecodeHeaders(TokenValues(hs)...)
+}
+
+// DecodeToken is TokenOf through dec, a consumer worker's decoder, for
+// headers with one token header (the usual case, decoded without
+// allocating; several are merged by TokenOf). The token is valid until
+// dec's next call.
+func DecodeToken[H Header](dec *position.HeaderDecoder, hs []H) (position.Token, error) {
+	switch first, n := tokenHeader(hs); n {
+	case 0:
+		return position.Token{}, nil
+	case 1:
+		return dec.Decode(first)
+	}
+	return TokenOf(hs)
+}
+
+// tokenHeader returns the value of the first non-empty token header of
+// hs and how many there are.
+func tokenHeader[H Header](hs []H) (first []byte, n int) {
 	for i := range hs {
 		if h := raw(hs[i]); h.Key == position.HeaderName && len(h.Value) > 0 {
 			if n == 0 {
@@ -190,13 +214,7 @@ func TokenOf[H Header](hs []H) (position.Token, error) {
 			n++
 		}
 	}
-	switch n {
-	case 0:
-		return position.Token{}, nil
-	case 1:
-		return position.DecodeHeaders(string(first))
-	}
-	return position.DecodeHeaders(TokenValues(hs)...)
+	return first, n
 }
 
 // Stamped returns hs without its token headers plus one whose value is

@@ -84,6 +84,29 @@ func TestStampedAndTokenOf(t *testing.T) {
 	require.NoError(t, err, "a header that does not decode stays, as position.MergeHeader keeps it")
 }
 
+// DecodeToken, through a consumer's decoder, answers as TokenOf does for
+// no, one, several and malformed token headers.
+func TestDecodeTokenIsTokenOf(t *testing.T) {
+	t.Parallel()
+	a, _ := tok(100).Encode()
+	b, _ := tok(300).Encode()
+	var dec position.HeaderDecoder
+	for name, hs := range map[string][]kafka.Header{
+		"none":      {{Key: "x", Value: []byte("v")}},
+		"empty":     {{Key: position.HeaderName}},
+		"one":       {{Key: "x"}, {Key: position.HeaderName, Value: []byte(a)}},
+		"several":   {{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte(b)}},
+		"malformed": {{Key: position.HeaderName, Value: []byte("garbage")}},
+	} {
+		want, wantErr := TokenOf(hs)
+		for range 2 { // the second time from the decoder's memory
+			got, err := DecodeToken(&dec, hs)
+			require.Equal(t, wantErr == nil, err == nil, name)
+			require.Equal(t, want.String(), got.String(), name)
+		}
+	}
+}
+
 // Set replaces every header of a key with one; Missing adds only absent
 // fields.
 func TestSetAndMissing(t *testing.T) {

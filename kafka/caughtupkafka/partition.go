@@ -1,8 +1,6 @@
 package caughtupkafka
 
 import (
-	"github.com/segmentio/kafka-go"
-
 	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/position"
 )
@@ -32,25 +30,4 @@ type partState struct {
 
 func (c *Consumer) newPartState(topic string) *partState {
 	return &partState{Counts: kafkarec.Counts{Topic: c.met[topic], Tally: c.cfg.Router.NewTally()}}
-}
-
-// tokenOf is TokenOf, through the partition's HeaderDecoder for a message
-// with one token header (several are merged by TokenOf). The token is
-// valid until the next call.
-func (ps *partState) tokenOf(msg *kafka.Message) (position.Token, error) {
-	var one []byte
-	n := 0
-	for i := range msg.Headers {
-		if h := &msg.Headers[i]; h.Key == position.HeaderName && len(h.Value) > 0 {
-			one = h.Value
-			n++
-		}
-	}
-	switch n {
-	case 0:
-		return position.Token{}, nil
-	case 1:
-		return ps.dec.Decode(one)
-	}
-	return TokenOf(*msg)
 }

@@ -215,23 +215,3 @@ func (p *partition) markCommitted(o int64) {
 		}
 	}
 }
-
-// tokenOf is TokenOf, through the partition's HeaderDecoder for a record
-// with one token header. The token is valid until the next call.
-func (p *partition) tokenOf(r *kgo.Record) (position.Token, error) {
-	var one []byte
-	n := 0
-	for i := range r.Headers {
-		if h := &r.Headers[i]; h.Key == position.HeaderName && len(h.Value) > 0 {
-			one = h.Value
-			n++
-		}
-	}
-	switch n {
-	case 0:
-		return position.Token{}, nil
-	case 1:
-		return p.dec.Decode(one)
-	}
-	return TokenOf(r)
-}

@@ -36,7 +36,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 	// routing spans and the handler's join it.
 	ctx = c.traceContext(ctx, r)
 	var rt recordToken
-	rt.tok, rt.err = p.tokenOf(r)
+	rt.tok, rt.err = kafkarec.DecodeToken(&p.dec, r.Headers)
 	if rt.err != nil {
 		// Named only when the router has something to warn about: the
 		// string allocates.
