@@ -103,14 +103,11 @@ func BenchmarkDrain(b *testing.B) {
 					base := int64(round) * 100_000
 					var ct, bt, ut time.Duration
 					var stale int
-					sides := []func(){
+					drain.RunSides(r,
 						func() { ct, stale = drainCaughtup(b, e, n, hd, base) },
 						func() { bt = drainBare(b, e, n, hd, drainTokens(b, e, n, base+50_000)) },
 						func() { ut = drainBare(b, e, n, hd, nil) },
-					}
-					for i := range sides {
-						sides[(i+r)%len(sides)]()
-					}
+					)
 					c.caughtup = append(c.caughtup, ct)
 					c.bare = append(c.bare, bt)
 					c.unstamped = append(c.unstamped, ut)

@@ -85,14 +85,11 @@ func BenchmarkDrain(b *testing.B) {
 				for r := range rounds {
 					var ct, bt, ut time.Duration
 					var stale int
-					sides := []func(){
+					drain.RunSides(r,
 						func() { ct, stale = drainCaughtup(b, e, n, hd) },
 						func() { bt = drainBare(b, n, hd, drainTokens(b, e, n)) },
 						func() { ut = drainBare(b, n, hd, nil) },
-					}
-					for i := range sides {
-						sides[(i+r)%len(sides)]()
-					}
+					)
 					c.caughtup = append(c.caughtup, ct)
 					c.bare = append(c.bare, bt)
 					c.unstamped = append(c.unstamped, ut)

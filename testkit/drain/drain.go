@@ -1,5 +1,6 @@
 // Package drain holds what the adapters' drain benchmarks share: the sizes
-// and rounds they run (CAUGHTUP_DRAIN_N, CAUGHTUP_DRAIN_ROUNDS), the first
+// and rounds they run (CAUGHTUP_DRAIN_N, CAUGHTUP_DRAIN_ROUNDS), the order
+// of a round's sides, the first
 // handler start of each job, and the median of the rounds' ratios.
 package drain
 
@@ -41,6 +42,15 @@ func Rounds(tb testing.TB) int {
 		return n
 	}
 	return 3
+}
+
+// RunSides runs the sides of round r one after the other, starting with
+// side r mod len(sides), so that over the rounds each side runs first,
+// second and last as often, and none always gets the machine fresh.
+func RunSides(r int, sides ...func()) {
+	for i := range sides {
+		sides[(i+r)%len(sides)]()
+	}
 }
 
 // Median is the median of s (NaN for none), s left as it is.
