@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/kgo/caughtupkgo"
+	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/river/caughtupriver"
 	"github.com/caughtup/caughtup/testkit/fault"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/kgo/caughtupkgo"
+	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 )
 
 func TestConfigDefaults(t *testing.T) {

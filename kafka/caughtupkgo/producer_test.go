@@ -11,7 +11,7 @@ import (
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
-	"github.com/caughtup/caughtup/kgo/caughtupkgo"
+	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
 )
 

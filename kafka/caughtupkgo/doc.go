@@ -6,7 +6,7 @@
 //
 //	import (
 //		"github.com/twmb/franz-go/pkg/kgo"
-//		"github.com/caughtup/caughtup/kgo/caughtupkgo"
+//		"github.com/caughtup/caughtup/kafka/caughtupkgo"
 //	)
 //
 //	// Producer: commit, then produce with the context the commit returned.

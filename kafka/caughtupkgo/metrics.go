@@ -2,7 +2,7 @@ package caughtupkgo
 
 // ScopeName is the instrumentation scope of every instrument and span this
 // package creates.
-const ScopeName = "github.com/caughtup/caughtup/kgo/caughtupkgo"
+const ScopeName = "github.com/caughtup/caughtup/kafka/caughtupkgo"
 
 // The Consumer counts what it did with each record on
 // caughtup.kafka.messages, the instrument, attributes and values of

@@ -20,7 +20,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/kgo/caughtupkgo"
+	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/pgtest"
