@@ -17,7 +17,7 @@ func Example_keys() {
 	fmt.Println(keys[0])
 	// Output:
 	// 1 <nil> true
-	// feed.Key{ID: 2025-06, Secret: [redacted]}
+	// sign.Key{ID: 2025-06, Secret: [redacted]}
 }
 
 // The ACL rules of the feed named "default": one user for publishers, one

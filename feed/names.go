@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/caughtup/caughtup/sign"
 )
 
 // ErrInvalidConfig is wrapped by every configuration error.
@@ -18,7 +20,7 @@ const DefaultFeed = "default"
 // checkFeed: feed names go into Redis key names and hash tags, so the
 // same safe characters as key IDs (no braces, no colons).
 func checkFeed(name string) error {
-	if name == "" || len(name) > MaxKeyIDLen || !token(name) {
+	if name == "" || len(name) > MaxKeyIDLen || !sign.Token(name) {
 		return fmt.Errorf("%w: feed name %q: use 1–%d characters from A–Z a–z 0–9 . _ -", ErrInvalidConfig, name, MaxKeyIDLen)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/sign"
 )
 
 // Role says what kind of node an observation is about.
@@ -114,7 +115,7 @@ const (
 	// MaxNameLen bounds Database, Node and the publisher name.
 	MaxNameLen = 128
 	// MaxKeyIDLen bounds a key ID.
-	MaxKeyIDLen = 64
+	MaxKeyIDLen = sign.MaxKeyIDLen
 	// MaxErrLen bounds Observation.Err on the wire.
 	MaxErrLen = 512
 	// MaxHistory bounds PrimaryStatus.History (one entry per promotion).

@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/caughtup/caughtup/sign"
 )
 
 // ErrBacklog is returned by Publish when MaxPending nodes already have an
@@ -130,7 +132,7 @@ func (c SenderConfig) Validate() error {
 	if err := checkName("publisher name", c.Name, false); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if err := c.Keys.validate(); err != nil {
+	if err := checkKeys(c.Keys); err != nil {
 		return err
 	}
 	if len(c.Keys.Keys) == 0 && !c.Insecure {
@@ -174,7 +176,7 @@ type Sender struct {
 	channel string
 	index   string
 	keyID   string
-	macs    *macs
+	macs    *sign.MACs
 	log     *slog.Logger
 	m       *publisherMetrics
 	reg     metric.Registration
@@ -210,7 +212,7 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.Keys = cfg.Keys.clone()
+	cfg.Keys = cfg.Keys.Clone()
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	p := &Sender{
@@ -225,7 +227,7 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 		done:    make(chan struct{}),
 		sharded: shardedClient(cfg.Client),
 	}
-	if k := cfg.Keys.current(); k != nil {
+	if k := cfg.Keys.Signer(); k != nil {
 		p.keyID = k.ID
 	} else {
 		p.log.Warn("caughtup/feed: publishing UNSIGNED observations (Insecure: true); anyone who can publish on the channel can move every router",
@@ -493,7 +495,7 @@ func (p *Sender) encode(o *Observation, now time.Time) ([]byte, error) {
 		return nil, err
 	}
 	if m.keyID != "" {
-		b = append(b, p.macs.sum(m.keyID, b)...)
+		b = append(b, p.macs.Sum(m.keyID, b)...)
 	}
 	return b, nil
 }

@@ -22,7 +22,7 @@ func BenchmarkEncode(b *testing.B) {
 					b.Fatal(err)
 				}
 				if signed {
-					out = append(out, macs.sum(m.keyID, out)...)
+					out = append(out, macs.Sum(m.keyID, out)...)
 				}
 				buf = out
 			}
@@ -48,7 +48,7 @@ func BenchmarkVerify(b *testing.B) {
 					b.Fatal(err)
 				}
 				if signed {
-					if ok, _ := macs.verify(m.keyID, m.signed, m.mac); !ok {
+					if ok, _ := macs.Verify(m.keyID, m.signed, m.mac); !ok {
 						b.Fatal("does not verify")
 					}
 				}

@@ -13,11 +13,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
+
+	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/sign"
 )
 
 // rejectReason says why a subscriber refused a message, as the
@@ -269,7 +271,7 @@ func (c SubscriberConfig) Validate() error {
 	if err := checkFeed(c.Feed); err != nil {
 		return err
 	}
-	if err := c.Keys.validate(); err != nil {
+	if err := checkKeys(c.Keys); err != nil {
 		return err
 	}
 	if len(c.Keys.Keys) == 0 && !c.Insecure {
@@ -325,7 +327,7 @@ type Subscriber struct {
 	health Health
 
 	// Run's goroutine only.
-	macs    *macs
+	macs    *sign.MACs
 	streams map[streamKey]*streamState
 	warn    [numRejectReasons]rate.Sometimes
 	sharded bool // SSUBSCRIBE rather than SUBSCRIBE (see cluster.go)
@@ -337,7 +339,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.Keys = cfg.Keys.clone()
+	cfg.Keys = cfg.Keys.Clone()
 	s := &Subscriber{
 		cfg:         cfg,
 		channel:     ChannelName(cfg.Feed),
@@ -595,7 +597,7 @@ func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Dura
 			s.reject(rejectUnsigned, stored, &m, nil)
 			return false
 		}
-	} else if ok, known := s.macs.verify(m.keyID, m.signed, m.mac); !known {
+	} else if ok, known := s.macs.Verify(m.keyID, m.signed, m.mac); !known {
 		if !s.cfg.Insecure {
 			s.reject(rejectUnknownKey, stored, &m, nil)
 			return false

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/sign"
 )
 
 // formatVersion is the first byte of every message. A subscriber rejects
@@ -18,7 +19,7 @@ import (
 const formatVersion = 1
 
 // macSize is the length of the HMAC-SHA256 that ends a signed message.
-const macSize = 32
+const macSize = sign.Size
 
 // Flag bits. Unknown bits are malformed: every accepted message has one
 // meaning and one encoding.
@@ -222,30 +223,12 @@ func validName(s string) bool {
 	return true
 }
 
-// checkKeyID accepts 1..MaxKeyIDLen bytes of [A-Za-z0-9._-] (or "" when
-// emptyOK, meaning unsigned).
+// checkKeyID is sign.CheckKeyID, but for "" when emptyOK (unsigned).
 func checkKeyID(id string, emptyOK bool) error {
-	if id == "" {
-		if emptyOK {
-			return nil
-		}
-		return errors.New("caughtup/feed: empty key ID")
+	if id == "" && emptyOK {
+		return nil
 	}
-	if len(id) > MaxKeyIDLen || !token(id) {
-		return fmt.Errorf("caughtup/feed: key ID %q: use 1–%d characters from A–Z a–z 0–9 . _ -", id, MaxKeyIDLen)
-	}
-	return nil
-}
-
-// token reports whether s is made of [A-Za-z0-9._-] only.
-func token(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return sign.CheckKeyID(id)
 }
 
 // cutErr bounds an error text to MaxErrLen bytes of valid UTF-8.
