@@ -1,8 +1,6 @@
 package caughtuphttp
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -11,19 +9,19 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/sign"
 )
 
 // The signed value a cookie (or Config.Header) carries:
 //
-//	base64url(payload) "." base64url(HMAC-SHA256(key, macDomain || payload))
+//	base64url(payload) "." base64url(MAC of payload, package sign's scheme under the domain "caughtup/http/v1")
 //
 // payload, in bytes:
 //
 //	1          version (valueVersion)
 //	1          n, the length of the key ID
-//	n          the ID of the key that signed it (feed.Key.ID)
+//	n          the ID of the key that signed it (sign.Key.ID)
 //	8          issued at, Unix milliseconds, big-endian
 //	4          max age in seconds, big-endian
 //	rest       the token, position's text form (Token.Encode)
@@ -36,17 +34,22 @@ import (
 // value and a header value without quoting.
 const (
 	valueVersion = 1
-	// macDomain starts every MAC input, so that no other use of a key
-	// (the position feed's messages, say) produces a valid session value.
-	macDomain = "caughtup/http/v1\x00"
-	macSize   = sha256.Size
+	macSize      = sign.Size
 	// maxPayload bounds what open decodes: a token at position's limit
 	// with the longest key ID. Anything longer is malformed.
-	maxPayload = 2 + 64 + 8 + 4 + position.MaxEncodedLen
+	maxPayload = 2 + sign.MaxKeyIDLen + 8 + 4 + position.MaxEncodedLen
 	maxValue   = (maxPayload*4+2)/3 + 1 + (macSize*4+2)/3
 )
 
 var b64 = base64.RawURLEncoding
+
+// scheme signs session values. Its domain starts every MAC input, so that
+// no other use of a key (the position feed's messages, say) produces a
+// valid session value.
+var scheme = sign.NewScheme("caughtup/http/v1")
+
+// mac is payload's MAC under secret.
+func mac(secret, payload []byte) []byte { return scheme.Sum(secret, payload) }
 
 // Reason says why a session value was not believed, as the caughtup.reason
 // attribute of caughtup.http.tokens.rejected and in the warning logged.
@@ -117,29 +120,22 @@ func reject(r Reason, format string, args ...any) *RejectedError {
 
 // codec seals and opens session values with a list of keys: the first
 // signs, all verify. It is immutable and safe for concurrent use; each
-// call makes its own HMAC state (a few hundred nanoseconds beside a
-// request's database round trip).
+// call makes its own HMAC state (sign.Scheme.Sum: a few hundred
+// nanoseconds beside a request's database round trip).
 type codec struct {
-	signer feed.Key
+	signer sign.Key
 	byID   map[string][]byte
 	// skew is how far ahead of now an issued-at may be.
 	skew time.Duration
 }
 
-func newCodec(keys []feed.Key, skew time.Duration) *codec {
+func newCodec(keys []sign.Key, skew time.Duration) *codec {
 	c := &codec{signer: keys[0], byID: make(map[string][]byte, len(keys)), skew: skew}
 	for _, k := range keys {
 		c.byID[k.ID] = append([]byte(nil), k.Secret...)
 	}
 	c.signer.Secret = c.byID[keys[0].ID]
 	return c
-}
-
-func mac(secret, payload []byte) []byte {
-	h := hmac.New(sha256.New, secret)
-	h.Write([]byte(macDomain))
-	h.Write(payload)
-	return h.Sum(nil)
 }
 
 // seal returns the signed value carrying tok, issued at issued with maxAge.
@@ -201,7 +197,7 @@ func (c *codec) open(value string, now time.Time) (opened, error) {
 		// The ID is printed quoted and cut: it is the client's text.
 		return opened{}, reject(ReasonUnknownKey, "key %.16q", id)
 	}
-	if !hmac.Equal(sig, mac(secret, p)) {
+	if !scheme.Verify(secret, p, sig) {
 		return opened{}, reject(ReasonBadSignature, "key %q", id)
 	}
 	rest := p[2+n:]

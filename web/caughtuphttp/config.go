@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/sign"
 )
 
 // Config configures a Middleware. The zero value of every field but Keys
@@ -22,13 +22,13 @@ type Config struct {
 	// every one verifies, so a key is rotated without logging anyone out
 	// of their read-your-writes: add the new key second on every process,
 	// then move it first, then drop the old one once MaxAge has passed.
-	// Each is a feed.Key ("id:base64secret" through feed.ParseKeys, or
-	// feed.GenerateKey; `caughtup feed --generate-key` prints one), with a
-	// secret of at least feed.MinSecretLen random bytes. Required.
+	// Each is a sign.Key ("id:base64secret" through sign.ParseKeys, or
+	// sign.GenerateKey; `caughtup feed --generate-key` prints one), with a
+	// secret of at least sign.MinSecretLen random bytes. Required.
 	// Use keys of their own, not the position feed's: a value is signed
 	// for this use only (the MAC input starts with its own domain), but a
 	// key leaked from one place should not open the other.
-	Keys []feed.Key
+	Keys []sign.Key
 
 	// MaxAge is how long a session carries its token after its last write:
 	// the cookie's Max-Age and the age, signed into the value, past which
@@ -181,18 +181,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
 	if len(c.Keys) == 0 {
-		return bad("Keys is empty: give at least one feed.Key (feed.GenerateKey) to sign session values with")
+		return bad("Keys is empty: give at least one sign.Key (sign.GenerateKey) to sign session values with")
 	}
-	seen := map[string]bool{}
-	for _, k := range c.Keys {
-		// feed's rules for a key, applied by feed itself.
-		if _, err := feed.ParseKeys(k.Export()); err != nil {
-			return bad("Keys: %w", err)
-		}
-		if seen[k.ID] {
-			return bad("key ID %q appears twice in Keys", k.ID)
-		}
-		seen[k.ID] = true
+	if err := (sign.Keyring{Keys: c.Keys}).Validate(); err != nil {
+		return bad("Keys: %w", err)
 	}
 	if !validToken(c.Cookie) {
 		return bad("Cookie %q is not a valid cookie name", c.Cookie)
