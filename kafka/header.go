@@ -1,11 +1,4 @@
-// Package kafkarec is what the two Kafka adapters (caughtupkafka on
-// kafka-go, caughtupkgo on franz-go) share: the wire format of the records
-// they republish to retry and dead-letter topics, so that a retry topic
-// written by one is read correctly by the other, the reading of a record's
-// token and trace headers, and the caughtup.kafka.messages counter, so
-// that one dashboard covers both. It works on either client's header type
-// (kafka.Header, kgo.RecordHeader), which have the same fields.
-package kafkarec
+package kafka
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package kafkarec
+package kafka
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -22,7 +22,7 @@ func tok(lsn position.LSN) position.Token {
 // The helpers work on both clients' header types alike.
 func TestBothClients(t *testing.T) {
 	t.Parallel()
-	kh := RetryHeaders([]kafka.Header{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
+	kh := RetryHeaders([]kafkago.Header{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
 	gh := RetryHeaders([]kgo.RecordHeader{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
 	require.Equal(t, Keys(kh), Keys(gh))
 	for _, k := range Keys(kh) {
@@ -35,7 +35,7 @@ func TestBothClients(t *testing.T) {
 // DeadLetterHeaders add theirs.
 func TestDerived(t *testing.T) {
 	t.Parallel()
-	first := RetryHeaders([]kafka.Header{{Key: position.HeaderName, Value: []byte("tok")}}, "orders", 1, 10, 1, 5000, true)
+	first := RetryHeaders([]kafkago.Header{{Key: position.HeaderName, Value: []byte("tok")}}, "orders", 1, 10, 1, 5000, true)
 	require.Equal(t, "orders", Get(first, HeaderOriginTopic))
 	require.Equal(t, "1", Get(first, HeaderOriginPartition))
 	require.Equal(t, "10", Get(first, HeaderOriginOffset))
@@ -74,13 +74,13 @@ func TestStampedAndTokenOf(t *testing.T) {
 	require.Equal(t, position.LSN(200), got.Entries[0].LSN)
 	require.Equal(t, a, string(hs[0].Value), "the input is not modified")
 
-	none, err := TokenOf([]kafka.Header{{Key: "x"}})
+	none, err := TokenOf([]kafkago.Header{{Key: "x"}})
 	require.NoError(t, err)
 	require.True(t, none.IsZero())
-	_, err = TokenOf([]kafka.Header{{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte("garbage")}})
+	_, err = TokenOf([]kafkago.Header{{Key: position.HeaderName, Value: []byte(a)}, {Key: position.HeaderName, Value: []byte("garbage")}})
 	var de *position.DecodeError
 	require.ErrorAs(t, err, &de)
-	_, err = Stamped([]kafka.Header{{Key: position.HeaderName, Value: []byte("garbage")}, {Key: position.HeaderName, Value: []byte(a)}}, tok(1), "")
+	_, err = Stamped([]kafkago.Header{{Key: position.HeaderName, Value: []byte("garbage")}, {Key: position.HeaderName, Value: []byte(a)}}, tok(1), "")
 	require.NoError(t, err, "a header that does not decode stays, as position.MergeHeader keeps it")
 }
 
@@ -91,7 +91,7 @@ func TestDecodeTokenIsTokenOf(t *testing.T) {
 	a, _ := tok(100).Encode()
 	b, _ := tok(300).Encode()
 	var dec position.HeaderDecoder
-	for name, hs := range map[string][]kafka.Header{
+	for name, hs := range map[string][]kafkago.Header{
 		"none":      {{Key: "x", Value: []byte("v")}},
 		"empty":     {{Key: position.HeaderName}},
 		"one":       {{Key: "x"}, {Key: position.HeaderName, Value: []byte(a)}},
@@ -111,8 +111,8 @@ func TestDecodeTokenIsTokenOf(t *testing.T) {
 // fields.
 func TestSetAndMissing(t *testing.T) {
 	t.Parallel()
-	hs := Set([]kafka.Header{{Key: "k", Value: []byte("1")}, {Key: "k", Value: []byte("2")}}, "k", "3")
-	require.Equal(t, []kafka.Header{{Key: "k", Value: []byte("3")}}, hs)
+	hs := Set([]kafkago.Header{{Key: "k", Value: []byte("1")}, {Key: "k", Value: []byte("2")}}, "k", "3")
+	require.Equal(t, []kafkago.Header{{Key: "k", Value: []byte("3")}}, hs)
 	add := Missing(hs, map[string]string{"k": "x", "traceparent": "00-…"})
-	require.Equal(t, []kafka.Header{{Key: "traceparent", Value: []byte("00-…")}}, add)
+	require.Equal(t, []kafkago.Header{{Key: "traceparent", Value: []byte("00-…")}}, add)
 }

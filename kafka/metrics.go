@@ -1,4 +1,4 @@
-package kafkarec
+package kafka
 
 import (
 	"context"

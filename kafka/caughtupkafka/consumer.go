@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/cdc"
-	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
+	engine "github.com/caughtup/caughtup/kafka"
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
@@ -40,7 +40,7 @@ type Consumer struct {
 	cfg     ConsumerConfig
 	handler Handler
 	log     *slog.Logger
-	met     map[string]*kafkarec.Topic
+	met     map[string]*engine.Topic
 	tracer  trace.Tracer
 	prop    propagation.TextMapPropagator
 
@@ -82,7 +82,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		c.prop = otel.GetTextMapPropagator()
 	}
 	var err error
-	if c.met, err = kafkarec.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
+	if c.met, err = engine.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kafka: creating instruments: %w", err)
 	}
 	if cfg.TokenFormat == TokenDebezium {
@@ -249,7 +249,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 		}
 		fails = 0
 		if !c.process(ctx, &msg, w, ps) {
-			ps.Add(kafkarec.Dropped)
+			ps.Add(engine.Dropped)
 			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
 				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))
 			return

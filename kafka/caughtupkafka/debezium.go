@@ -11,7 +11,7 @@ import (
 
 	"github.com/caughtup/caughtup/cdc"
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/kafkarec"
+	engine "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -120,7 +120,7 @@ type msgToken struct {
 // partition whose state is ps. ctx is for the checker's counters.
 func (c *Consumer) readToken(ctx context.Context, msg *kafka.Message, ps *partState) msgToken {
 	if c.cfg.TokenFormat != TokenDebezium {
-		tok, err := kafkarec.DecodeToken(&ps.dec, msg.Headers)
+		tok, err := engine.DecodeToken(&ps.dec, msg.Headers)
 		return msgToken{tok: tok, err: err}
 	}
 	if len(msg.Value) == 0 {

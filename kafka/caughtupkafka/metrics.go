@@ -9,4 +9,4 @@ const ScopeName = "github.com/caughtup/caughtup/kafka/caughtupkafka"
 // topic the message was read from) and caughtup.kafka.result (handled,
 // waited, deferred, retried, dead_lettered, dropped, woken): the
 // instrument, attributes and values caughtupkgo counts too
-// (internal/kafkarec), so that one dashboard covers both Kafka adapters.
+// (package kafka), so that one dashboard covers both Kafka adapters.

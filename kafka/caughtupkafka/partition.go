@@ -1,7 +1,7 @@
 package caughtupkafka
 
 import (
-	"github.com/caughtup/caughtup/internal/kafkarec"
+	engine "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -21,7 +21,7 @@ import (
 //     header (a batch of one transaction's events, an outbox relay's
 //     batch stamped with one position) once.
 type partState struct {
-	kafkarec.Counts
+	engine.Counts
 
 	// The worker's alone. The token it returns is valid until the next
 	// message's: the Router keeps nothing of the tokens it routes.
@@ -29,5 +29,5 @@ type partState struct {
 }
 
 func (c *Consumer) newPartState(topic string) *partState {
-	return &partState{Counts: kafkarec.Counts{Topic: c.met[topic], Tally: c.cfg.Router.NewTally()}}
+	return &partState{Counts: engine.Counts{Topic: c.met[topic], Tally: c.cfg.Router.NewTally()}}
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/internal/tracing"
+	engine "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -36,9 +36,9 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 	}
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && msg.Topic == c.cfg.RetryTopic {
-		n, _ := kafkarec.Int(msg.Headers, HeaderAttempts)
+		n, _ := engine.Int(msg.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
-		if due, ok := kafkarec.Int(msg.Headers, HeaderDue); ok {
+		if due, ok := engine.Int(msg.Headers, HeaderDue); ok {
 			if !c.untilDue(ctx, msg, time.UnixMilli(due), mt.tok, mt.err, ps) {
 				return false
 			}
@@ -51,7 +51,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		}
 		err := c.attempt(hctx, msg, &mt, ps)
 		if err == nil {
-			ps.Add(kafkarec.Handled)
+			ps.Add(engine.Handled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -61,13 +61,13 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferRetryTopic, kafkarec.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
+				sctx, span := engine.StartDefer(ctx, c.tracer, de, engine.DeferRetryTopic, engine.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
 				ok := c.republish(sctx, w, *msg, time.Now().Add(delay), attempts, true)
 				span.End()
 				if !ok {
 					return false
 				}
-				ps.Add(kafkarec.Deferred)
+				ps.Add(engine.Deferred)
 				return true
 			}
 			// InPlace: keep the partition's order and wait here. Route
@@ -80,11 +80,11 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 			// waiting disabled, no healthy replica, a tiny budget) hold
 			// the delay, or less if a replica can serve the token first
 			// (holdDeferred), so the loop never spins.
-			ps.Add(kafkarec.Waited)
+			ps.Add(engine.Waited)
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferInPlace, kafkarec.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
+			sctx, span := engine.StartDefer(ctx, c.tracer, de, engine.DeferInPlace, engine.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
 			held, woken := false, false
 			if mt.verify != nil {
 				// The position alone does not say a Verifier will vouch
@@ -94,7 +94,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 			} else {
 				held, woken = c.holdDeferred(sctx, time.Now().Add(delay), mt.tok, mt.err, ps)
 			}
-			kafkarec.EndHold(span, woken)
+			engine.EndHold(span, woken)
 			if !held {
 				return false
 			}
@@ -108,7 +108,7 @@ func (c *Consumer) process(ctx context.Context, msg *kafka.Message, w MessageWri
 		c.log.WarnContext(ctx, "caughtup/kafka: handler failed; retrying",
 			slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		ps.Add(kafkarec.Retried)
+		ps.Add(engine.Retried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, w, *msg, time.Now().Add(delay), attempts, false)
 		}
@@ -167,22 +167,22 @@ func (c *Consumer) call(ctx context.Context, msg *kafka.Message) (err error) {
 // little; a message behind the head waits for it even when its own token
 // is caught up.
 func (c *Consumer) untilDue(ctx context.Context, msg *kafka.Message, due time.Time, tok position.Token, tokErr error, ps *partState) bool {
-	if !kafkarec.Has(msg.Headers, HeaderDeferred) {
+	if !engine.Has(msg.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
 	// Past its due time the message is routed once and, if still behind,
 	// deferred again with a new due time: no loop, so even a token that a
 	// Verifier vouches for may wake on its position.
-	ctx, span := kafkarec.StartWake(ctx, c.tracer, kafkarec.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
+	ctx, span := engine.StartWake(ctx, c.tracer, engine.RecordAttributes(msg.Topic, int32(msg.Partition), msg.Offset))
 	held, woken := c.holdDeferred(ctx, due, tok, tokErr, ps)
-	kafkarec.EndHold(span, woken)
+	engine.EndHold(span, woken)
 	return held
 }
 
 // holdDeferred holds a message deferred for lag until deadline, or until
 // a replica has replayed tok (consume.Router.WaitCaughtUp: exactly the
 // replicas routing would choose) if that comes first, which counts as
-// kafkarec.Woken. A message without a readable token sleeps until deadline:
+// engine.Woken. A message without a readable token sleeps until deadline:
 // its catch-up cannot be waited for. It returns false if ctx ended first,
 // and whether the catch-up ended the hold.
 func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok position.Token, tokErr error, ps *partState) (held, woken bool) {
@@ -199,7 +199,7 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok pos
 	case ctx.Err() != nil:
 		return false, false
 	case err == nil:
-		ps.Add(kafkarec.Woken)
+		ps.Add(engine.Woken)
 		return true, true
 	}
 	return true, false
@@ -212,7 +212,7 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, tok pos
 // (HeaderDeferred), which runs as soon as a replica catches up.
 func (c *Consumer) republish(ctx context.Context, w MessageWriter, msg kafka.Message, due time.Time, attempts int, deferred bool) bool {
 	out := kafka.Message{Topic: c.cfg.RetryTopic, Key: msg.Key, Value: msg.Value,
-		Headers: kafkarec.RetryHeaders(msg.Headers, msg.Topic, int32(msg.Partition), msg.Offset, attempts, due.UnixMilli(), deferred)}
+		Headers: engine.RetryHeaders(msg.Headers, msg.Topic, int32(msg.Partition), msg.Offset, attempts, due.UnixMilli(), deferred)}
 	return c.publish(ctx, w, out)
 }
 
@@ -241,11 +241,11 @@ func (c *Consumer) deadLetter(ctx context.Context, w MessageWriter, msg kafka.Me
 		}
 	} else {
 		out := kafka.Message{Topic: c.cfg.DeadLetterTopic, Key: msg.Key, Value: msg.Value,
-			Headers: kafkarec.DeadLetterHeaders(msg.Headers, msg.Topic, int32(msg.Partition), msg.Offset, attempts, cause)}
+			Headers: engine.DeadLetterHeaders(msg.Headers, msg.Topic, int32(msg.Partition), msg.Offset, attempts, cause)}
 		ok = c.publish(ctx, w, out)
 	}
 	if ok {
-		ps.Add(kafkarec.DeadLettered)
+		ps.Add(engine.DeadLettered)
 	}
 	return ok
 }

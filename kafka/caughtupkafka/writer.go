@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/kafkarec"
+	engine "github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -83,11 +83,11 @@ func Stamped(ctx context.Context, msgs []kafka.Message) ([]kafka.Message, error)
 		hs := msgs[i].Headers
 		if stamp {
 			var err error
-			if hs, err = kafkarec.Stamped(hs, tok, alone); err != nil {
+			if hs, err = engine.Stamped(hs, tok, alone); err != nil {
 				return nil, fmt.Errorf("caughtup/kafka: stamping message %d: %w", i, err)
 			}
 		}
-		if th := kafkarec.Missing(hs, tf); len(th) > 0 {
+		if th := engine.Missing(hs, tf); len(th) > 0 {
 			hs = append(slices.Clip(hs), th...)
 		}
 		out[i].Headers = hs
@@ -124,7 +124,7 @@ func Stamp(ctx context.Context, msg *kafka.Message) error {
 			return err
 		}
 	}
-	if th := kafkarec.Missing(msg.Headers, producerTrace(ctx)); len(th) > 0 {
+	if th := engine.Missing(msg.Headers, producerTrace(ctx)); len(th) > 0 {
 		msg.Headers = append(slices.Clip(msg.Headers), th...)
 	}
 	return nil
@@ -136,7 +136,7 @@ func stampToken(msg *kafka.Message, tok position.Token) error {
 	if tok.IsZero() {
 		return nil
 	}
-	hs, err := kafkarec.Stamped(msg.Headers, tok, "")
+	hs, err := engine.Stamped(msg.Headers, tok, "")
 	if err != nil {
 		return fmt.Errorf("caughtup/kafka: stamping a message: %w", err)
 	}
@@ -151,4 +151,4 @@ func stampToken(msg *kafka.Message, tok position.Token) error {
 // to consume.Router.Route (as Job.Token and Job.TokenErr), which sends a message whose token does
 // not decode to the primary (ReasonMalformedToken); Middleware and the
 // Consumer do.
-func TokenOf(msg kafka.Message) (position.Token, error) { return kafkarec.TokenOf(msg.Headers) }
+func TokenOf(msg kafka.Message) (position.Token, error) { return engine.TokenOf(msg.Headers) }

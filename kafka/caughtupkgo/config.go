@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/kafka"
 )
 
 // Mode says what the Consumer does with a record that cannot run yet
@@ -64,21 +64,21 @@ func (m Mode) String() string {
 const (
 	// HeaderDue is when a republished record may run, in Unix
 	// milliseconds.
-	HeaderDue = kafkarec.HeaderDue
+	HeaderDue = kafka.HeaderDue
 	// HeaderDeferred ("1") marks a record republished because no replica
 	// had replayed its token, rather than after a handler error: it runs
 	// at its due time or as soon as a replica has caught up, whichever
 	// comes first.
-	HeaderDeferred = kafkarec.HeaderDeferred
+	HeaderDeferred = kafka.HeaderDeferred
 	// HeaderAttempts counts the handler's failed attempts so far.
-	HeaderAttempts = kafkarec.HeaderAttempts
+	HeaderAttempts = kafka.HeaderAttempts
 	// HeaderOriginTopic, HeaderOriginPartition and HeaderOriginOffset name
 	// where the record was first consumed from.
-	HeaderOriginTopic     = kafkarec.HeaderOriginTopic
-	HeaderOriginPartition = kafkarec.HeaderOriginPartition
-	HeaderOriginOffset    = kafkarec.HeaderOriginOffset
+	HeaderOriginTopic     = kafka.HeaderOriginTopic
+	HeaderOriginPartition = kafka.HeaderOriginPartition
+	HeaderOriginOffset    = kafka.HeaderOriginOffset
 	// HeaderError is the last handler error, on dead-lettered records.
-	HeaderError = kafkarec.HeaderError
+	HeaderError = kafka.HeaderError
 )
 
 // Defaults, exported so that documentation and callers can refer to them.

@@ -16,8 +16,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/kafka"
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
@@ -55,7 +55,7 @@ type Consumer struct {
 	cfg     ConsumerConfig
 	handler Handler
 	log     *slog.Logger
-	met     map[string]*kafkarec.Topic
+	met     map[string]*kafka.Topic
 	tracer  trace.Tracer
 	prop    propagation.TextMapPropagator
 
@@ -112,7 +112,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		c.prop = otel.GetTextMapPropagator()
 	}
 	var err error
-	if c.met, err = kafkarec.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
+	if c.met, err = kafka.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
 		return nil, fmt.Errorf("caughtup/kgo: creating instruments: %w", err)
 	}
 	return c, nil

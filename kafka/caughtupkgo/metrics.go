@@ -6,6 +6,6 @@ const ScopeName = "github.com/caughtup/caughtup/kafka/caughtupkgo"
 
 // The Consumer counts what it did with each record on
 // caughtup.kafka.messages, the instrument, attributes and values of
-// caughtupkafka's (internal/kafkarec), so that one dashboard and one alert
+// caughtupkafka's (package kafka), so that one dashboard and one alert
 // cover both Kafka adapters. Each partition's worker counts in bulk
-// (kafkarec.Counts) and the counts reach the instrument at every commit.
+// (kafka.Counts) and the counts reach the instrument at every commit.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/caughtup/caughtup/internal/kafkarec"
+	"github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -48,7 +48,7 @@ type partition struct {
 	doneEpoch atomic.Int32
 	committed atomic.Int64
 
-	counts *kafkarec.Counts
+	counts *kafka.Counts
 	// The worker's alone: decodes the token header of record after
 	// record without allocating (position.HeaderDecoder).
 	dec position.HeaderDecoder
@@ -60,7 +60,7 @@ func (c *Consumer) newPartition(k partKey) *partition {
 	p := &partition{
 		c: c, key: k, ctx: ctx, cancel: cancel, stopped: make(chan struct{}),
 		wake:   make(chan struct{}, 1),
-		counts: &kafkarec.Counts{Topic: c.met[k.topic], Tally: c.cfg.Router.NewTally()},
+		counts: &kafka.Counts{Topic: c.met[k.topic], Tally: c.cfg.Router.NewTally()},
 	}
 	if p.counts.Topic == nil {
 		// Not a topic the group subscribes to; count it under the main
@@ -186,7 +186,7 @@ func (p *partition) run() {
 		}
 		for i, r := range batch {
 			if !p.c.process(p.ctx, r, p) {
-				p.counts.Add(kafkarec.Dropped)
+				p.counts.Add(kafka.Dropped)
 				return
 			}
 			p.doneEpoch.Store(r.LeaderEpoch)

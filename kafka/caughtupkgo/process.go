@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -36,7 +36,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 	// routing spans and the handler's join it.
 	ctx = c.traceContext(ctx, r)
 	var rt recordToken
-	rt.tok, rt.err = kafkarec.DecodeToken(&p.dec, r.Headers)
+	rt.tok, rt.err = kafka.DecodeToken(&p.dec, r.Headers)
 	if rt.err != nil {
 		// Named only when the router has something to warn about: the
 		// string allocates.
@@ -44,9 +44,9 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 	}
 	attempts := 0
 	if c.cfg.Mode == RetryTopic && r.Topic == c.cfg.RetryTopic {
-		n, _ := kafkarec.Int(r.Headers, HeaderAttempts)
+		n, _ := kafka.Int(r.Headers, HeaderAttempts)
 		attempts = int(max(0, min(n, int64(c.cfg.MaxAttempts))))
-		if due, ok := kafkarec.Int(r.Headers, HeaderDue); ok && time.Now().Before(time.UnixMilli(due)) {
+		if due, ok := kafka.Int(r.Headers, HeaderDue); ok && time.Now().Before(time.UnixMilli(due)) {
 			p.hold()
 			if !c.untilDue(ctx, r, time.UnixMilli(due), &rt, p) {
 				return false
@@ -60,7 +60,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		}
 		err := c.attempt(hctx, r, &rt, p)
 		if err == nil {
-			p.counts.Add(kafkarec.Handled)
+			p.counts.Add(kafka.Handled)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -70,13 +70,13 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		if errors.As(err, &de) {
 			delay := max(de.Delay, minDeferDelay)
 			if c.cfg.Mode == RetryTopic {
-				sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferRetryTopic, kafkarec.RecordAttributes(r.Topic, r.Partition, r.Offset))
+				sctx, span := kafka.StartDefer(ctx, c.tracer, de, kafka.DeferRetryTopic, kafka.RecordAttributes(r.Topic, r.Partition, r.Offset))
 				ok := c.republish(sctx, r, time.Now().Add(delay), attempts, true)
 				span.End()
 				if !ok {
 					return false
 				}
-				p.counts.Add(kafkarec.Deferred)
+				p.counts.Add(kafka.Deferred)
 				return true
 			}
 			// InPlace: pause the partition and hold the record. Route
@@ -87,14 +87,14 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 			// waiting disabled, no healthy replica) hold the delay, or
 			// less if a replica can serve the token first, so the loop
 			// never spins.
-			p.counts.Add(kafkarec.Waited)
+			p.counts.Add(kafka.Waited)
 			p.hold()
 			if de.Decision.Waited >= minDeferDelay {
 				continue
 			}
-			sctx, span := kafkarec.StartDefer(ctx, c.tracer, de, kafkarec.DeferInPlace, kafkarec.RecordAttributes(r.Topic, r.Partition, r.Offset))
+			sctx, span := kafka.StartDefer(ctx, c.tracer, de, kafka.DeferInPlace, kafka.RecordAttributes(r.Topic, r.Partition, r.Offset))
 			held, woken := c.holdDeferred(sctx, time.Now().Add(delay), &rt, p)
-			kafkarec.EndHold(span, woken)
+			kafka.EndHold(span, woken)
 			if !held {
 				return false
 			}
@@ -108,7 +108,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, p *partition) boo
 		c.log.WarnContext(ctx, "caughtup/kgo: handler failed; retrying",
 			slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset),
 			slog.Int("attempt", attempts), slog.Duration("delay", delay), slog.Any("error", err))
-		p.counts.Add(kafkarec.Retried)
+		p.counts.Add(kafka.Retried)
 		if c.cfg.Mode == RetryTopic {
 			return c.republish(ctx, r, time.Now().Add(delay), attempts, false)
 		}
@@ -162,12 +162,12 @@ func (c *Consumer) call(ctx context.Context, r *kgo.Record) (err error) {
 // "until a replica catches up". A record retried after a handler error
 // waits out its backoff whatever the replicas do.
 func (c *Consumer) untilDue(ctx context.Context, r *kgo.Record, due time.Time, rt *recordToken, p *partition) bool {
-	if !kafkarec.Has(r.Headers, HeaderDeferred) {
+	if !kafka.Has(r.Headers, HeaderDeferred) {
 		return retry.Sleep(ctx, time.Until(due))
 	}
-	ctx, span := kafkarec.StartWake(ctx, c.tracer, kafkarec.RecordAttributes(r.Topic, r.Partition, r.Offset))
+	ctx, span := kafka.StartWake(ctx, c.tracer, kafka.RecordAttributes(r.Topic, r.Partition, r.Offset))
 	held, woken := c.holdDeferred(ctx, due, rt, p)
-	kafkarec.EndHold(span, woken)
+	kafka.EndHold(span, woken)
 	return held
 }
 
@@ -191,7 +191,7 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, rt *rec
 	case ctx.Err() != nil:
 		return false, false
 	case err == nil:
-		p.counts.Add(kafkarec.Woken)
+		p.counts.Add(kafka.Woken)
 		return true, true
 	}
 	return true, false
@@ -203,7 +203,7 @@ func (c *Consumer) holdDeferred(ctx context.Context, deadline time.Time, rt *rec
 // gets a duplicate: nothing is lost.
 func (c *Consumer) republish(ctx context.Context, r *kgo.Record, due time.Time, attempts int, deferred bool) bool {
 	return c.publish(ctx, &kgo.Record{Topic: c.cfg.RetryTopic, Key: r.Key, Value: r.Value,
-		Headers: kafkarec.RetryHeaders(r.Headers, r.Topic, r.Partition, r.Offset, attempts, due.UnixMilli(), deferred)})
+		Headers: kafka.RetryHeaders(r.Headers, r.Topic, r.Partition, r.Offset, attempts, due.UnixMilli(), deferred)})
 }
 
 // deadLetter hands a record that failed attempts times to the hook or the
@@ -231,10 +231,10 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, attempts int, 
 		}
 	} else {
 		ok = c.publish(ctx, &kgo.Record{Topic: c.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value,
-			Headers: kafkarec.DeadLetterHeaders(r.Headers, r.Topic, r.Partition, r.Offset, attempts, cause)})
+			Headers: kafka.DeadLetterHeaders(r.Headers, r.Topic, r.Partition, r.Offset, attempts, cause)})
 	}
 	if ok {
-		p.counts.Add(kafkarec.DeadLettered)
+		p.counts.Add(kafka.DeadLettered)
 	}
 	return ok
 }

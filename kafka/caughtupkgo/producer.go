@@ -7,7 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/kafkarec"
+	"github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -88,7 +88,7 @@ func (p *Producer) ProduceSync(ctx context.Context, rs ...*kgo.Record) kgo.Produ
 // (ConsumerConfig.Propagators).
 func Stamp(ctx context.Context, r *kgo.Record) error {
 	if tok, ok := enqueue.TokenFrom(ctx); ok && !tok.IsZero() {
-		hs, err := kafkarec.Stamped(r.Headers, tok, "")
+		hs, err := kafka.Stamped(r.Headers, tok, "")
 		if err != nil {
 			return fmt.Errorf("caughtup/kgo: stamping a record: %w", err)
 		}
@@ -105,4 +105,4 @@ func Stamp(ctx context.Context, r *kgo.Record) error {
 // to consume.Router.Route (as Job.Token and Job.TokenErr), which sends a
 // record whose token does not decode to the primary
 // (ReasonMalformedToken); the Consumer does.
-func TokenOf(r *kgo.Record) (position.Token, error) { return kafkarec.TokenOf(r.Headers) }
+func TokenOf(r *kgo.Record) (position.Token, error) { return kafka.TokenOf(r.Headers) }

@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/caughtup/caughtup/internal/kafkarec"
 	"github.com/caughtup/caughtup/internal/tracing"
+	"github.com/caughtup/caughtup/kafka"
 )
 
 // HeaderCarrier adapts a record's headers to OpenTelemetry's propagators,
@@ -20,19 +20,19 @@ type HeaderCarrier struct{ Headers *[]kgo.RecordHeader }
 var _ propagation.TextMapCarrier = HeaderCarrier{}
 
 // Get returns the value of the first header named key, or "".
-func (c HeaderCarrier) Get(key string) string { return kafkarec.Get(*c.Headers, key) }
+func (c HeaderCarrier) Get(key string) string { return kafka.Get(*c.Headers, key) }
 
 // Set replaces the headers named key with one of value.
-func (c HeaderCarrier) Set(key, value string) { *c.Headers = kafkarec.Set(*c.Headers, key, value) }
+func (c HeaderCarrier) Set(key, value string) { *c.Headers = kafka.Set(*c.Headers, key, value) }
 
 // Keys returns the header names.
-func (c HeaderCarrier) Keys() []string { return kafkarec.Keys(*c.Headers) }
+func (c HeaderCarrier) Keys() []string { return kafka.Keys(*c.Headers) }
 
 // stampTrace writes the trace context of ctx into r's headers that are
 // not set already, through the global propagators (none until the
 // application sets them). r.Headers is replaced, not appended to in place.
 func stampTrace(ctx context.Context, r *kgo.Record) {
-	if th := kafkarec.Missing(r.Headers, tracing.Fields(ctx, otel.GetTextMapPropagator())); len(th) > 0 {
+	if th := kafka.Missing(r.Headers, tracing.Fields(ctx, otel.GetTextMapPropagator())); len(th) > 0 {
 		r.Headers = append(r.Headers[:len(r.Headers):len(r.Headers)], th...)
 	}
 }
