@@ -2,7 +2,9 @@ package consume
 
 import (
 	"context"
+	"iter"
 	"log/slog"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -61,31 +63,69 @@ func newFallbackGate(cfg *Config, log *slog.Logger) (*fallbackGate, error) {
 	return g, err
 }
 
-// allow charges one fallback read to the per-process cap and to the fleet
-// budget of every database d reads from the primary for lag or unknown
-// state; false when either is spent. The local cap is looked at first and
-// charged last, so that a fleet refusal costs the process's cap nothing
-// and a spent local cap costs the fleet nothing (two goroutines racing for
-// the last local token may waste one fleet token).
+// allow charges one fallback read of decision d: to the per-process cap,
+// and to the fleet budget of every database d reads from the primary for
+// lag or unknown state, each once; false when either is spent.
 func (g *fallbackGate) allow(ctx context.Context, d *Decision) bool {
+	return g.charge(ctx, func(yield func(string) bool) {
+		for i := range d.Databases {
+			dd := &d.Databases[i]
+			if dd.replica >= 0 || !dd.Reason.fallback() || charged(d.Databases[:i], dd.Database) {
+				continue
+			}
+			if !yield(dd.Database) {
+				return
+			}
+		}
+	})
+}
+
+// AllowFallback charges one primary read to the router's fallback cap, as
+// a job's fallback is charged, for a caller that reads the primary
+// outside Route: the per-process cap (Config.PrimaryRate and
+// PrimaryBurst) and, with a Config.FleetBudget, the fleet budget of each
+// of databases (the names of Config.Databases the read uses; a name given
+// twice is charged once). It returns false, and charges nothing more,
+// when either is spent: the caller must then not read the primary.
+// An unavailable fleet budget leaves the per-process cap to decide, as
+// for jobs. Every check is counted in caughtup.consume.fallback.budget.
+//
+// caughtuphttp calls it for a request whose session value it rejected:
+// such a request would otherwise read the primary without a token, which
+// Route never charges (OutcomePrimaryNoToken).
+func (r *Router) AllowFallback(ctx context.Context, databases ...string) bool {
+	return r.gate.charge(ctx, func(yield func(string) bool) {
+		for i, db := range databases {
+			if slices.Contains(databases[:i], db) {
+				continue
+			}
+			if !yield(db) {
+				return
+			}
+		}
+	})
+}
+
+// charge is the one rule for a fallback read: fleet, the keys of the
+// fleet budgets it reads from, each once. The local cap is looked at
+// first and charged last, so that a fleet refusal costs the process's cap
+// nothing and a spent local cap costs the fleet nothing (two goroutines
+// racing for the last local token may waste one fleet token).
+func (g *fallbackGate) charge(ctx context.Context, fleet iter.Seq[string]) bool {
 	bg := context.Background()
 	if g.lim.Limit() != rate.Inf && g.lim.Tokens() < 1 {
 		g.checks.Add(bg, 1, g.localSpent)
 		return false
 	}
 	if g.budget != nil {
-		for i := range d.Databases {
-			dd := &d.Databases[i]
-			if dd.replica >= 0 || !dd.Reason.fallback() || charged(d.Databases[:i], dd.Database) {
-				continue
-			}
-			ok, err := g.budget.Allow(ctx, dd.Database)
+		for db := range fleet {
+			ok, err := g.budget.Allow(ctx, db)
 			switch {
 			case err != nil:
 				g.checks.Add(bg, 1, g.fleetUnavailable)
 				g.warn.Do(func() {
 					g.log.Warn("caughtup: the fleet primary budget is unavailable; the per-process cap alone bounds this process's primary fallbacks until it answers (see caughtup.consume.fallback.budget)",
-						slog.String(attrDatabase, dd.Database), slog.Any("error", err))
+						slog.String(attrDatabase, db), slog.Any("error", err))
 				})
 			case !ok:
 				g.checks.Add(bg, 1, g.fleetSpent)
