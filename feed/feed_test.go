@@ -61,8 +61,8 @@ func TestRoundTrip(t *testing.T) {
 		require.False(t, d.Stored)
 		require.Equal(t, d.Held, d.Age, "a live message's age is what the publisher held it")
 		require.Equal(t, d.ReceivedAt.Add(-d.Age), d.PolledAt)
-		d.Observation.PolledAt = want.PolledAt
-		require.Equal(t, want, d.Observation)
+		d.FeedObservation.PolledAt = want.PolledAt
+		require.Equal(t, want, d.FeedObservation)
 	}
 	require.GreaterOrEqual(t, got[feed.RoleReplica].Held, 5*time.Millisecond, "PolledAt 5ms before Publish")
 	require.NotEqual(t, got[feed.RoleReplica].Seq, got[feed.RolePrimary].Seq)

@@ -5,14 +5,16 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/sign"
 )
 
 // ErrInvalidConfig is wrapped by every configuration error.
 var ErrInvalidConfig = errors.New("caughtup/feed: invalid configuration")
 
-// ErrClosed is returned by Publish after Close.
-var ErrClosed = errors.New("caughtup/feed: publisher closed")
+// ErrClosed is returned by Publish after Close: replay.ErrFeedClosed, as
+// every replay.FeedSender returns it.
+var ErrClosed = replay.ErrFeedClosed
 
 // DefaultFeed is the feed name when a config leaves it empty.
 const DefaultFeed = "default"

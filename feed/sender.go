@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/sign"
 )
 
@@ -151,25 +151,19 @@ func (c SenderConfig) Validate() error {
 }
 
 // PublisherID identifies one publisher process: the configured name and a
-// random instance ID drawn when the Sender is made.
-type PublisherID struct {
-	Name     string
-	Instance uint64
-}
-
-// String prints "name#instance" with the instance in hex.
-func (id PublisherID) String() string {
-	return id.Name + "#" + strconv.FormatUint(id.Instance, 16)
-}
+// random instance ID drawn when the Sender is made (replay.PublisherID).
+type PublisherID = replay.PublisherID
 
 type nodeID struct {
 	database, node string
 	role           Role
 }
 
-// A Sender signs, stores and publishes a publisher's observations. Publish never blocks on
-// Redis: observations wait in a bounded backlog (at most one per node),
-// and one goroutine sends them in pipelines. Safe for concurrent use.
+// A Sender signs, stores and publishes a publisher's observations: the
+// replay.FeedSender of a replay.Publisher (PublisherConfig.Feed). Publish
+// never blocks on Redis: observations wait in a bounded backlog (at most
+// one per node), and one goroutine sends them in pipelines. Safe for
+// concurrent use.
 type Sender struct {
 	cfg     SenderConfig
 	id      PublisherID
@@ -198,6 +192,8 @@ type Sender struct {
 	warned  time.Time
 	sharded bool // SPUBLISH rather than PUBLISH (see cluster.go)
 }
+
+var _ replay.FeedSender = (*Sender)(nil)
 
 type flusher struct {
 	target uint64
@@ -255,13 +251,21 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 // ID returns this publisher's name and instance.
 func (p *Sender) ID() PublisherID { return p.id }
 
+// Destination is the feed's pub/sub channel (ChannelName).
+func (p *Sender) Destination() string { return p.channel }
+
 // Publish queues o to be signed, stored as its node's latest value and
 // published. It does not wait for Redis. It fails only for an
 // observation no subscriber would accept (a name too long, an unknown
-// role, too long a history), after Close (ErrClosed), and when the
-// backlog is full (ErrBacklog). An observation of a node that is still
-// waiting replaces the waiting one.
+// role), after Close (ErrClosed), and when the backlog is full
+// (ErrBacklog). A timeline history longer than MaxHistory is dropped: the
+// primary's history then travels as unknown, which makes routers read
+// tokens of older timelines from the primary. An observation of a node
+// that is still waiting replaces the waiting one.
 func (p *Sender) Publish(o Observation) error {
+	if o.Role == RolePrimary && len(o.Primary.History) > MaxHistory {
+		o.Primary.History, o.Primary.HistoryKnown = nil, false
+	}
 	if err := checkObservation(&o); err != nil {
 		return err
 	}

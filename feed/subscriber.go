@@ -19,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/retry"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/sign"
 )
 
@@ -60,85 +61,33 @@ func (r rejectReason) String() string {
 	return "reject(" + strconv.Itoa(int(r)) + ")"
 }
 
-// State is a subscriber's health.
-type State uint8
+// A subscriber's health and deliveries are replay's values: the
+// Subscriber is a replay.FeedSource.
 
+// State is a subscription's health (replay.FeedState).
+type State = replay.FeedState
+
+// The states, replay's.
 const (
-	// StateConnecting: Run has not subscribed yet.
-	StateConnecting State = iota
-	// StateSubscribed: subscribed, the stored values read, and an
-	// authentic observation accepted within SilenceBound (or the
-	// subscription is younger than that). The only state in which the
-	// feed may replace local polling.
-	StateSubscribed
-	// StateSilent: subscribed, but no authentic observation for longer
-	// than SilenceBound: every publisher stopped, or cannot reach Redis.
-	StateSilent
-	// StateUnreachable: Redis cannot be reached or refused to subscribe
-	// or to read (Health.Err says why); Run retries with backoff.
-	StateUnreachable
-	// StateDropped: an established subscription broke (connection lost,
-	// no answer to PING); Run resubscribes.
-	StateDropped
-	// StateStopped: Run returned.
-	StateStopped
-	numStates
+	StateConnecting  = replay.FeedConnecting
+	StateSubscribed  = replay.FeedSubscribed
+	StateSilent      = replay.FeedSilent
+	StateUnreachable = replay.FeedUnreachable
+	StateDropped     = replay.FeedDropped
+	StateStopped     = replay.FeedStopped
+	numStates        = StateStopped + 1
 )
 
-var stateNames = [numStates]string{"connecting", "subscribed", "silent", "unreachable", "dropped", "stopped"}
+// Health is a subscription's state and since when, on the subscriber's
+// clock (replay.FeedHealth).
+type Health = replay.FeedHealth
 
-// String returns the state's name, e.g. "subscribed".
-func (s State) String() string {
-	if s < numStates {
-		return stateNames[s]
-	}
-	return "state(" + strconv.Itoa(int(s)) + ")"
-}
-
-// Health is a subscriber's state and since when, on the subscriber's clock.
-type Health struct {
-	State State
-	Since time.Time
-	// Err is why, for StateUnreachable and StateDropped.
-	Err error
-}
-
-// Delivery is one authentic observation as a subscriber accepted it.
-type Delivery struct {
-	// Observation is the node's values. Its PolledAt is the subscriber's
-	// estimate of when the poll started, on the subscriber's own clock:
-	// ReceivedAt − Age.
-	Observation
-	// Publisher and Seq identify the message: sequence numbers grow per
-	// publisher instance.
-	Publisher PublisherID
-	Seq       uint64
-	// KeyID is the key that signed it; empty for an unsigned message an
-	// Insecure subscriber accepted (or a signature it could not check).
-	KeyID string
-	// SentAt is the publisher's clock when it sent the message:
-	// informational only (logs, debugging). Staleness is never judged by
-	// another machine's clock.
-	SentAt time.Time
-	// ReceivedAt is the subscriber's clock when the message was read.
-	ReceivedAt time.Time
-	// Stored: read from the latest values while (re)subscribing, rather
-	// than live from pub/sub.
-	Stored bool
-	// Age is how old the observation was at ReceivedAt, as far as it can
-	// be measured without comparing two machines' clocks: the time the
-	// publisher held it after the poll started (the publisher's monotonic
-	// clock), plus, for a stored value, the time it spent in Redis (its
-	// TTL minus its remaining PTTL, Redis's clock). A live message's
-	// transit (usually well under a millisecond) is not included.
-	Age time.Duration
-	// Held is the publisher's part of Age.
-	Held time.Duration
-}
+// Delivery is one authentic observation as a subscriber accepted it
+// (replay.FeedDelivery; its values are its FeedObservation).
+type Delivery = replay.FeedDelivery
 
 // SubscriberConfig configures a Subscriber. The zero value of every field
-// but Client and OnObservation means its documented default; WithDefaults
-// fills them in.
+// but Client means its documented default; WithDefaults fills them in.
 type SubscriberConfig struct {
 	// Client is the Redis to subscribe to (see SenderConfig.Client).
 	// Required. The Subscriber never closes it.
@@ -163,21 +112,21 @@ type SubscriberConfig struct {
 	// channel; accepting them must be asked for.
 	Insecure bool
 
-	// OnObservation receives every accepted observation, from Run's
-	// goroutine, one at a time, stored values first after each
-	// (re)subscription. Keep it fast: the next message waits. Required.
+	// OnObservation receives every accepted observation of Run's
+	// subscription, from Run's goroutine, one at a time, stored values
+	// first after each (re)subscription. Keep it fast: the next message
+	// waits. Required by Run; a tracker (Subscribe) brings its own.
 	OnObservation func(Delivery)
 
-	// OnHealth receives every health change, from Run's goroutine. Use it
-	// to fall back to local polling on any state but StateSubscribed and
-	// to come back. Optional.
+	// OnHealth receives every health change of Run's subscription, from
+	// Run's goroutine. Optional.
 	OnHealth func(Health)
 
 	// SilenceBound: with no authentic observation for this long the feed
 	// is StateSilent; the state changes within SilenceBound plus a quarter
 	// of it. Rejected messages do not count: a flood of forgeries cannot
-	// keep a dead feed looking alive. Must not be negative; set it to the
-	// router's.
+	// keep a dead feed looking alive. Must not be negative. A tracker's
+	// subscription uses its own (replay.FeedConfig.SilenceBound).
 	// Default: 1s.
 	// The default staleness bound of the router's tracker
 	// (replay.DefaultStalenessBound).
@@ -265,9 +214,6 @@ func (c SubscriberConfig) Validate() error {
 	if c.Client == nil {
 		return fmt.Errorf("%w: SubscriberConfig.Client is required (a go-redis UniversalClient)", ErrInvalidConfig)
 	}
-	if c.OnObservation == nil {
-		return fmt.Errorf("%w: SubscriberConfig.OnObservation is required", ErrInvalidConfig)
-	}
 	if err := checkFeed(c.Feed); err != nil {
 		return err
 	}
@@ -312,8 +258,10 @@ type streamState struct {
 
 // Subscriber reads a feed: the stored latest values on each
 // (re)subscription, then the live messages, delivering the authentic,
-// unsuperseded ones to OnObservation. Make one with NewSubscriber and
-// call Run.
+// unsuperseded ones. It is the replay.FeedSource of the trackers of a
+// fleet (replay.FeedConfig.Source): each tracker's Subscribe is a
+// subscription of its own. Run is one more, delivering to the config's
+// callbacks. Make one with NewSubscriber.
 type Subscriber struct {
 	cfg         SubscriberConfig
 	channel     string
@@ -323,17 +271,32 @@ type Subscriber struct {
 	m           *subscriberMetrics
 	running     atomic.Bool
 
+	// Run's subscription, for Health.
+	mu  sync.Mutex
+	run *subscription
+}
+
+var _ replay.FeedSource = (*Subscriber)(nil)
+
+// subscription is one Subscribe (or Run): its callbacks, health and
+// replay memory.
+type subscription struct {
+	*Subscriber
+	onObservation func(Delivery)
+	onHealth      func(Health)
+	silence       time.Duration
+
 	mu     sync.Mutex
 	health Health
 
-	// Run's goroutine only.
+	// The subscription's goroutine only.
 	macs    *sign.MACs
 	streams map[streamKey]*streamState
 	warn    [numRejectReasons]rate.Sometimes
 	sharded bool // SSUBSCRIBE rather than SUBSCRIBE (see cluster.go)
 }
 
-// NewSubscriber validates cfg; nothing runs until Run.
+// NewSubscriber validates cfg; nothing runs until Subscribe or Run.
 func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -346,13 +309,6 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		index:       indexKey(cfg.Feed),
 		valuePrefix: hashTag(cfg.Feed) + ":latest:",
 		log:         cfg.Logger.With(slog.String("feed", cfg.Feed)),
-		health:      Health{State: StateConnecting, Since: time.Now()},
-		macs:        newMACs(cfg.Feed, cfg.Keys.Keys),
-		streams:     make(map[streamKey]*streamState),
-		sharded:     shardedClient(cfg.Client),
-	}
-	for i := range s.warn {
-		s.warn[i] = rate.Sometimes{First: 3, Interval: 10 * time.Second}
 	}
 	m, err := newSubscriberMetrics(cfg.MeterProvider, s.channel)
 	if err != nil {
@@ -370,22 +326,82 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	return s, nil
 }
 
-// Health returns the current state.
+// Destination is the feed's pub/sub channel (ChannelName).
+func (s *Subscriber) Destination() string { return s.channel }
+
+// Health returns the state of Run's subscription (StateConnecting before
+// Run).
 func (s *Subscriber) Health() Health {
+	s.mu.Lock()
+	run := s.run
+	s.mu.Unlock()
+	if run == nil {
+		return Health{State: StateConnecting}
+	}
+	return run.state()
+}
+
+// Run subscribes and delivers to the config's OnObservation and OnHealth
+// until ctx ends, resubscribing with backoff whenever the subscription
+// breaks; it returns nil then. It may be called once.
+func (s *Subscriber) Run(ctx context.Context) error {
+	if s.cfg.OnObservation == nil {
+		return fmt.Errorf("%w: SubscriberConfig.OnObservation is required by Run", ErrInvalidConfig)
+	}
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("caughtup/feed: Subscriber.Run called twice")
+	}
+	run := s.subscription(replay.FeedHandler{OnObservation: s.cfg.OnObservation, OnHealth: s.cfg.OnHealth})
+	s.mu.Lock()
+	s.run = run
+	s.mu.Unlock()
+	return run.loop(ctx)
+}
+
+// Subscribe is replay.FeedSource's: it delivers to h, as Run does to the
+// config's callbacks, until ctx ends. Each call is a subscription of its
+// own (its own Redis connection, health and replay memory); h's
+// SilenceBound, when set, replaces the config's.
+func (s *Subscriber) Subscribe(ctx context.Context, h replay.FeedHandler) error {
+	if h.OnObservation == nil {
+		return fmt.Errorf("%w: FeedHandler.OnObservation is required", ErrInvalidConfig)
+	}
+	if h.SilenceBound < 0 {
+		return fmt.Errorf("%w: FeedHandler.SilenceBound must not be negative", ErrInvalidConfig)
+	}
+	return s.subscription(h).loop(ctx)
+}
+
+func (s *Subscriber) subscription(h replay.FeedHandler) *subscription {
+	sub := &subscription{
+		Subscriber:    s,
+		onObservation: h.OnObservation,
+		onHealth:      h.OnHealth,
+		silence:       s.cfg.SilenceBound,
+		health:        Health{State: StateConnecting, Since: time.Now()},
+		macs:          newMACs(s.cfg.Feed, s.cfg.Keys.Keys),
+		streams:       make(map[streamKey]*streamState),
+		sharded:       shardedClient(s.cfg.Client),
+	}
+	if h.SilenceBound > 0 {
+		sub.silence = h.SilenceBound
+	}
+	for i := range sub.warn {
+		sub.warn[i] = rate.Sometimes{First: 3, Interval: 10 * time.Second}
+	}
+	return sub
+}
+
+func (s *subscription) state() Health {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.health
 }
 
-// Run subscribes and delivers until ctx ends, resubscribing with backoff
-// whenever the subscription breaks; it returns nil then. It may be called
-// once.
-func (s *Subscriber) Run(ctx context.Context) error {
-	if !s.running.CompareAndSwap(false, true) {
-		return errors.New("caughtup/feed: Subscriber.Run called twice")
-	}
+// loop runs sessions until ctx ends, with backoff between them.
+func (s *subscription) loop(ctx context.Context) error {
 	reg, err := s.cfg.MeterProvider.Meter(ScopeName).RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		cur := s.Health().State
+		cur := s.state().State
 		for i := range numStates {
 			var v int64
 			if i == cur {
@@ -436,7 +452,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 
 // session subscribes, reads the stored values and streams until the
 // subscription breaks; subscribed says whether it got that far.
-func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
+func (s *subscription) session(ctx context.Context) (subscribed bool, err error) {
 	var ps *redis.PubSub
 	cmd := "subscribe"
 	if s.sharded {
@@ -477,7 +493,7 @@ func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
 	s.setState(StateSubscribed, nil)
 	s.log.Info("caughtup/feed: subscribed", slog.String("channel", s.channel), slog.Int("stored_values", n))
 
-	tick := min(s.cfg.SilenceBound/4, s.cfg.PingInterval/2)
+	tick := min(s.silence/4, s.cfg.PingInterval/2)
 	tick = max(tick, time.Millisecond)
 	lastAccepted := time.Now()
 	lastRead := lastAccepted
@@ -487,7 +503,7 @@ func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
 		now := time.Now()
 		// Checked after every read, not only when reads time out: a
 		// steady stream of rejected messages must not hide the silence.
-		if now.Sub(lastAccepted) > s.cfg.SilenceBound && s.Health().State == StateSubscribed {
+		if now.Sub(lastAccepted) > s.silence && s.state().State == StateSubscribed {
 			s.setState(StateSilent, nil)
 		}
 		if err != nil {
@@ -513,7 +529,7 @@ func (s *Subscriber) session(ctx context.Context) (subscribed bool, err error) {
 		case *redis.Message:
 			if s.handle([]byte(m.Payload), now, false, 0) {
 				lastAccepted = now
-				if s.Health().State == StateSilent {
+				if s.state().State == StateSilent {
 					s.setState(StateSubscribed, nil)
 				}
 			}
@@ -535,7 +551,7 @@ func isTimeout(err error) bool {
 // readStored delivers the latest stored value of every publisher and
 // node, each with its age measured by Redis. One MULTI per chunk reads a
 // value and its PTTL together, so the age belongs to that value.
-func (s *Subscriber) readStored(ctx context.Context) (int, error) {
+func (s *subscription) readStored(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
 	defer cancel()
 	members, err := s.cfg.Client.SMembers(ctx, s.index).Result()
@@ -582,7 +598,7 @@ func (s *Subscriber) readStored(ctx context.Context) (int, error) {
 
 // handle checks one message and delivers it when authentic and not
 // superseded. pttl is the stored value's remaining expiry (stored only).
-func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Duration) bool {
+func (s *subscription) handle(b []byte, now time.Time, stored bool, pttl time.Duration) bool {
 	m, err := parseMessage(b)
 	if err != nil {
 		reason := rejectMalformed
@@ -646,7 +662,7 @@ func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Dura
 	st.seq, st.fromStore, st.heard = m.seq, stored, now
 
 	d := Delivery{
-		Observation: m.obs,
+		FeedObservation: m.obs,
 		Publisher:   PublisherID{Name: m.publisher, Instance: m.instance},
 		Seq:         m.seq,
 		KeyID:       m.keyID,
@@ -662,13 +678,13 @@ func (s *Subscriber) handle(b []byte, now time.Time, stored bool, pttl time.Dura
 	} else {
 		s.m.received.Add(context.Background(), 1, s.m.live)
 	}
-	s.cfg.OnObservation(d)
+	s.onObservation(d)
 	return true
 }
 
 // evictStreams makes room for one more stream by forgetting the eighth
 // heard from least recently.
-func (s *Subscriber) evictStreams() {
+func (s *subscription) evictStreams() {
 	if len(s.streams) < s.cfg.MaxStreams {
 		return
 	}
@@ -685,7 +701,7 @@ func (s *Subscriber) evictStreams() {
 	}
 }
 
-func (s *Subscriber) reject(reason rejectReason, stored bool, m *message, detail error) {
+func (s *subscription) reject(reason rejectReason, stored bool, m *message, detail error) {
 	s.m.rejected.Add(context.Background(), 1, s.m.rejectedBy[reason])
 	s.warn[reason].Do(func() {
 		attrs := []any{slog.String("reason", reason.String()), slog.Bool("stored", stored)}
@@ -702,7 +718,7 @@ func (s *Subscriber) reject(reason rejectReason, stored bool, m *message, detail
 	})
 }
 
-func (s *Subscriber) setState(st State, err error) {
+func (s *subscription) setState(st State, err error) {
 	s.mu.Lock()
 	if s.health.State == st {
 		s.mu.Unlock()
@@ -716,7 +732,7 @@ func (s *Subscriber) setState(st State, err error) {
 	switch st {
 	case StateSilent:
 		s.log.Warn("caughtup/feed: feed silent; no authentic observation within the silence bound",
-			slog.Duration("silence_bound", s.cfg.SilenceBound))
+			slog.Duration("silence_bound", s.silence))
 	case StateUnreachable:
 		if prev != StateDropped {
 			s.log.Warn("caughtup/feed: cannot subscribe; retrying with backoff", slog.Any("error", err))
@@ -724,7 +740,7 @@ func (s *Subscriber) setState(st State, err error) {
 	case StateDropped:
 		s.log.Warn("caughtup/feed: subscription dropped; resubscribing", slog.Any("error", err))
 	}
-	if s.cfg.OnHealth != nil {
-		s.cfg.OnHealth(h)
+	if s.onHealth != nil {
+		s.onHealth(h)
 	}
 }

@@ -32,17 +32,24 @@ func ExampleFeedConfig() {
 		log.Fatal(err)
 	}
 	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"redis:6379"}})
+	ring := feed.Keyring{Keys: keys}
 
 	// In two or three processes (or `caughtup feed`): poll and publish.
-	pub, err := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{
-		Feed: feed.SenderConfig{Client: rdb, Keys: feed.Keyring{Keys: keys}},
-	})
+	snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Keys: ring})
+	if err != nil {
+		log.Fatal(err)
+	}
+	pub, err := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd}) // pub.Close closes snd
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pub.Close()
 
 	// In every worker process: route from the feed, under the fleet budget.
+	src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: ring})
+	if err != nil {
+		log.Fatal(err)
+	}
 	budget, err := feed.NewBudget(feed.BudgetConfig{Client: rdb, Rate: 200, Burst: 200})
 	if err != nil {
 		log.Fatal(err)
@@ -50,7 +57,7 @@ func ExampleFeedConfig() {
 	router, err := consume.NewRouter(ctx, consume.Config{
 		Databases:   dbs,
 		FleetBudget: budget,
-		Tracker:     replay.TrackerConfig{Feed: &replay.FeedConfig{Client: rdb, Keys: feed.Keyring{Keys: keys}}},
+		Tracker:     replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -4,47 +4,25 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
-
-	"github.com/caughtup/caughtup/feed"
 )
 
-// FeedConfig makes a Router take replica and primary positions from a
-// position feed (package feed) that a few publishers fill, instead of
-// querying every node itself. What a router on the feed believes, and why
-// that never reads stale, is in docs/design.md ("What a router on the feed
-// believes"); costs and sizing in docs/fleet.md.
+// FeedConfig makes a tracker take replica and primary positions from a
+// position feed that a few Publishers fill, instead of querying every node
+// itself. What a router on the feed believes, and why that never reads
+// stale, is in docs/design.md ("What a router on the feed believes");
+// costs and sizing in docs/fleet.md.
 type FeedConfig struct {
-	// Client is the Redis the publishers publish to: a *redis.Client, a
-	// *redis.ClusterClient or a Sentinel failover client
-	// (redis.NewUniversalClient picks one from its options; see
-	// docs/feed.md). Required. The Router never closes it; one
-	// subscription connection per Router comes from it.
-	Client redis.UniversalClient
-
-	// Name is the feed's name, the publishers' PublisherConfig.Feed.Feed.
-	// Default: feed.DefaultFeed ("default").
-	Name string
-
-	// Keys are the keys publishers sign with (feed.ParseKeys reads them
-	// from text such as an environment variable). A message signed with
-	// none of them is rejected and counted. Required unless Insecure.
-	Keys feed.Keyring
-
-	// Insecure believes unsigned messages (and, with Keys set, messages
-	// signed with keys the router does not hold, which cannot be
-	// checked). It is logged as a warning when the Router starts.
-	// Default: false.
-	// Believing unsigned messages, anyone who can publish on the feed's
-	// channel could send every router of the fleet to replicas that lack
-	// their rows; that must be asked for.
-	Insecure bool
+	// Source is the feed: on Redis, a feed.Subscriber (feed.NewSubscriber
+	// with the publishers' Redis, feed name and keys; see docs/feed.md).
+	// Required. The tracker subscribes to it once and never closes
+	// anything of it.
+	Source FeedSource
 
 	// SilenceBound: a node of which no feed observation has been merged
 	// for this long is polled by the router itself until the feed covers
@@ -59,7 +37,7 @@ type FeedConfig struct {
 
 	// MaxDelay: a message received more than MaxDelay after its publisher
 	// sent it (the publisher's clock against the router's, less the time
-	// Redis measured it stored) is refused, counted and logged, and the
+	// the feed measured it stored) is refused, counted and logged, and the
 	// router polls by itself: an old message replayed, or a publisher
 	// stalled between polling and sending. The publisher's clock is used
 	// only to refuse, never to make an observation look fresher, so a
@@ -75,9 +53,6 @@ type FeedConfig struct {
 const DefaultFeedMaxDelay = 5 * time.Second
 
 func (c FeedConfig) withDefaults(staleness time.Duration) FeedConfig {
-	if c.Name == "" {
-		c.Name = feed.DefaultFeed
-	}
 	if c.SilenceBound == 0 {
 		c.SilenceBound = staleness / 2
 	}
@@ -92,18 +67,10 @@ func (c FeedConfig) validate(staleness time.Duration) error {
 		return fmt.Errorf("%w: Feed: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
 	switch {
-	case c.Client == nil:
-		return bad("Client is required (a go-redis UniversalClient on the publishers' Redis)")
-	case len(c.Keys.Keys) == 0 && !c.Insecure:
-		return bad("Keys is empty: configure the publishers' keys (feed.ParseKeys), or set Insecure: true to believe unsigned observations")
+	case c.Source == nil:
+		return bad("Source is required (on Redis, a feed.Subscriber: feed.NewSubscriber with the publishers' Redis, feed name and keys)")
 	case c.SilenceBound <= 0 || c.SilenceBound >= staleness:
 		return bad("SilenceBound %v must be positive and below StalenessBound %v, so that the router polls by itself before what the feed said goes stale", c.SilenceBound, staleness)
-	}
-	// The feed package checks the name and the keys.
-	err := feed.SubscriberConfig{Client: c.Client, Feed: c.Name, Keys: c.Keys, Insecure: c.Insecure,
-		OnObservation: func(feed.Delivery) {}}.WithDefaults().Validate()
-	if err != nil {
-		return fmt.Errorf("%w: Feed: %w", ErrInvalidConfig, err)
 	}
 	return nil
 }
@@ -133,11 +100,11 @@ func (e *FeedPollError) Error() string {
 type FeedStatus struct {
 	// Configured: Config.Feed is set.
 	Configured bool
-	// Active: the subscription is healthy (feed.StateSubscribed), so the
-	// nodes the feed covers are not polled by the router.
+	// Active: the subscription is healthy (FeedSubscribed), so the nodes
+	// the feed covers are not polled by the router.
 	Active bool
-	// Health is the subscriber's state and since when.
-	Health feed.Health
+	// Health is the subscription's state and since when.
+	Health FeedHealth
 	// LocalNodes counts the nodes the router polls itself: every node
 	// while the feed is not Active, else those the feed does not cover
 	// (no observation merged within FeedConfig.SilenceBound, or not yet
@@ -159,8 +126,8 @@ func (t *Tracker) Feed() FeedStatus {
 	return t.feed.status()
 }
 
-// feedReject numbers why the router refused a feed observation that the
-// feed package delivered (authentic and unsuperseded).
+// feedReject numbers why the router refused a feed observation that its
+// FeedSource delivered (authentic and unsuperseded).
 type feedReject uint8
 
 const (
@@ -205,9 +172,12 @@ type feedState struct {
 	t       *Tracker
 	cfg     FeedConfig
 	log     *slog.Logger
-	sub     *feed.Subscriber
+	src     FeedSource
 	met     *feedMetrics
 	channel string
+
+	healthMu sync.Mutex
+	health   FeedHealth
 
 	dbIndex      map[string]int
 	replicaIndex []map[string]int
@@ -263,8 +233,10 @@ func newFeedState(t *Tracker) (*feedState, error) {
 	f := &feedState{
 		t:         t,
 		cfg:       cfg,
-		log:       t.log.With(slog.String("feed", cfg.Name)),
-		channel:   feed.ChannelName(cfg.Name),
+		log:       t.log.With(slog.String("feed", cfg.Source.Destination())),
+		src:       cfg.Source,
+		channel:   cfg.Source.Destination(),
+		health:    FeedHealth{State: FeedConnecting, Since: t.cfg.Now()},
 		dbIndex:   make(map[string]int),
 		systems:   make([]uint64, len(t.primarys)),
 		warnLocal: rate.Sometimes{First: 5, Interval: 10 * time.Second},
@@ -296,32 +268,8 @@ func newFeedState(t *Tracker) (*feedState, error) {
 	if f.met, err = newFeedMetrics(mp, f); err != nil {
 		return nil, fmt.Errorf("caughtup/replay: creating the feed's instruments: %w", err)
 	}
-	f.sub, err = feed.NewSubscriber(feed.SubscriberConfig{
-		Client:        cfg.Client,
-		Feed:          cfg.Name,
-		Keys:          cfg.Keys,
-		Insecure:      cfg.Insecure,
-		OnObservation: f.deliver,
-		OnHealth:      f.onHealth,
-		SilenceBound:  cfg.SilenceBound,
-		Logger:        t.log,
-		MeterProvider: mp,
-	})
-	if err != nil {
-		f.met.close()
-		return nil, fmt.Errorf("%w: Feed: %w", ErrInvalidConfig, err)
-	}
-	ids := make([]string, len(cfg.Keys.Keys))
-	for i, k := range cfg.Keys.Keys {
-		ids[i] = k.ID
-	}
-	attrs := []any{slog.String("channel", f.channel), slog.String("key_ids", strings.Join(ids, ",")),
-		slog.Duration("silence_bound", cfg.SilenceBound), slog.Duration("max_delay", cfg.MaxDelay)}
-	if cfg.Insecure {
-		f.log.Warn("caughtup: the router takes replica positions from a feed WITHOUT checking every message's signature (FeedConfig.Insecure)", attrs...)
-	} else {
-		f.log.Info("caughtup: the router takes replica positions from the feed once it has polled every node itself", attrs...)
-	}
+	f.log.Info("caughtup: the router takes replica positions from the feed once it has polled every node itself",
+		slog.Duration("silence_bound", cfg.SilenceBound), slog.Duration("max_delay", cfg.MaxDelay))
 	return f, nil
 }
 
@@ -343,14 +291,17 @@ func (f *feedState) start() {
 		case <-t.ctx.Done():
 			return
 		}
-		_ = f.sub.Run(t.ctx)
+		_ = f.src.Subscribe(t.ctx, FeedHandler{OnObservation: f.deliver, OnHealth: f.onHealth, SilenceBound: f.cfg.SilenceBound})
 	}()
 }
 
 func (f *feedState) close() { f.met.close() }
 
 func (f *feedState) status() FeedStatus {
-	s := FeedStatus{Configured: true, Active: f.active.Load(), Health: f.sub.Health(), Fallbacks: f.fallbacks.Load()}
+	f.healthMu.Lock()
+	h := f.health
+	f.healthMu.Unlock()
+	s := FeedStatus{Configured: true, Active: f.active.Load(), Health: h, Fallbacks: f.fallbacks.Load()}
 	for _, n := range f.nodes {
 		if n.local.Load() {
 			s.LocalNodes++
@@ -361,11 +312,14 @@ func (f *feedState) status() FeedStatus {
 
 // onHealth switches between the feed and local polling: the feed is used
 // only while the subscription is healthy.
-func (f *feedState) onHealth(h feed.Health) {
-	if h.State == feed.StateStopped {
+func (f *feedState) onHealth(h FeedHealth) {
+	f.healthMu.Lock()
+	f.health = h
+	f.healthMu.Unlock()
+	if h.State == FeedStopped {
 		return // the Router is closing
 	}
-	on := h.State == feed.StateSubscribed
+	on := h.State == FeedSubscribed
 	if f.active.Swap(on) == on {
 		return
 	}
@@ -472,9 +426,9 @@ func (f *feedState) polledPrimary(db int, o *PrimaryObservation) {
 	f.systems[db] = o.Epoch.SystemID
 }
 
-// deliver is the subscriber's callback: one authentic observation,
+// deliver is the subscription's callback: one authentic observation,
 // stamped with this router's clock.
-func (f *feedState) deliver(d feed.Delivery) {
+func (f *feedState) deliver(d FeedDelivery) {
 	if f.cfg.MaxDelay >= 0 && !d.SentAt.IsZero() {
 		if late := d.ReceivedAt.Sub(d.SentAt) - (d.Age - d.Held); late > f.cfg.MaxDelay {
 			f.reject(feedRejectDelayed, &d, fmt.Errorf("received %v after it was sent (the publisher's clock), besides %v stored; MaxDelay is %v",
@@ -491,9 +445,9 @@ func (f *feedState) deliver(d feed.Delivery) {
 	// measured (never the publisher's clock).
 	at := f.t.cfg.Now().Add(-d.Age)
 	switch d.Role {
-	case feed.RolePrimary:
+	case FeedRolePrimary:
 		f.deliverPrimary(db, &d, at)
-	case feed.RoleReplica:
+	case FeedRoleReplica:
 		idx, ok := f.replicaIndex[db][d.Node]
 		if !ok {
 			f.reject(feedRejectUnknownNode, &d, nil)
@@ -503,7 +457,7 @@ func (f *feedState) deliver(d feed.Delivery) {
 	}
 }
 
-func (f *feedState) deliverPrimary(db int, d *feed.Delivery, at time.Time) {
+func (f *feedState) deliverPrimary(db int, d *FeedDelivery, at time.Time) {
 	o := PrimaryObservation{ObservedAt: at}
 	if d.Err != "" {
 		o.Err = &FeedPollError{Publisher: d.Publisher.String(), Text: d.Err}
@@ -533,7 +487,7 @@ func (f *feedState) deliverPrimary(db int, d *feed.Delivery, at time.Time) {
 	}
 }
 
-func (f *feedState) deliverReplica(db, idx int, d *feed.Delivery, at time.Time) {
+func (f *feedState) deliverReplica(db, idx int, d *FeedDelivery, at time.Time) {
 	o := ReplicaObservation{ObservedAt: at, ReadBy: at}
 	if d.Err != "" {
 		o.Err = &FeedPollError{Publisher: d.Publisher.String(), Text: d.Err}
@@ -591,7 +545,7 @@ func (f *feedState) deliverReplica(db, idx int, d *feed.Delivery, at time.Time) 
 // numFeedRejects if so, a reason if not, or claim when it shows a newer
 // run than the router's own poll has seen (which it then asks for). t.mu
 // is held.
-func (f *feedState) checkReplica(n *feedNode, db int, o *ReplicaObservation, d *feed.Delivery) (reason feedReject, claim bool) {
+func (f *feedState) checkReplica(n *feedNode, db int, o *ReplicaObservation, d *FeedDelivery) (reason feedReject, claim bool) {
 	switch {
 	case !n.confirmedKnown:
 		return feedRejectUnconfirmed, false
@@ -677,7 +631,7 @@ func (f *feedState) mergePending(db int, ds *DatabaseState) []pendingMerge {
 
 // reject counts and logs (rate-limited per reason) a feed observation the
 // router does not merge.
-func (f *feedState) reject(reason feedReject, d *feed.Delivery, detail error) {
+func (f *feedState) reject(reason feedReject, d *FeedDelivery, detail error) {
 	f.met.reject(reason)
 	f.warn[reason].Do(func() {
 		level := slog.LevelWarn
@@ -698,22 +652,19 @@ func (f *feedState) reject(reason feedReject, d *feed.Delivery, detail error) {
 // with the time its query returned (its ReadBy), by which they had
 // certainly been read, so that a router can compare them with a primary
 // observation made later; a primary's with the time its query was sent.
-func feedObservation(database, node string, o any) feed.Observation {
-	out := feed.Observation{Database: database, Node: node}
+func feedObservation(database, node string, o any) FeedObservation {
+	out := FeedObservation{Database: database, Node: node}
 	switch o := o.(type) {
 	case PrimaryObservation:
-		out.Role, out.PolledAt = feed.RolePrimary, o.ObservedAt
+		out.Role, out.PolledAt = FeedRolePrimary, o.ObservedAt
 		if o.Err != nil {
 			out.Err = o.Err.Error()
 			break
 		}
-		out.Primary = feed.PrimaryStatus{Epoch: o.Epoch, InsertLSN: o.InsertLSN, WAL: o.WAL,
+		out.Primary = FeedPrimaryStatus{Epoch: o.Epoch, InsertLSN: o.InsertLSN, WAL: o.WAL,
 			History: o.History, HistoryKnown: o.HistoryKnown}
-		if len(out.Primary.History) > feed.MaxHistory {
-			out.Primary.History, out.Primary.HistoryKnown = nil, false
-		}
 	case ReplicaObservation:
-		out.Role, out.PolledAt = feed.RoleReplica, o.ReadBy
+		out.Role, out.PolledAt = FeedRoleReplica, o.ReadBy
 		if out.PolledAt.IsZero() {
 			out.PolledAt = o.ObservedAt
 		}
@@ -721,7 +672,7 @@ func feedObservation(database, node string, o any) feed.Observation {
 			out.Err = o.Err.Error()
 			break
 		}
-		out.Replica = feed.ReplicaStatus{InRecovery: o.InRecovery, Replayed: o.Replayed.LSN,
+		out.Replica = FeedReplicaStatus{InRecovery: o.InRecovery, Replayed: o.Replayed.LSN,
 			ReplayTimestamp: o.ReplayTimestamp, TimeLag: o.TimeLag,
 			Incarnation: o.Incarnation.PostmasterStart, RecoveryStart: o.Incarnation.RecoveryStart}
 		if o.Replayed.Epoch.Timeline != 0 {

@@ -6,21 +6,28 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/metrictest"
 )
 
 // The router's side of the feed without services: a tracker with pollers
-// but no pools, a feed state whose subscriber never runs, a clock the test
-// moves, and deliveries made by hand as the feed package would hand them
-// over (authentic, unsuperseded). Local polls are applied as the pollers
-// would apply them.
+// but no pools, a feed state whose source is never subscribed to, a clock
+// the test moves, and deliveries made by hand as a FeedSource would hand
+// them over (authentic, unsuperseded). Local polls are applied as the
+// pollers would apply them.
+
+// unsubscribed is a FeedSource nobody subscribes to: the rig calls the
+// feed state's callbacks itself.
+type unsubscribed struct{}
+
+func (unsubscribed) Subscribe(context.Context, FeedHandler) error {
+	panic("the rig does not subscribe")
+}
+func (unsubscribed) Destination() string { return "test" }
 
 type testClock struct {
 	mu sync.Mutex
@@ -53,14 +60,12 @@ func newFeedRig(t *testing.T, replicas ...string) *feedRig {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never used: the subscriber does not run
-	t.Cleanup(func() { _ = rdb.Close() })
 	clock := &testClock{t: t0}
 	cfg := TrackerConfig{
 		MeterProvider: mp,
 		Logger:        testLogger(t),
 		Now:           clock.now,
-		Feed:          &FeedConfig{Client: rdb, Keys: feed.Keyring{Keys: []feed.Key{{ID: "k", Secret: make([]byte, 32)}}}},
+		Feed:          &FeedConfig{Source: unsubscribed{}},
 	}.WithDefaults()
 	tr := &Tracker{cfg: &cfg, dbs: map[string]Database{"main": {}}, log: cfg.Logger, initDone: make(chan struct{})}
 	tr.ctx, tr.cancel = context.WithCancel(context.Background())
@@ -103,13 +108,13 @@ func (r *feedRig) polledReplica(idx int, inc Incarnation, at string) {
 
 // delivery is a feed message about a replica, received now, polled age
 // ago by a publisher.
-func (r *feedRig) replicaDelivery(node string, inc Incarnation, at string, age time.Duration) feed.Delivery {
+func (r *feedRig) replicaDelivery(node string, inc Incarnation, at string, age time.Duration) FeedDelivery {
 	now := time.Now()
-	return feed.Delivery{
-		Observation: feed.Observation{Database: "main", Node: node, Role: feed.RoleReplica, Replica: feed.ReplicaStatus{
+	return FeedDelivery{
+		FeedObservation: FeedObservation{Database: "main", Node: node, Role: FeedRoleReplica, Replica: FeedReplicaStatus{
 			InRecovery: true, Replayed: lsn(at), Epoch: ep(1),
 			Incarnation: inc.PostmasterStart, RecoveryStart: inc.RecoveryStart}},
-		Publisher:  feed.PublisherID{Name: "pub-a", Instance: 1},
+		Publisher:  PublisherID{Name: "pub-a", Instance: 1},
 		SentAt:     now.Add(-age),
 		ReceivedAt: now,
 		Age:        age,
@@ -117,12 +122,12 @@ func (r *feedRig) replicaDelivery(node string, inc Incarnation, at string, age t
 	}
 }
 
-func (r *feedRig) primaryDelivery(insert string, age time.Duration) feed.Delivery {
+func (r *feedRig) primaryDelivery(insert string, age time.Duration) FeedDelivery {
 	now := time.Now()
-	return feed.Delivery{
-		Observation: feed.Observation{Database: "main", Role: feed.RolePrimary, Primary: feed.PrimaryStatus{
+	return FeedDelivery{
+		FeedObservation: FeedObservation{Database: "main", Role: FeedRolePrimary, Primary: FeedPrimaryStatus{
 			Epoch: ep(1), InsertLSN: lsn(insert), HistoryKnown: true}},
-		Publisher:  feed.PublisherID{Name: "pub-a", Instance: 1},
+		Publisher:  PublisherID{Name: "pub-a", Instance: 1},
 		SentAt:     now.Add(-age),
 		ReceivedAt: now,
 		Age:        age,
@@ -396,7 +401,7 @@ func TestFeedPollErrorMakesUnknown(t *testing.T) {
 	r.polledReplica(0, inc1, "0/8000000")
 	r.clock.advance(time.Millisecond)
 	d := r.replicaDelivery("r1", Incarnation{}, "0/0", 0)
-	d.Err, d.Replica = "connection refused", feed.ReplicaStatus{}
+	d.Err, d.Replica = "connection refused", FeedReplicaStatus{}
 	r.f.deliver(d)
 	var fe *FeedPollError
 	require.ErrorAs(t, r.replica(0).Err, &fe)

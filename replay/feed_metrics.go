@@ -7,8 +7,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-
-	"github.com/caughtup/caughtup/feed"
 )
 
 // Attribute names of the feed's and the fallback budget's instruments.
@@ -17,9 +15,6 @@ const (
 	attrFeedState     = "caughtup.feed.state"
 	attrBudget        = "caughtup.budget"
 )
-
-// numFeedStates covers every feed.State value.
-const numFeedStates = int(feed.StateStopped) + 1
 
 // feedMetrics are a Router's feed instruments: synchronous counters (their
 // sums outlive Close) and two gauges registered while the Router runs.
@@ -47,7 +42,7 @@ func newFeedMetrics(mp metric.MeterProvider, f *feedState) (*feedMetrics, error)
 	meter := mp.Meter(ScopeName)
 	m := &feedMetrics{all: feedAttrs(f.channel)}
 	for i := range numFeedStates {
-		st := attribute.String(attrFeedState, feed.State(i).String())
+		st := attribute.String(attrFeedState, FeedState(i).String())
 		m.toFeed[i] = feedAttrs(f.channel, attribute.String(attrFeedDirection, "to_feed"), st)
 		m.toLocal[i] = feedAttrs(f.channel, attribute.String(attrFeedDirection, "to_local"), st)
 	}
@@ -99,14 +94,13 @@ func (m *feedMetrics) close() {
 	}
 }
 
-func (m *feedMetrics) switched(toFeed bool, st feed.State) {
-	i := int(st)
-	if i >= numFeedStates {
+func (m *feedMetrics) switched(toFeed bool, st FeedState) {
+	if st >= numFeedStates {
 		return
 	}
-	opt := m.toLocal[i]
+	opt := m.toLocal[st]
 	if toFeed {
-		opt = m.toFeed[i]
+		opt = m.toFeed[st]
 	}
 	m.switches.Add(context.Background(), 1, opt)
 }

@@ -14,8 +14,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"golang.org/x/time/rate"
-
-	"github.com/caughtup/caughtup/feed"
 )
 
 // DefaultFeedInterval is PublisherConfig.PollInterval's default: how
@@ -34,15 +32,14 @@ const DefaultFeedInterval = 10 * time.Millisecond
 const DefaultFeedHeartbeat = 100 * time.Millisecond
 
 // PublisherConfig configures a Publisher. The zero value of every field
-// but Feed.Client means its documented default.
+// but Feed means its documented default.
 type PublisherConfig struct {
-	// Feed is the feed to publish to and this publisher's part in it:
-	// Client (required), Feed (the feed's name), Name (this publisher's,
-	// unique among the feed's publishers), Keys (required unless
-	// Insecure), TTL… See feed.SenderConfig. A nil Logger or
-	// MeterProvider there means this config's.
-	// Default: feed.SenderConfig's defaults (Name: the host name).
-	Feed feed.SenderConfig
+	// Feed is where the observations go: on Redis, a feed.Sender
+	// (feed.NewSender with the Redis, the feed's name, this publisher's
+	// name, unique among the feed's publishers, and the keys it signs
+	// with). Required. The Publisher takes it over: Close closes it, and
+	// so does a NewPublisher that fails.
+	Feed FeedSender
 
 	// PollInterval: every PollInterval each database's replicas are
 	// polled together, then its primary, and each observation is
@@ -85,7 +82,7 @@ type PublisherConfig struct {
 // `caughtup feed` command (a sidecar, a deployment of two).
 type Publisher struct {
 	tr  *Tracker
-	pub *feed.Sender
+	pub FeedSender
 	log *slog.Logger
 
 	heartbeat time.Duration
@@ -121,7 +118,16 @@ var _ observationSink = (*Publisher)(nil)
 // freshness. The pools stay the caller's; the
 // Publisher makes its own one-connection pool per node from their
 // configs, as a Tracker does.
-func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherConfig) (*Publisher, error) {
+func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherConfig) (_ *Publisher, err error) {
+	if cfg.Feed == nil {
+		return nil, fmt.Errorf("%w: PublisherConfig.Feed is required (on Redis, a feed.Sender: feed.NewSender)", ErrInvalidConfig)
+	}
+	pub := cfg.Feed
+	defer func() {
+		if err != nil {
+			_ = pub.Close()
+		}
+	}()
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultFeedInterval
 	}
@@ -149,17 +155,6 @@ func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherCon
 	if err := tcfg.Validate(); err != nil {
 		return nil, fmt.Errorf("PublisherConfig: %w", err)
 	}
-	fc := cfg.Feed
-	if fc.Logger == nil {
-		fc.Logger = cfg.Logger
-	}
-	if fc.MeterProvider == nil {
-		fc.MeterProvider = cfg.MeterProvider
-	}
-	pub, err := feed.NewSender(fc)
-	if err != nil {
-		return nil, fmt.Errorf("%w: PublisherConfig.Feed: %w", ErrInvalidConfig, err)
-	}
 	p := &Publisher{pub: pub, log: cfg.Logger, warn: rate.Sometimes{First: 1, Interval: 10 * time.Second},
 		heartbeat: cfg.Heartbeat, now: tcfg.Now, sent: make(map[feedNodeKey]sentObservation)}
 	mp := cfg.MeterProvider
@@ -167,43 +162,41 @@ func NewPublisher(ctx context.Context, dbs map[string]Database, cfg PublisherCon
 		mp = otel.GetMeterProvider()
 	}
 	p.counted = metric.WithAttributeSet(attribute.NewSet(semconv.DBSystemNamePostgreSQL,
-		semconv.MessagingDestinationName(feed.ChannelName(fc.WithDefaults().Feed))))
+		semconv.MessagingDestinationName(pub.Destination())))
 	if p.unchanged, err = mp.Meter(ScopeName).Int64Counter("caughtup.consume.publisher.unchanged",
 		metric.WithUnit("{observation}"),
 		metric.WithDescription("Observations a Publisher did not publish because they equal the last one published of the node and its heartbeat was not due (PublisherConfig.Heartbeat).")); err != nil {
-		_ = pub.Close()
 		return nil, fmt.Errorf("caughtup/replay: creating the publisher's instruments: %w", err)
 	}
 	if p.tr, err = newTracker(dbs, &tcfg, trackerOptions{rounds: true, sink: p, noMetrics: true}); err != nil {
-		_ = pub.Close()
 		return nil, err
 	}
 	cfg.Logger.Info("caughtup: publishing replica positions to the feed",
-		slog.String("channel", feed.ChannelName(fc.WithDefaults().Feed)), slog.String("publisher", pub.ID().String()),
+		slog.String("channel", pub.Destination()), slog.String("publisher", pub.ID().String()),
 		slog.Duration("interval", cfg.PollInterval), slog.Duration("heartbeat", cfg.Heartbeat))
 	select {
 	case <-p.tr.initDone:
 	case <-ctx.Done():
-		_ = p.Close()
+		_ = p.tr.Close()
 		return nil, ctx.Err()
 	}
 	return p, nil
 }
 
-// ID is the feed publisher's name and instance.
-func (p *Publisher) ID() feed.PublisherID { return p.pub.ID() }
+// ID is the feed sender's name and instance.
+func (p *Publisher) ID() PublisherID { return p.pub.ID() }
 
 // Snapshot is what the Publisher's own polls merged into: the same state
 // a Router keeps. It is shared and immutable.
 func (p *Publisher) Snapshot() *Snapshot { return p.tr.snapshot() }
 
 // Flush waits until every observation published so far has been sent to
-// Redis (or failed); see feed.Publisher.Flush.
+// the feed (or failed); see FeedSender.Flush.
 func (p *Publisher) Flush(ctx context.Context) error { return p.pub.Flush(ctx) }
 
-// Close stops polling, closes the Publisher's connections and sends what
-// is waiting. It does not close the application's pools or the Redis
-// client. Idempotent.
+// Close stops polling, closes the Publisher's connections, sends what is
+// waiting and closes its FeedSender. It does not close the application's
+// pools (nor, on Redis, the client). Idempotent.
 func (p *Publisher) Close() error {
 	p.closeOnce.Do(func() {
 		_ = p.tr.Close()
@@ -220,7 +213,7 @@ func (p *Publisher) primary(pp *primaryPoller, o PrimaryObservation) {
 	p.publish(feedObservation(pp.dbName, "", o))
 }
 
-func (p *Publisher) publish(o feed.Observation) {
+func (p *Publisher) publish(o FeedObservation) {
 	key := feedNodeKey{o.Database, o.Node, o.Role}
 	now := p.now()
 	p.sentMu.Lock()
@@ -237,10 +230,10 @@ func (p *Publisher) publish(o feed.Observation) {
 	}
 	// Not queued: the node's next poll publishes, changed or not.
 	delete(p.sent, key)
-	if errors.Is(err, feed.ErrClosed) {
+	if errors.Is(err, ErrFeedClosed) {
 		return
 	}
-	// ErrBacklog: Redis is slower than the polls; the feed counts it.
+	// feed.ErrBacklog: Redis is slower than the polls; the feed counts it.
 	p.warn.Do(func() {
 		p.log.Warn("caughtup: an observation was not published (logged at most every 10s; see caughtup.feed.publish.dropped)",
 			slog.String(attrDatabase, o.Database), slog.String("node", o.Node), slog.Any("error", err))
@@ -316,13 +309,13 @@ func (t *Tracker) runRounds(db int) {
 // feedNodeKey names one node of a Publisher's feed.
 type feedNodeKey struct {
 	database, node string
-	role           feed.Role
+	role           FeedRole
 }
 
 // sentObservation is the last observation of a node a Publisher handed to
 // the feed, and when.
 type sentObservation struct {
-	obs feed.Observation
+	obs FeedObservation
 	at  time.Time
 }
 
@@ -330,6 +323,6 @@ type sentObservation struct {
 // PublisherConfig.Heartbeat): always with a negative heartbeat or nothing
 // sent yet (ok false), when o's state differs from prev's, and once
 // heartbeat has passed since prev was sent.
-func publishDue(prev sentObservation, ok bool, o *feed.Observation, now time.Time, heartbeat time.Duration) bool {
+func publishDue(prev sentObservation, ok bool, o *FeedObservation, now time.Time, heartbeat time.Duration) bool {
 	return heartbeat < 0 || !ok || !prev.obs.SameState(o) || now.Sub(prev.at) >= heartbeat
 }

@@ -49,8 +49,8 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/sign"
 	"github.com/caughtup/caughtup/web/caughtuphttp"
 )
 
@@ -123,13 +123,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer router.Close()
 
 	// In production the keys come from a secret store:
-	// feed.ParseKeys(os.Getenv("SESSION_TOKEN_KEYS")).
-	key, err := feed.GenerateKey("example")
+	// sign.ParseKeys(os.Getenv("SESSION_TOKEN_KEYS")).
+	key, err := sign.GenerateKey("example")
 	if err != nil {
 		return err
 	}
 	mw, err := caughtuphttp.New(router, caughtuphttp.Config{
-		Keys:     []feed.Key{key},
+		Keys:     []sign.Key{key},
 		Insecure: true, // plain HTTP on loopback; behind TLS keep the default, Secure
 		Logger:   logger,
 	})
