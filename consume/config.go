@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/caughtup/caughtup/internal/typednil"
 	"github.com/caughtup/caughtup/replay"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -195,6 +196,10 @@ func (c Config) Validate() error {
 		return bad("DeferMax %v must be at least DeferInitial %v", c.DeferMax, c.DeferInitial)
 	case c.PrimaryRate < 0 || c.PrimaryBurst < 0:
 		return bad("PrimaryRate and PrimaryBurst must not be negative (rate.Inf disables the cap)")
+	case c.FleetBudget != nil && typednil.Is(c.FleetBudget):
+		// A nil *feed.Budget (`b, _ := feed.NewBudget(cfg)` after a refused
+		// config) is != nil, and Route would panic on the first fallback.
+		return bad("FleetBudget is a nil %T: leave the field unset for the per-process cap alone, or give the budget feed.NewBudget returned and check its error", c.FleetBudget)
 	case c.Now == nil:
 		return bad("Now is nil; call WithDefaults first")
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"reflect"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/internal/typednil"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -25,21 +25,6 @@ const DefaultDatabase = enqueue.DefaultDatabase
 // methods return, and so by NewPollingRelay, NewLogicalRelay and Stamping
 // for a config they reject.
 var ErrInvalidConfig = errors.New("caughtup/outbox: invalid config")
-
-// nilPublisher reports a Publisher that is nil, or an interface holding a
-// nil pointer or func: what `pub, _ := caughtupkafka.NewOutboxPublisher(w)`
-// leaves after a refused writer. Relaying to it would panic on the first
-// batch, so the config is refused instead.
-func nilPublisher(p Publisher) bool {
-	if p == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(p); v.Kind() {
-	case reflect.Pointer, reflect.Func, reflect.Map, reflect.Slice, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
-}
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
@@ -152,7 +137,7 @@ func (c PollingConfig) Validate() error {
 	if c.Primary == nil {
 		return invalid("PollingConfig.Primary is nil: give the pool of the primary that holds the outbox table")
 	}
-	if nilPublisher(c.Publisher) {
+	if typednil.Is(c.Publisher) {
 		return invalid("PollingConfig.Publisher is nil (%T): give a publisher, e.g. caughtupkafka.NewOutboxPublisher, and check its error", c.Publisher)
 	}
 	if err := validDatabase("PollingConfig", c.Database); err != nil {
@@ -306,7 +291,7 @@ func (c LogicalConfig) Validate() error {
 	if _, err := pgconn.ParseConfig(c.ConnString); err != nil {
 		return invalid("LogicalConfig.ConnString: %w", err)
 	}
-	if nilPublisher(c.Publisher) {
+	if typednil.Is(c.Publisher) {
 		return invalid("LogicalConfig.Publisher is nil (%T): give a publisher, e.g. caughtupkafka.NewOutboxPublisher, and check its error", c.Publisher)
 	}
 	if err := validDatabase("LogicalConfig", c.Database); err != nil {
