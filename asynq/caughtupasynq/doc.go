@@ -41,7 +41,9 @@
 // log and caughtup.asynq.hooks.missing, a deferred task that comes back
 // without the hooks. Give that Middleware the server's Redis
 // (MiddlewareConfig.Redis: redisOpt), so that it wakes deferred tasks
-// (below); without it, an Inspector or WakeCapacity -1 it refuses to start.
+// (below). Without it, an Inspector or WakeCapacity -1, Middleware panics
+// with the error MiddlewareConfig.Validate returns (call Validate first to
+// handle it as an error); NewServer returns that error instead.
 //
 // # Options: build tasks with NewTask
 //
