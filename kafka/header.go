@@ -4,18 +4,24 @@ import (
 	"fmt"
 	"strconv"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/caughtup/caughtup/position"
 )
 
-// Headers the consumers write on records they republish, besides the
-// token (position.HeaderName), which is copied unchanged. Numbers are
-// decimal text. Each adapter exports them under its own names.
+// Headers the Engine writes on records it republishes to the retry or
+// dead-letter topic, besides the token (position.HeaderName), which is
+// copied unchanged. Numbers are decimal text. They are both adapters'
+// (each exports them under its own name too), so that a retry topic
+// written by one is read correctly by the other.
 const (
 	// HeaderDue is when a republished record may run, in Unix
 	// milliseconds.
 	HeaderDue = "caughtup-due"
 	// HeaderDeferred ("1") marks a record republished because no replica
-	// had replayed its token, rather than after a handler error.
+	// had replayed its token, rather than after a handler error: it runs
+	// at its due time or as soon as a replica has caught up, whichever
+	// comes first.
 	HeaderDeferred = "caughtup-deferred"
 	// HeaderAttempts counts the handler's failed attempts so far.
 	HeaderAttempts = "caughtup-attempts"
@@ -25,14 +31,15 @@ const (
 	HeaderOriginPartition = "caughtup-origin-partition"
 	HeaderOriginOffset    = "caughtup-origin-offset"
 	// HeaderError is the last handler error, on dead-lettered records,
-	// cut to MaxErrorHeader bytes.
+	// cut to maxErrorHeader bytes.
 	HeaderError = "caughtup-error"
 )
 
-// MaxErrorHeader bounds the error text written on a dead letter.
-const MaxErrorHeader = 1024
+// maxErrorHeader bounds the error text written on a dead letter.
+const maxErrorHeader = 1024
 
-// Header is either client's header type.
+// Header is a client's header type: kafka.Header and kgo.RecordHeader
+// have these fields, so one implementation serves both.
 type Header interface {
 	~struct {
 		Key   string
@@ -48,8 +55,8 @@ type raw = struct {
 
 func mk[H Header](key string, value []byte) H { return H(raw{Key: key, Value: value}) }
 
-// Has reports whether hs has a header key.
-func Has[H Header](hs []H, key string) bool {
+// headerHas reports whether hs has a header key.
+func headerHas[H Header](hs []H, key string) bool {
 	for i := range hs {
 		if raw(hs[i]).Key == key {
 			return true
@@ -58,8 +65,8 @@ func Has[H Header](hs []H, key string) bool {
 	return false
 }
 
-// Get returns the value of the first header key, or "".
-func Get[H Header](hs []H, key string) string {
+// headerGet returns the value of the first header key, or "".
+func headerGet[H Header](hs []H, key string) string {
 	for i := range hs {
 		if h := raw(hs[i]); h.Key == key {
 			return string(h.Value)
@@ -68,9 +75,9 @@ func Get[H Header](hs []H, key string) string {
 	return ""
 }
 
-// Set returns hs without its headers key, plus one of value, in a new
+// headerSet returns hs without its headers key, plus one of value, in a new
 // slice.
-func Set[H Header](hs []H, key, value string) []H {
+func headerSet[H Header](hs []H, key, value string) []H {
 	out := make([]H, 0, len(hs)+1)
 	for i := range hs {
 		if raw(hs[i]).Key != key {
@@ -80,8 +87,8 @@ func Set[H Header](hs []H, key, value string) []H {
 	return append(out, mk[H](key, []byte(value)))
 }
 
-// Keys returns the header names.
-func Keys[H Header](hs []H) []string {
+// headerKeys returns the header names.
+func headerKeys[H Header](hs []H) []string {
 	keys := make([]string, len(hs))
 	for i := range hs {
 		keys[i] = raw(hs[i]).Key
@@ -89,8 +96,8 @@ func Keys[H Header](hs []H) []string {
 	return keys
 }
 
-// Int returns the last header key as a decimal integer.
-func Int[H Header](hs []H, key string) (int64, bool) {
+// headerInt returns the last header key as a decimal integer.
+func headerInt[H Header](hs []H, key string) (int64, bool) {
 	for i := len(hs) - 1; i >= 0; i-- {
 		if h := raw(hs[i]); h.Key == key {
 			n, err := strconv.ParseInt(string(h.Value), 10, 64)
@@ -100,22 +107,23 @@ func Int[H Header](hs []H, key string) (int64, bool) {
 	return 0, false
 }
 
-// Missing returns fields (tracing.Fields) as headers hs lacks.
-func Missing[H Header](hs []H, fields map[string]string) []H {
+// MissingHeaders returns fields (a producer's trace context, as
+// tracing.Fields gives it) as the headers hs lacks, for stampers.
+func MissingHeaders[H Header](hs []H, fields map[string]string) []H {
 	var out []H
 	for k, v := range fields {
-		if !Has(hs, k) {
+		if !headerHas(hs, k) {
 			out = append(out, mk[H](k, []byte(v)))
 		}
 	}
 	return out
 }
 
-// Derived returns the headers of a record republished from
+// derived returns the headers of a record republished from
 // topic/partition/offset: hs without the republishing headers, the origin
 // recorded once, and the attempt count replaced. The due time is the
 // caller's to add.
-func Derived[H Header](hs []H, topic string, partition int32, offset int64, attempts int) []H {
+func derived[H Header](hs []H, topic string, partition int32, offset int64, attempts int) []H {
 	out := make([]H, 0, len(hs)+6)
 	origin := false
 	for i := range hs {
@@ -137,28 +145,28 @@ func Derived[H Header](hs []H, topic string, partition int32, offset int64, atte
 	return append(out, mk[H](HeaderAttempts, strconv.AppendInt(nil, int64(attempts), 10)))
 }
 
-// RetryHeaders returns Derived's headers plus the due time and, for a
+// retryHeaders returns derived's headers plus the due time and, for a
 // deferral for lag, HeaderDeferred.
-func RetryHeaders[H Header](hs []H, topic string, partition int32, offset int64, attempts int, dueUnixMilli int64, deferred bool) []H {
-	out := append(Derived(hs, topic, partition, offset, attempts), mk[H](HeaderDue, strconv.AppendInt(nil, dueUnixMilli, 10)))
+func retryHeaders[H Header](hs []H, topic string, partition int32, offset int64, attempts int, dueUnixMilli int64, deferred bool) []H {
+	out := append(derived(hs, topic, partition, offset, attempts), mk[H](HeaderDue, strconv.AppendInt(nil, dueUnixMilli, 10)))
 	if deferred {
 		out = append(out, mk[H](HeaderDeferred, []byte("1")))
 	}
 	return out
 }
 
-// DeadLetterHeaders returns Derived's headers plus the cause, cut to
-// MaxErrorHeader bytes.
-func DeadLetterHeaders[H Header](hs []H, topic string, partition int32, offset int64, attempts int, cause error) []H {
+// deadLetterHeaders returns derived's headers plus the cause, cut to
+// maxErrorHeader bytes.
+func deadLetterHeaders[H Header](hs []H, topic string, partition int32, offset int64, attempts int, cause error) []H {
 	text := cause.Error()
-	if len(text) > MaxErrorHeader {
-		text = text[:MaxErrorHeader]
+	if len(text) > maxErrorHeader {
+		text = text[:maxErrorHeader]
 	}
-	return append(Derived(hs, topic, partition, offset, attempts), mk[H](HeaderError, []byte(text)))
+	return append(derived(hs, topic, partition, offset, attempts), mk[H](HeaderError, []byte(text)))
 }
 
-// TokenValues returns the non-empty values of the token headers in hs.
-func TokenValues[H Header](hs []H) []string {
+// tokenValues returns the non-empty values of the token headers in hs.
+func tokenValues[H Header](hs []H) []string {
 	var vals []string
 	for i := range hs {
 		if h := raw(hs[i]); h.Key == position.HeaderName && len(h.Value) > 0 {
@@ -179,14 +187,14 @@ func TokenOf[H Header](hs []H) (position.Token, error) {
 	case 1:
 		return position.DecodeHeaders(string(first))
 	}
-	return position.DecodeHeaders(TokenValues(hs)...)
+	return position.DecodeHeaders(tokenValues(hs)...)
 }
 
-// DecodeToken is TokenOf through dec, a consumer worker's decoder, for
+// decodeToken is TokenOf through dec, a consumer worker's decoder, for
 // headers with one token header (the usual case, decoded without
 // allocating; several are merged by TokenOf). The token is valid until
 // dec's next call.
-func DecodeToken[H Header](dec *position.HeaderDecoder, hs []H) (position.Token, error) {
+func decodeToken[H Header](dec *position.HeaderDecoder, hs []H) (position.Token, error) {
 	switch first, n := tokenHeader(hs); n {
 	case 0:
 		return position.Token{}, nil
@@ -216,7 +224,7 @@ func tokenHeader[H Header](hs []H) (first []byte, n int) {
 // returns without an existing header), for stampers that encode one
 // token for many records.
 func Stamped[H Header](hs []H, tok position.Token, alone string) ([]H, error) {
-	existing, err := position.MergeHeaderValues(TokenValues(hs)...)
+	existing, err := position.MergeHeaderValues(tokenValues(hs)...)
 	if err != nil {
 		return nil, fmt.Errorf("the record's token headers merged: %w", err)
 	}
@@ -234,3 +242,20 @@ func Stamped[H Header](hs []H, tok position.Token, alone string) ([]H, error) {
 	}
 	return append(out, mk[H](position.HeaderName, []byte(v))), nil
 }
+
+// HeaderCarrier adapts a record's headers to OpenTelemetry's propagators,
+// the way otel contrib's Kafka instrumentations and franz-go's kotel
+// plugin carry trace context: Get reads the first header of a key, Set
+// replaces every header of the key with one.
+type HeaderCarrier[H Header] struct{ Headers *[]H }
+
+var _ propagation.TextMapCarrier = HeaderCarrier[raw]{}
+
+// Get returns the value of the first header named key, or "".
+func (c HeaderCarrier[H]) Get(key string) string { return headerGet(*c.Headers, key) }
+
+// Set replaces the headers named key with one of value.
+func (c HeaderCarrier[H]) Set(key, value string) { *c.Headers = headerSet(*c.Headers, key, value) }
+
+// Keys returns the header names.
+func (c HeaderCarrier[H]) Keys() []string { return headerKeys(*c.Headers) }

@@ -22,11 +22,11 @@ func tok(lsn position.LSN) position.Token {
 // The helpers work on both clients' header types alike.
 func TestBothClients(t *testing.T) {
 	t.Parallel()
-	kh := RetryHeaders([]kafkago.Header{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
-	gh := RetryHeaders([]kgo.RecordHeader{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
-	require.Equal(t, Keys(kh), Keys(gh))
-	for _, k := range Keys(kh) {
-		require.Equal(t, Get(kh, k), Get(gh, k))
+	kh := retryHeaders([]kafkago.Header{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
+	gh := retryHeaders([]kgo.RecordHeader{{Key: "x", Value: []byte("1")}}, "t", 3, 42, 2, 1000, true)
+	require.Equal(t, headerKeys(kh), headerKeys(gh))
+	for _, k := range headerKeys(kh) {
+		require.Equal(t, headerGet(kh, k), headerGet(gh, k))
 	}
 }
 
@@ -35,29 +35,29 @@ func TestBothClients(t *testing.T) {
 // DeadLetterHeaders add theirs.
 func TestDerived(t *testing.T) {
 	t.Parallel()
-	first := RetryHeaders([]kafkago.Header{{Key: position.HeaderName, Value: []byte("tok")}}, "orders", 1, 10, 1, 5000, true)
-	require.Equal(t, "orders", Get(first, HeaderOriginTopic))
-	require.Equal(t, "1", Get(first, HeaderOriginPartition))
-	require.Equal(t, "10", Get(first, HeaderOriginOffset))
-	require.Equal(t, "1", Get(first, HeaderAttempts))
-	require.Equal(t, "5000", Get(first, HeaderDue))
-	require.Equal(t, "1", Get(first, HeaderDeferred))
-	require.Equal(t, "tok", Get(first, position.HeaderName), "the token is copied unchanged")
+	first := retryHeaders([]kafkago.Header{{Key: position.HeaderName, Value: []byte("tok")}}, "orders", 1, 10, 1, 5000, true)
+	require.Equal(t, "orders", headerGet(first, HeaderOriginTopic))
+	require.Equal(t, "1", headerGet(first, HeaderOriginPartition))
+	require.Equal(t, "10", headerGet(first, HeaderOriginOffset))
+	require.Equal(t, "1", headerGet(first, HeaderAttempts))
+	require.Equal(t, "5000", headerGet(first, HeaderDue))
+	require.Equal(t, "1", headerGet(first, HeaderDeferred))
+	require.Equal(t, "tok", headerGet(first, position.HeaderName), "the token is copied unchanged")
 
-	again := RetryHeaders(first, "orders.retry", 0, 99, 2, 9000, false)
-	require.Equal(t, "orders", Get(again, HeaderOriginTopic), "the origin is the first topic's")
-	require.Equal(t, "10", Get(again, HeaderOriginOffset))
-	n, ok := Int(again, HeaderAttempts)
+	again := retryHeaders(first, "orders.retry", 0, 99, 2, 9000, false)
+	require.Equal(t, "orders", headerGet(again, HeaderOriginTopic), "the origin is the first topic's")
+	require.Equal(t, "10", headerGet(again, HeaderOriginOffset))
+	n, ok := headerInt(again, HeaderAttempts)
 	require.True(t, ok)
 	require.Equal(t, int64(2), n)
-	require.False(t, Has(again, HeaderDeferred), "a handler retry is not a deferral")
-	due, _ := Int(again, HeaderDue)
+	require.False(t, headerHas(again, HeaderDeferred), "a handler retry is not a deferral")
+	due, _ := headerInt(again, HeaderDue)
 	require.Equal(t, int64(9000), due)
 	require.Len(t, again, len(first)-1, "no header twice")
 
-	dead := DeadLetterHeaders(again, "orders.retry", 0, 100, 5, errors.New(strings.Repeat("e", 2*MaxErrorHeader)))
-	require.Len(t, Get(dead, HeaderError), MaxErrorHeader)
-	require.False(t, Has(dead, HeaderDue))
+	dead := deadLetterHeaders(again, "orders.retry", 0, 100, 5, errors.New(strings.Repeat("e", 2*maxErrorHeader)))
+	require.Len(t, headerGet(dead, HeaderError), maxErrorHeader)
+	require.False(t, headerHas(dead, HeaderDue))
 }
 
 // Stamped merges the token headers into one; TokenOf reads them back, and
@@ -68,7 +68,7 @@ func TestStampedAndTokenOf(t *testing.T) {
 	hs := []kgo.RecordHeader{{Key: position.HeaderName, Value: []byte(a)}, {Key: "other", Value: []byte("v")}}
 	out, err := Stamped(hs, tok(200), "")
 	require.NoError(t, err)
-	require.Equal(t, []string{"other", position.HeaderName}, Keys(out))
+	require.Equal(t, []string{"other", position.HeaderName}, headerKeys(out))
 	got, err := TokenOf(out)
 	require.NoError(t, err)
 	require.Equal(t, position.LSN(200), got.Entries[0].LSN)
@@ -100,7 +100,7 @@ func TestDecodeTokenIsTokenOf(t *testing.T) {
 	} {
 		want, wantErr := TokenOf(hs)
 		for range 2 { // the second time from the decoder's memory
-			got, err := DecodeToken(&dec, hs)
+			got, err := decodeToken(&dec, hs)
 			require.Equal(t, wantErr == nil, err == nil, name)
 			require.Equal(t, want.String(), got.String(), name)
 		}
@@ -111,8 +111,8 @@ func TestDecodeTokenIsTokenOf(t *testing.T) {
 // fields.
 func TestSetAndMissing(t *testing.T) {
 	t.Parallel()
-	hs := Set([]kafkago.Header{{Key: "k", Value: []byte("1")}, {Key: "k", Value: []byte("2")}}, "k", "3")
+	hs := headerSet([]kafkago.Header{{Key: "k", Value: []byte("1")}, {Key: "k", Value: []byte("2")}}, "k", "3")
 	require.Equal(t, []kafkago.Header{{Key: "k", Value: []byte("3")}}, hs)
-	add := Missing(hs, map[string]string{"k": "x", "traceparent": "00-…"})
+	add := MissingHeaders(hs, map[string]string{"k": "x", "traceparent": "00-…"})
 	require.Equal(t, []kafkago.Header{{Key: "traceparent", Value: []byte("00-…")}}, add)
 }

@@ -8,15 +8,15 @@ import (
 
 func TestResultString(t *testing.T) {
 	t.Parallel()
-	for r, want := range map[Result]string{
-		Handled:      "handled",
-		Waited:       "waited",
-		Deferred:     "deferred",
-		Retried:      "retried",
-		DeadLettered: "dead_lettered",
-		Dropped:      "dropped",
-		Woken:        "woken",
-		Result(200):  "result(200)",
+	for r, want := range map[result]string{
+		resultHandled:      "handled",
+		resultWaited:       "waited",
+		resultDeferred:     "deferred",
+		resultRetried:      "retried",
+		resultDeadLettered: "dead_lettered",
+		resultDropped:      "dropped",
+		resultWoken:        "woken",
+		result(200):        "result(200)",
 	} {
 		require.Equal(t, want, r.String())
 	}

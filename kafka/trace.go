@@ -10,8 +10,10 @@ import (
 	"github.com/caughtup/caughtup/internal/tracing"
 )
 
-// Span attributes of the consumers' spans, after OpenTelemetry's messaging
-// conventions, and caughtup's.
+// Span attributes of the Engine's spans, after OpenTelemetry's messaging
+// conventions, and caughtup's: caughtup.kafka.defer is the Mode of a
+// deferral (in_place, retry_topic), caughtup.kafka.woken whether the
+// catch-up ended a hold.
 const (
 	attrDestination = "messaging.destination.name"
 	attrPartition   = "messaging.destination.partition.id"
@@ -20,44 +22,41 @@ const (
 	attrWoken       = "caughtup.kafka.woken"
 )
 
-// Deferral modes on the caughtup.defer span (caughtup.kafka.defer).
-const (
-	DeferInPlace    = "in_place"
-	DeferRetryTopic = "retry_topic"
-)
-
 var systemKafka = attribute.String("messaging.system", "kafka")
 
-// RecordAttributes names a record on a span.
-func RecordAttributes(topic string, partition int32, offset int64) []attribute.KeyValue {
+// recordAttributes names r on a span.
+func (e *Engine[R, H]) recordAttributes(r R) []attribute.KeyValue {
+	pl := e.lib.Place(r)
 	return []attribute.KeyValue{systemKafka,
-		attribute.String(attrDestination, topic),
-		attribute.Int(attrPartition, int(partition)),
-		attribute.Int64(attrOffset, offset)}
+		attribute.String(attrDestination, pl.Topic),
+		attribute.Int(attrPartition, int(pl.Partition)),
+		attribute.Int64(attrOffset, pl.Offset)}
 }
 
-// StartDefer starts the consume.SpanDefer span of a deferral in mode
-// (DeferInPlace, DeferRetryTopic), inside ctx's trace only
-// (tracing.Start).
-func StartDefer(ctx context.Context, tracer trace.Tracer, de *consume.DeferError, mode string, record []attribute.KeyValue) (context.Context, trace.Span) {
-	ctx, span := tracing.Start(ctx, tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+// startDefer starts the consume.SpanDefer span of r's deferral in mode,
+// inside ctx's trace only (tracing.Start).
+func (e *Engine[R, H]) startDefer(ctx context.Context, de *consume.DeferError, mode Mode, r R) (context.Context, trace.Span) {
+	ctx, span := tracing.Start(ctx, e.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
 	if span.IsRecording() {
 		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
-		span.SetAttributes(record...)
-		span.SetAttributes(attribute.String(attrDeferMode, mode))
+		span.SetAttributes(e.recordAttributes(r)...)
+		span.SetAttributes(attribute.String(attrDeferMode, mode.String()))
 	}
 	return ctx, span
 }
 
-// StartWake starts the consume.SpanWake span of a retry-topic record held
+// startWake starts the consume.SpanWake span of a retry-topic record held
 // until its due time or its catch-up, inside ctx's trace only.
-func StartWake(ctx context.Context, tracer trace.Tracer, record []attribute.KeyValue) (context.Context, trace.Span) {
-	return tracing.Start(ctx, tracer, consume.SpanWake, trace.WithAttributes(record...))
+func (e *Engine[R, H]) startWake(ctx context.Context, r R) (context.Context, trace.Span) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return tracing.Start(ctx, e.tracer, consume.SpanWake)
+	}
+	return tracing.Start(ctx, e.tracer, consume.SpanWake, trace.WithAttributes(e.recordAttributes(r)...))
 }
 
-// EndHold ends a defer or wake span with whether the catch-up ended the
-// hold (caughtup.kafka.woken).
-func EndHold(span trace.Span, woken bool) {
+// endHold ends a defer or wake span with whether the catch-up ended the
+// hold.
+func endHold(span trace.Span, woken bool) {
 	span.SetAttributes(attribute.Bool(attrWoken, woken))
 	span.End()
 }

@@ -2,8 +2,6 @@ package caughtupkafka
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -13,109 +11,70 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/internal/retry"
 	engine "github.com/caughtup/caughtup/kafka"
 )
 
 // Mode says what the Consumer does with a message that cannot run yet
-// because no replica has replayed its token (consume.Router.Route returned
-// a *consume.DeferError).
-type Mode uint8
+// because no replica has replayed its token: engine.Mode, the same in
+// both Kafka adapters. A kafka-go partition holds a message in place by
+// not reading its Reader; the messages behind it wait in that Reader's
+// buffer.
+type Mode = engine.Mode
 
+// The modes (engine.InPlace, engine.RetryTopic).
 const (
-	// InPlace keeps the message where it is: the partition's worker sleeps
-	// for the deferral's delay and routes the message again, until a
-	// replica has caught up or the token is older than the router's
-	// MaxAge (then the message reads the primary). Order within a
-	// partition, and so per key, is kept; the cost is that the messages
-	// behind it in that partition wait too. Other partitions keep flowing.
-	InPlace Mode = iota
-	// RetryTopic republishes the message to ConsumerConfig.RetryTopic with
-	// its token, a due time (header HeaderDue) and HeaderDeferred, commits
-	// the original and moves on. The consumer reads the retry topic too:
-	// the worker of a retry partition takes its head message and waits
-	// until it is due or a replica has replayed its token, whichever comes
-	// first (Router.WaitCaughtUp, which wakes on the tracker's
-	// observations), then routes it again: a replica, another deferral if
-	// it is still behind when due, or the primary after MaxAge. Retry
-	// partitions are roughly in due order, and a message behind the head
-	// waits for the head even if its own token is caught up. Messages
-	// retried after a handler error wait out their backoff. The partition
-	// never stalls, but a deferred message runs after later messages of
-	// its key: use it only for work whose order does not matter.
-	RetryTopic
+	InPlace    = engine.InPlace
+	RetryTopic = engine.RetryTopic
 )
 
-func (m Mode) String() string {
-	switch m {
-	case InPlace:
-		return "in_place"
-	case RetryTopic:
-		return "retry_topic"
-	}
-	return fmt.Sprintf("Mode(%d)", uint8(m))
-}
-
 // Headers the Consumer writes on messages it republishes to the retry or
-// dead-letter topic, besides the token (position.HeaderName), which is
-// copied unchanged. Numbers are decimal text. The names and meanings are
-// caughtupkgo's too, so that a retry topic written by one Kafka adapter is
-// read correctly by the other.
+// dead-letter topic (package kafka's, the same in caughtupkgo).
 const (
-	// HeaderDue is when a republished message may run, in Unix
-	// milliseconds.
-	HeaderDue = engine.HeaderDue
-	// HeaderDeferred ("1") marks a message republished to the retry topic
-	// because no replica had replayed its token, rather than after a
-	// handler error: it runs at its due time or as soon as a replica has
-	// caught up, whichever comes first.
-	HeaderDeferred = engine.HeaderDeferred
-	// HeaderAttempts counts the handler's failed attempts so far.
-	HeaderAttempts = engine.HeaderAttempts
-	// HeaderOriginTopic, HeaderOriginPartition and HeaderOriginOffset name
-	// where the message was first consumed from.
+	HeaderDue             = engine.HeaderDue
+	HeaderDeferred        = engine.HeaderDeferred
+	HeaderAttempts        = engine.HeaderAttempts
 	HeaderOriginTopic     = engine.HeaderOriginTopic
 	HeaderOriginPartition = engine.HeaderOriginPartition
 	HeaderOriginOffset    = engine.HeaderOriginOffset
-	// HeaderError is the last handler error, on dead-lettered messages.
-	HeaderError = engine.HeaderError
+	HeaderError           = engine.HeaderError
 )
 
-// Defaults, exported so that documentation and callers can refer to them.
+// Defaults, exported so that documentation and callers can refer to them;
+// the first four are package kafka's.
 const (
-	DefaultMaxAttempts         = 5
-	DefaultRetryBackoffInitial = 100 * time.Millisecond
-	DefaultRetryBackoffMax     = 10 * time.Second
-	DefaultCommitInterval      = time.Second
+	DefaultMaxAttempts         = engine.DefaultMaxAttempts
+	DefaultRetryBackoffInitial = engine.DefaultRetryBackoffInitial
+	DefaultRetryBackoffMax     = engine.DefaultRetryBackoffMax
+	DefaultCommitInterval      = engine.DefaultCommitInterval
 	DefaultMaxWait             = 500 * time.Millisecond
 	DefaultQueueCapacity       = 100
 	DefaultRepublishBatch      = 2 * time.Millisecond
 )
 
 // ErrInvalidConfig is wrapped by every error ConsumerConfig.Validate
-// returns.
-var ErrInvalidConfig = errors.New("caughtup/kafka: invalid consumer config")
+// returns (engine.ErrInvalidConfig, caughtupkgo's too).
+var ErrInvalidConfig = engine.ErrInvalidConfig
 
 // ConsumerConfig configures a Consumer. The zero value of every optional
 // field means its documented default.
+//
+// GroupID, Topic, Router, Policy, Mode, RetryTopic, DeadLetterTopic,
+// DeadLetter, MaxAttempts, RetryBackoffInitial, RetryBackoffMax,
+// CommitInterval, Logger, MeterProvider, TracerProvider and Propagators
+// are engine.Config's, with its defaults and rules: both Kafka adapters
+// read them alike. The rest is kafka-go's.
 type ConsumerConfig struct {
 	// Brokers are the bootstrap addresses. Required.
 	Brokers []string
-	// GroupID is the consumer group. Required.
+	// GroupID is the consumer group; Topic is the topic consumed. Both
+	// required.
 	GroupID string
-	// Topic is the topic consumed. Required.
-	Topic string
+	Topic   string
 
 	// Router routes each message before the handler runs: the handler's
-	// context carries the chosen pools (consume.DB, consume.SQLDB).
-	// Required: without it a handler that asks for its pool has none, so
-	// NewConsumer refuses a nil Router. Build one per process with
-	// consume.NewRouter; to read every message from the primary, keep the
-	// Router and set Policy to consume.Always.
+	// context carries the chosen pools. Required. Policy is the routing
+	// policy of every message (default: the router's DefaultPolicy).
 	Router *consume.Router
-	// Policy is the routing policy of every message.
-	// Default: consume.PolicyDefault, the router's Config.DefaultPolicy.
-	// One setting in the router then serves every adapter.
 	Policy consume.Policy
 
 	// TokenFormat says where each message's token comes from.
@@ -127,49 +86,24 @@ type ConsumerConfig struct {
 	// Debezium configures TokenFormat TokenDebezium; unused otherwise.
 	Debezium DebeziumConfig
 
-	// Mode is what happens to a message no replica can serve yet.
-	// Default: InPlace.
-	// It keeps the order within a partition, and so per key.
-	Mode Mode
-	// RetryTopic is where RetryTopic mode republishes deferred and failed
-	// messages; the consumer group reads it as well as Topic. It must
-	// exist (or the cluster must create topics on first use), and must
-	// differ from Topic. Unused in InPlace mode.
-	// Default: Topic + ".retry".
+	// Mode is what happens to a message no replica can serve yet
+	// (default InPlace); RetryTopic (default Topic + ".retry") is where
+	// RetryTopic mode republishes, and the group reads it too.
+	Mode       Mode
 	RetryTopic string
-	// DeadLetterTopic receives messages whose handler failed MaxAttempts
-	// times, with HeaderError and HeaderAttempts, unless DeadLetter is set.
-	// It must exist (or be auto-created): until a dead letter is written,
-	// its partition does not move on. It must differ from Topic (and, in
-	// RetryTopic mode, from RetryTopic).
-	// Default: Topic + ".dlt".
+	// DeadLetterTopic (default Topic + ".dlt") receives messages whose
+	// handler failed MaxAttempts times, unless the DeadLetter hook is set,
+	// which then gets each of them until it returns nil.
 	DeadLetterTopic string
-	// DeadLetter, when set, is called instead of writing to
-	// DeadLetterTopic. An error makes the consumer call it again after a
-	// backoff; the message is committed only once it returns nil.
-	// Default: nil, write to DeadLetterTopic.
-	DeadLetter func(ctx context.Context, msg kafka.Message, err error) error
-
-	// MaxAttempts is how many times the handler runs a message that keeps
-	// failing before it is dead-lettered. Deferrals never count. Must not
-	// be negative.
-	// Default: DefaultMaxAttempts (5).
-	MaxAttempts int
-	// RetryBackoffInitial and RetryBackoffMax shape the delay between
-	// failed attempts: the initial delay, doubling up to the maximum.
-	// InPlace sleeps it in place; RetryTopic uses it as the due time.
-	// Neither may be negative, and RetryBackoffMax must be at least
-	// RetryBackoffInitial.
-	// Default: DefaultRetryBackoffInitial (100ms), DefaultRetryBackoffMax
-	// (10s).
+	DeadLetter      func(ctx context.Context, msg kafka.Message, err error) error
+	// MaxAttempts (default 5) bounds the handler's runs of a failing
+	// message; RetryBackoffInitial and RetryBackoffMax (default 100ms,
+	// doubling to 10s) space them. Deferrals never count.
+	MaxAttempts         int
 	RetryBackoffInitial time.Duration
 	RetryBackoffMax     time.Duration
-
-	// CommitInterval is how often processed offsets are committed. Offsets
-	// are also committed when a generation ends and when the consumer
-	// stops. A crash redelivers at most what was processed in the last
-	// interval. Must not be negative.
-	// Default: DefaultCommitInterval (1s).
+	// CommitInterval (default 1s) is how often done offsets are committed;
+	// also when a generation ends and when the consumer stops.
 	CommitInterval time.Duration
 
 	// GroupBalancers, HeartbeatInterval, SessionTimeout, RebalanceTimeout
@@ -224,49 +158,37 @@ type ConsumerConfig struct {
 	// because each republish waits for its batch.
 	Writer MessageWriter
 
-	// Logger logs redeliveries, dead letters and broker errors.
-	// Default: slog.Default().
-	Logger *slog.Logger
-	// MeterProvider records caughtup.kafka.messages.
-	// Default: otel.GetMeterProvider(), the application's global one.
-	MeterProvider metric.MeterProvider
-	// TracerProvider makes the caughtup.defer span of each deferral: a
-	// wait in place (its end is the wake) or a republication to the retry
-	// topic. The routing spans are the router's
-	// (consume.Config.TracerProvider).
-	// Default: otel.GetTracerProvider().
+	// Logger (default slog.Default()), MeterProvider, TracerProvider and
+	// Propagators (default the globals) log, count
+	// (caughtup.kafka.messages), trace the deferrals of, and continue the
+	// producers' traces of the messages; Writer and Stamp wrote those
+	// into the headers (HeaderCarrier).
+	Logger         *slog.Logger
+	MeterProvider  metric.MeterProvider
 	TracerProvider trace.TracerProvider
-	// Propagators read the producer's trace context from the message's
-	// headers (HeaderCarrier), where Writer and Stamp wrote it, so that
-	// the message's spans continue the producer's trace. A context that
-	// already has a span keeps it as their parent.
-	// Default: otel.GetTextMapPropagator(), which propagates nothing until
-	// the application sets one (otel.SetTextMapPropagator).
-	Propagators propagation.TextMapPropagator
+	Propagators    propagation.TextMapPropagator
+}
+
+// shared is c's engine.Config.
+func (c *ConsumerConfig) shared() engine.Config[*kafka.Message] {
+	ec := engine.Config[*kafka.Message]{GroupID: c.GroupID, Topic: c.Topic, Router: c.Router, Policy: c.Policy,
+		Mode: c.Mode, RetryTopic: c.RetryTopic, DeadLetterTopic: c.DeadLetterTopic, MaxAttempts: c.MaxAttempts,
+		RetryBackoffInitial: c.RetryBackoffInitial, RetryBackoffMax: c.RetryBackoffMax, CommitInterval: c.CommitInterval,
+		Logger: c.Logger, MeterProvider: c.MeterProvider, TracerProvider: c.TracerProvider, Propagators: c.Propagators}
+	if h := c.DeadLetter; h != nil {
+		ec.DeadLetter = func(ctx context.Context, msg *kafka.Message, err error) error { return h(ctx, *msg, err) }
+	}
+	return ec
 }
 
 // WithDefaults returns c with every zero optional field set to its
-// default. Logger, MeterProvider, TracerProvider and Propagators stay nil;
-// NewConsumer fills them with the globals.
+// default (engine.Config.WithDefaults for the shared fields). Logger,
+// MeterProvider, TracerProvider and Propagators stay nil; NewConsumer
+// fills them with the globals.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
-	if c.RetryTopic == "" && c.Topic != "" {
-		c.RetryTopic = c.Topic + ".retry"
-	}
-	if c.DeadLetterTopic == "" && c.Topic != "" {
-		c.DeadLetterTopic = c.Topic + ".dlt"
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.RetryBackoffInitial == 0 {
-		c.RetryBackoffInitial = DefaultRetryBackoffInitial
-	}
-	if c.RetryBackoffMax == 0 {
-		c.RetryBackoffMax = DefaultRetryBackoffMax
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
-	}
+	ec := c.shared().WithDefaults()
+	c.RetryTopic, c.DeadLetterTopic, c.MaxAttempts = ec.RetryTopic, ec.DeadLetterTopic, ec.MaxAttempts
+	c.RetryBackoffInitial, c.RetryBackoffMax, c.CommitInterval = ec.RetryBackoffInitial, ec.RetryBackoffMax, ec.CommitInterval
 	if c.StartOffset == 0 {
 		c.StartOffset = kafka.FirstOffset
 	}
@@ -288,63 +210,31 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 
 // Validate checks a config after WithDefaults.
 func (c ConsumerConfig) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	if len(c.Brokers) == 0 {
+		return engine.Invalid("Brokers is empty; give at least one bootstrap address")
+	}
+	if err := c.shared().Validate(); err != nil {
+		return err
 	}
 	switch {
-	case len(c.Brokers) == 0:
-		return bad("Brokers is empty; give at least one bootstrap address")
-	case c.GroupID == "":
-		return bad("GroupID is empty; name the consumer group")
-	case c.Topic == "":
-		return bad("Topic is empty; name the topic to consume")
-	case c.Router == nil:
-		return bad("Router is nil; build one with consume.NewRouter and set it, so that handlers get their pool (Policy consume.Always reads every message from the primary)")
-	case !validPolicy(c.Policy):
-		return bad("unknown Policy %d; use a consume.Policy constant", c.Policy)
-	case c.Mode != InPlace && c.Mode != RetryTopic:
-		return bad("unknown Mode %d; use InPlace or RetryTopic", c.Mode)
-	case c.Mode == RetryTopic && c.RetryTopic == c.Topic:
-		return bad("RetryTopic must differ from Topic")
-	case c.DeadLetter == nil && (c.DeadLetterTopic == c.Topic || c.DeadLetterTopic == c.RetryTopic && c.Mode == RetryTopic):
-		return bad("DeadLetterTopic must differ from Topic and RetryTopic")
-	case c.MaxAttempts < 1:
-		return bad("MaxAttempts %d must be at least 1", c.MaxAttempts)
-	case c.RetryBackoffInitial <= 0 || c.RetryBackoffMax < c.RetryBackoffInitial:
-		return bad("retry backoff must be positive with RetryBackoffMax >= RetryBackoffInitial")
-	case c.CommitInterval <= 0:
-		return bad("CommitInterval must be positive")
 	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
-		return bad("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
+		return engine.Invalid("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
 	case c.MaxWait <= 0 || c.QueueCapacity < 1 || c.MinBytes < 0 || c.MaxBytes < 0:
-		return bad("MaxWait and QueueCapacity must be positive, MinBytes and MaxBytes not negative")
+		return engine.Invalid("MaxWait and QueueCapacity must be positive, MinBytes and MaxBytes not negative")
 	case c.TokenFormat != TokenHeader && c.TokenFormat != TokenDebezium:
-		return bad("unknown TokenFormat %d; use TokenHeader or TokenDebezium", c.TokenFormat)
+		return engine.Invalid("unknown TokenFormat %d; use TokenHeader or TokenDebezium", c.TokenFormat)
 	case c.TokenFormat == TokenDebezium && c.Debezium.Database == "":
-		return bad("Debezium.Database is empty and the Router has several databases; name the one the connector captures (a key of consume.Config.Databases)")
+		return engine.Invalid("Debezium.Database is empty and the Router has several databases; name the one the connector captures (a key of consume.Config.Databases)")
 	case c.TokenFormat == TokenDebezium:
 		if _, ok := c.Router.Config().Databases[c.Debezium.Database]; !ok {
-			return bad("Debezium.Database %q is not one of the Router's databases (consume.Config.Databases); name the one the connector captures", c.Debezium.Database)
+			return engine.Invalid("Debezium.Database %q is not one of the Router's databases (consume.Config.Databases); name the one the connector captures", c.Debezium.Database)
 		}
 	}
 	return nil
 }
 
-// validPolicy reports whether p is one of consume's policies.
-func validPolicy(p consume.Policy) bool {
-	_, err := consume.ParsePolicy(p.String())
-	return err == nil
-}
-
-// topics is what the consumer group subscribes to.
-func (c *ConsumerConfig) topics() []string {
-	if c.Mode == RetryTopic {
-		return []string{c.Topic, c.RetryTopic}
-	}
-	return []string{c.Topic}
-}
-
-// retryDelay is the delay after the n-th failed attempt (n >= 1).
-func (c *ConsumerConfig) retryDelay(n int) time.Duration {
-	return retry.Nth(n, c.RetryBackoffInitial, c.RetryBackoffMax)
-}
+// Attempt returns how many times the handler already failed on the
+// message being handled in ctx: 0 on the first attempt
+// (engine.Attempt). Deferrals never count. In RetryTopic mode the count
+// travels with the message in HeaderAttempts.
+func Attempt(ctx context.Context) int { return engine.Attempt(ctx) }

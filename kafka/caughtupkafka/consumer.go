@@ -11,11 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/cdc"
-	"github.com/caughtup/caughtup/internal/retry"
 	engine "github.com/caughtup/caughtup/kafka"
 )
 
@@ -37,12 +34,11 @@ var ErrRunning = errors.New("caughtup/kafka: Consumer.Run is already running; us
 // revoked partition's offsets are never committed by a member that lost
 // it. See the package documentation.
 type Consumer struct {
-	cfg     ConsumerConfig
-	handler Handler
-	log     *slog.Logger
-	met     map[string]*engine.Topic
-	tracer  trace.Tracer
-	prop    propagation.TextMapPropagator
+	cfg ConsumerConfig
+	eng *engine.Engine[*kafka.Message, kafka.Header]
+	log *slog.Logger
+	// w republishes, during a Run (Client.Produce).
+	w MessageWriter
 
 	// For TokenDebezium: the checker, and the router's clock and
 	// staleness bound, which say whether its primary's epoch is current.
@@ -52,6 +48,9 @@ type Consumer struct {
 
 	running atomic.Bool
 }
+
+// enginePartition is a partition's worker in the engine.
+type enginePartition = engine.Partition[*kafka.Message, kafka.Header]
 
 // NewConsumer validates cfg and returns a Consumer that routes each
 // message with cfg.Router and runs h with the routed context. It does not
@@ -65,27 +64,17 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		return nil, err
 	}
 	cfg.Brokers = append([]string(nil), cfg.Brokers...)
-	c := &Consumer{cfg: cfg, handler: h, log: cfg.Logger}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
-	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	c.tracer = tp.Tracer(ScopeName)
-	if c.prop = cfg.Propagators; c.prop == nil {
-		c.prop = otel.GetTextMapPropagator()
-	}
-	var err error
-	if c.met, err = engine.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
-		return nil, fmt.Errorf("caughtup/kafka: creating instruments: %w", err)
+	c := &Consumer{cfg: cfg}
+	a := engine.Adapter[*kafka.Message, kafka.Header]{
+		Name: "caughtup/kafka", Scope: ScopeName, Client: client{c},
+		Handler: func(ctx context.Context, msg *kafka.Message) error { return h(ctx, *msg) },
 	}
 	if cfg.TokenFormat == TokenDebezium {
+		mp := cfg.MeterProvider
+		if mp == nil {
+			mp = otel.GetMeterProvider()
+		}
+		var err error
 		if c.checker = cfg.Debezium.Checker; c.checker == nil {
 			if c.checker, err = cdc.NewChecker(cdc.Config{MeterProvider: mp}); err != nil {
 				return nil, fmt.Errorf("caughtup/kafka: creating the CDC checker: %w", err)
@@ -93,7 +82,13 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		}
 		rc := cfg.Router.Config()
 		c.now, c.staleness = rc.Now, rc.Tracker.StalenessBound
+		a.Token = c.debeziumToken
 	}
+	var err error
+	if c.eng, err = engine.New(cfg.shared(), a); err != nil {
+		return nil, err
+	}
+	c.log = c.eng.Logger()
 	return c, nil
 }
 
@@ -115,12 +110,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	w, closeWriter := c.republisher()
 	defer closeWriter()
+	c.w = w
 
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                    c.cfg.GroupID,
 		Brokers:               c.cfg.Brokers,
 		Dialer:                c.cfg.Dialer,
-		Topics:                c.cfg.topics(),
+		Topics:                c.topics(),
 		GroupBalancers:        c.cfg.GroupBalancers,
 		HeartbeatInterval:     c.cfg.HeartbeatInterval,
 		SessionTimeout:        c.cfg.SessionTimeout,
@@ -147,115 +143,65 @@ func (c *Consumer) Run(ctx context.Context) error {
 				slog.String("group", c.cfg.GroupID), slog.Any("error", err))
 			continue
 		}
-		c.startGeneration(ctx, gen, w)
+		c.startGeneration(ctx, gen)
 	}
 }
 
-// partition is one assigned partition within one generation.
-type partition struct {
-	topic string
-	id    int
-	start int64
-	// done is the offset after the last message done, in order; -1 until
-	// one is. Written by the partition's worker, read by the committer.
-	done atomic.Int64
-	// committed is the last offset committed; only the committer uses it.
-	committed int64
-	// state is the worker's, flushed by the committer.
-	state *partState
-}
+// topics is what the group subscribes to.
+func (c *Consumer) topics() []string { return c.eng.Config().Topics() }
 
+// generation is one generation's assigned partitions: their workers, each
+// reading its own partition Reader, and one committer.
 type generation struct {
 	gen     *kafka.Generation
-	parts   []*partition
+	parts   []*enginePartition
 	workers sync.WaitGroup
 }
 
-func (c *Consumer) startGeneration(ctx context.Context, gen *kafka.Generation, w MessageWriter) {
+func (c *Consumer) startGeneration(ctx context.Context, gen *kafka.Generation) {
 	g := &generation{gen: gen}
-	for _, topic := range c.cfg.topics() {
+	var readers []*reader
+	for _, topic := range c.topics() {
 		for _, a := range gen.Assignments[topic] {
-			p := &partition{topic: topic, id: a.ID, start: a.Offset, committed: -1, state: c.newPartState(topic)}
-			p.done.Store(-1)
-			g.parts = append(g.parts, p)
+			r := &reader{c: c, topic: topic, id: a.ID, start: a.Offset}
+			readers = append(readers, r)
+			g.parts = append(g.parts, c.eng.NewPartition(topic, int32(a.ID), r))
 		}
 	}
 	if c.log.Enabled(ctx, slog.LevelDebug) {
-		assigned := make([]string, len(g.parts))
-		for i, p := range g.parts {
-			assigned[i] = fmt.Sprintf("%s/%d@%d", p.topic, p.id, p.start)
+		assigned := make([]string, len(readers))
+		for i, r := range readers {
+			assigned[i] = fmt.Sprintf("%s/%d@%d", r.topic, r.id, r.start)
 		}
 		c.log.DebugContext(ctx, "caughtup/kafka: generation started",
 			slog.String("group", c.cfg.GroupID), slog.Int("generation", int(gen.ID)),
 			slog.Any("partitions", assigned))
 	}
 	g.workers.Add(len(g.parts))
-	for _, p := range g.parts {
+	for i, p := range g.parts {
 		gen.Start(func(gctx context.Context) {
 			defer g.workers.Done()
-			c.runPartition(ctx, gctx, p, w)
+			c.runPartition(ctx, gctx, p, readers[i])
 		})
 	}
 	gen.Start(func(gctx context.Context) { c.commitLoop(ctx, gctx, g) })
 }
 
-// runPartition fetches one partition with its own Reader and processes its
-// messages one at a time, in offset order, until the generation or the
-// consumer ends. The Reader, and with it every message it buffered, dies
-// with the generation: nothing fetched under a revoked assignment is
-// processed later (kafka-go issue #1398 concerns the group Reader's
-// shared buffer, which this design does not have).
-func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w MessageWriter) {
+// runPartition runs one partition's worker over its own Reader until the
+// generation or the consumer ends. The Reader, and with it every message
+// it buffered, dies with the generation: nothing fetched under a revoked
+// assignment is processed later (kafka-go issue #1398 concerns the group
+// Reader's shared buffer, which this design does not have).
+func (c *Consumer) runPartition(runCtx, gctx context.Context, p *enginePartition, r *reader) {
 	ctx, cancel := context.WithCancel(runCtx)
 	defer cancel()
 	stop := context.AfterFunc(gctx, cancel)
 	defer stop()
-
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:         c.cfg.Brokers,
-		Topic:           p.topic,
-		Partition:       p.id,
-		Dialer:          c.cfg.Dialer,
-		QueueCapacity:   c.cfg.QueueCapacity,
-		MinBytes:        c.cfg.MinBytes,
-		MaxBytes:        c.cfg.MaxBytes,
-		MaxWait:         c.cfg.MaxWait,
-		ReadLagInterval: -1,
-		ErrorLogger:     c.kafkaLogger(slog.LevelDebug),
-	})
-	defer r.Close()
-	if err := r.SetOffset(p.start); err != nil {
-		c.log.ErrorContext(ctx, "caughtup/kafka: seeking a partition failed", slog.String("topic", p.topic),
-			slog.Int("partition", p.id), slog.Any("error", err))
-		<-ctx.Done()
+	if !r.open(ctx) {
 		return
 	}
-	// One partition reads one topic; a retry topic's partitions count
-	// under the retry topic.
-	ps := p.state
-	for fails := 0; ; {
-		msg, err := r.FetchMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			fails++
-			c.log.WarnContext(ctx, "caughtup/kafka: fetching failed; retrying", slog.String("topic", p.topic),
-				slog.Int("partition", p.id), slog.Any("error", err))
-			if !retry.Sleep(ctx, retry.Nth(fails, 100*time.Millisecond, 5*time.Second)) {
-				return
-			}
-			continue
-		}
-		fails = 0
-		if !c.process(ctx, &msg, w, ps) {
-			ps.Add(engine.Dropped)
-			c.log.DebugContext(ctx, "caughtup/kafka: message dropped before it was done; it will be delivered again",
-				slog.String("topic", msg.Topic), slog.Int("partition", msg.Partition), slog.Int64("offset", msg.Offset))
-			return
-		}
-		p.done.Store(msg.Offset + 1)
-	}
+	defer r.r.Close()
+	p.Run(ctx)
 }
 
 // commitLoop commits done offsets every CommitInterval and, once the
@@ -263,63 +209,31 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, p *partition, w Me
 // carry the generation: the coordinator rejects them once the group has
 // moved on, so a partition this member lost is never committed by it.
 func (c *Consumer) commitLoop(runCtx, gctx context.Context, g *generation) {
-	t := time.NewTicker(c.cfg.CommitInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			c.commit(runCtx, g)
-			g.flush(runCtx)
-			continue
-		case <-gctx.Done():
-		case <-runCtx.Done():
-		}
-		g.workers.Wait()
-		c.commit(context.WithoutCancel(runCtx), g)
-		g.flush(runCtx)
-		return
+	ctx, cancel := context.WithCancel(runCtx)
+	stop := context.AfterFunc(gctx, cancel)
+	parts := func() []*enginePartition { return g.parts }
+	c.eng.CommitEvery(ctx, parts, g.commit, slog.Int("generation", int(g.gen.ID)))
+	stop()
+	cancel()
+	g.workers.Wait()
+	c.eng.Commit(context.WithoutCancel(runCtx), g.parts, g.commit, slog.Int("generation", int(g.gen.ID)))
+	for _, p := range g.parts {
+		p.Flush(runCtx)
 	}
 }
 
-// flush adds what the partitions counted since the last flush to the
-// instruments (partState).
-func (g *generation) flush(ctx context.Context) {
-	for _, p := range g.parts {
-		p.state.Flush(ctx)
-	}
-}
-
-func (c *Consumer) commit(ctx context.Context, g *generation) {
-	var offsets map[string]map[int]int64
-	for _, p := range g.parts {
-		d := p.done.Load()
-		if d <= p.committed {
-			continue
+// commit is the generation's engine.Committer.
+func (g *generation) commit(_ context.Context, offsets []engine.Offset) (map[engine.TopicPartition]error, error) {
+	m := make(map[string]map[int]int64)
+	for _, o := range offsets {
+		if m[o.Topic] == nil {
+			m[o.Topic] = make(map[int]int64)
 		}
-		if offsets == nil {
-			offsets = make(map[string]map[int]int64)
-		}
-		if offsets[p.topic] == nil {
-			offsets[p.topic] = make(map[int]int64)
-		}
-		offsets[p.topic][p.id] = d
+		m[o.Topic][int(o.Partition)] = o.Offset
 	}
-	if offsets == nil {
-		return
-	}
-	if err := g.gen.CommitOffsets(offsets); err != nil {
-		// The group moved on (rebalance) or the coordinator is away: the
-		// next owner starts from the last successful commit and processes
-		// the rest again.
-		c.log.InfoContext(ctx, "caughtup/kafka: committing offsets failed; uncommitted messages will be delivered again",
-			slog.String("group", c.cfg.GroupID), slog.Int("generation", int(g.gen.ID)), slog.Any("error", err))
-		return
-	}
-	for _, p := range g.parts {
-		if o, ok := offsets[p.topic][p.id]; ok {
-			p.committed = o
-		}
-	}
+	// An error means the group moved on (rebalance) or the coordinator is
+	// away: the next owner starts from the last successful commit.
+	return nil, g.gen.CommitOffsets(m)
 }
 
 // republisher returns the writer for retry and dead-letter messages.

@@ -103,36 +103,20 @@ type DebeziumConfig struct {
 	Checker *cdc.Checker
 }
 
-// msgToken is a message's token, read once per delivery: every attempt
-// routes it again.
-type msgToken struct {
-	tok position.Token
-	err error
-	// verify, for a Debezium event the rule applies to, checks its
-	// transaction on the replica chosen.
-	verify consume.Verifier
-	// source names the topic in the router's warnings; set only when there
-	// is something to warn about (it allocates).
-	source string
-}
-
-// readToken reads msg's token from where TokenFormat says, for the
-// partition whose state is ps. ctx is for the checker's counters.
-func (c *Consumer) readToken(ctx context.Context, msg *kafka.Message, ps *partState) msgToken {
-	if c.cfg.TokenFormat != TokenDebezium {
-		tok, err := engine.DecodeToken(&ps.dec, msg.Headers)
-		return msgToken{tok: tok, err: err}
-	}
+// debeziumToken reads msg's token from its Debezium envelope
+// (TokenDebezium): the engine's Adapter.Token. ctx is for the checker's
+// counters.
+func (c *Consumer) debeziumToken(ctx context.Context, msg *kafka.Message) engine.RecordToken {
 	if len(msg.Value) == 0 {
-		return msgToken{} // a tombstone: nothing to route by
+		return engine.RecordToken{} // a tombstone: nothing to route by
 	}
 	ev, err := c.checker.ParseEnvelope(ctx, msg.Value)
 	if err != nil {
 		var ee *cdc.EnvelopeError
 		if errors.As(err, &ee) && ee.Reason == cdc.ReasonSnapshot {
-			return msgToken{} // a row read by the snapshot: no writer's position
+			return engine.RecordToken{} // a row read by the snapshot: no writer's position
 		}
-		return msgToken{err: err}
+		return engine.RecordToken{Err: err}
 	}
 	src := ev.Source
 	captured := time.Time{}
@@ -146,7 +130,7 @@ func (c *Consumer) readToken(ctx context.Context, msg *kafka.Message, ps *partSt
 	}
 	tok := position.New(c.cfg.Debezium.Database, c.primaryEpoch(), src.LSN, position.SourceCDC, captured)
 	checker := c.checker
-	return msgToken{tok: tok, verify: func(ctx context.Context, dd consume.DatabaseDecision, replica *pgxpool.Pool) consume.Verification {
+	return engine.RecordToken{Token: tok, Verify: func(ctx context.Context, dd consume.DatabaseDecision, replica *pgxpool.Pool) consume.Verification {
 		res := checker.Check(ctx, replica, src)
 		switch res.Status {
 		case cdc.StatusFresh:

@@ -87,7 +87,7 @@ func Stamped(ctx context.Context, msgs []kafka.Message) ([]kafka.Message, error)
 				return nil, fmt.Errorf("caughtup/kafka: stamping message %d: %w", i, err)
 			}
 		}
-		if th := engine.Missing(hs, tf); len(th) > 0 {
+		if th := engine.MissingHeaders(hs, tf); len(th) > 0 {
 			hs = append(slices.Clip(hs), th...)
 		}
 		out[i].Headers = hs
@@ -124,7 +124,7 @@ func Stamp(ctx context.Context, msg *kafka.Message) error {
 			return err
 		}
 	}
-	if th := engine.Missing(msg.Headers, producerTrace(ctx)); len(th) > 0 {
+	if th := engine.MissingHeaders(msg.Headers, producerTrace(ctx)); len(th) > 0 {
 		msg.Headers = append(slices.Clip(msg.Headers), th...)
 	}
 	return nil

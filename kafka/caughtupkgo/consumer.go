@@ -12,9 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/kafka"
@@ -52,12 +49,9 @@ type Handler func(ctx context.Context, r *kgo.Record) error
 // they finished committed before franz-go hands them on; on a loss the
 // same without the commit.
 type Consumer struct {
-	cfg     ConsumerConfig
-	handler Handler
-	log     *slog.Logger
-	met     map[string]*kafka.Topic
-	tracer  trace.Tracer
-	prop    propagation.TextMapPropagator
+	cfg ConsumerConfig
+	eng *kafka.Engine[*kgo.Record, kgo.RecordHeader]
+	log *slog.Logger
 
 	running atomic.Bool
 	client  atomic.Pointer[kgo.Client]
@@ -72,6 +66,9 @@ type Consumer struct {
 	// worker took its queue or stopped holding, or partitions came or went.
 	room chan struct{}
 }
+
+// enginePartition is a partition's worker in the engine.
+type enginePartition = kafka.Partition[*kgo.Record, kgo.RecordHeader]
 
 // stopTimeout bounds the commit of a revocation and the end of Run (the
 // last commit, leaving the group): a broker that cannot be reached costs
@@ -95,28 +92,20 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		return nil, err
 	}
 	cfg.ClientOpts = append([]kgo.Opt(nil), cfg.ClientOpts...)
-	c := &Consumer{cfg: cfg, handler: h, log: cfg.Logger}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
-	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	c.tracer = tp.Tracer(ScopeName)
-	if c.prop = cfg.Propagators; c.prop == nil {
-		c.prop = otel.GetTextMapPropagator()
-	}
+	c := &Consumer{cfg: cfg}
 	var err error
-	if c.met, err = kafka.NewTopics(mp, ScopeName, cfg.topics()); err != nil {
-		return nil, fmt.Errorf("caughtup/kgo: creating instruments: %w", err)
+	c.eng, err = kafka.New(cfg.shared(), kafka.Adapter[*kgo.Record, kgo.RecordHeader]{
+		Name: "caughtup/kgo", Scope: ScopeName, Client: client{c}, Handler: h,
+	})
+	if err != nil {
+		return nil, err
 	}
+	c.log = c.eng.Logger()
 	return c, nil
 }
+
+// topics is what the group subscribes to.
+func (c *Consumer) topics() []string { return c.eng.Config().Topics() }
 
 // Config returns the consumer's configuration with defaults applied.
 func (c *Consumer) Config() ConsumerConfig { return c.cfg }
@@ -145,7 +134,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	opts := append(append([]kgo.Opt(nil), c.cfg.ClientOpts...),
 		kgo.ConsumerGroup(c.cfg.GroupID),
-		kgo.ConsumeTopics(c.cfg.topics()...),
+		kgo.ConsumeTopics(c.topics()...),
 		kgo.DisableAutoCommit(),
 		// Polls hand records to the queues and return: blocking
 		// rebalances while they do keeps a revoked partition's records
@@ -165,7 +154,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	committerDone := make(chan struct{})
 	go func() {
 		defer close(committerDone)
-		c.commitLoop(ctx, cl)
+		c.eng.CommitEvery(ctx, func() []*enginePartition { return works(c.snapshot()) }, c.committer(cl))
 	}()
 
 	c.poll(ctx, cl)
@@ -177,7 +166,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopAll()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
 	defer scancel()
-	c.commit(sctx, cl, c.snapshot())
+	c.eng.Commit(sctx, works(c.snapshot()), c.committer(cl))
 	cl.AllowRebalance()
 	// Leaving waits for the final revocation; bounded, so that a broker
 	// that cannot be reached does not hold Run forever.
@@ -192,7 +181,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	for _, p := range left {
 		p.stop()
-		p.counts.Flush(ctx)
+		p.work.Flush(ctx)
 	}
 	return nil
 }
@@ -376,7 +365,7 @@ func (c *Consumer) onAssigned(_ context.Context, _ *kgo.Client, assigned map[str
 func (c *Consumer) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	parts := c.detach(revoked)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
-	c.commit(cctx, cl, parts)
+	c.eng.Commit(cctx, works(parts), c.committer(cl))
 	cancel()
 	c.forget(ctx, cl, parts)
 	if c.cfg.OnRevoked != nil {
@@ -425,7 +414,7 @@ func (c *Consumer) forget(ctx context.Context, cl *kgo.Client, parts []*partitio
 	resume := map[string][]int32{}
 	for _, p := range parts {
 		resume[p.key.topic] = append(resume[p.key.topic], p.key.id)
-		p.counts.Flush(ctx)
+		p.work.Flush(ctx)
 	}
 	if len(resume) > 0 {
 		cl.ResumeFetchPartitions(resume)
@@ -445,24 +434,6 @@ func (c *Consumer) stopAll() {
 	}
 }
 
-// commitLoop commits done offsets every CommitInterval until ctx ends.
-func (c *Consumer) commitLoop(ctx context.Context, cl *kgo.Client) {
-	t := time.NewTicker(c.cfg.CommitInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			parts := c.snapshot()
-			c.commit(ctx, cl, parts)
-			for _, p := range parts {
-				p.counts.Flush(ctx)
-			}
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
 // snapshot returns the current partitions.
 func (c *Consumer) snapshot() []*partition {
 	c.mu.Lock()
@@ -474,50 +445,43 @@ func (c *Consumer) snapshot() []*partition {
 	return parts
 }
 
-// commit commits the done offsets of parts that moved since their last
-// commit. Commits carry the group's generation: once the group has moved
-// on the coordinator refuses them, so a member never commits a partition
-// it lost. A failed commit is logged; the next owner then starts from the
-// last successful one and does the rest again.
-func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, parts []*partition) {
-	offsets := map[string]map[int32]kgo.EpochOffset{}
-	var sent []*partition
-	for _, p := range parts {
-		eo, ok := p.doneOffset()
-		if !ok || eo.Offset <= p.committed.Load() {
-			continue
-		}
-		if offsets[p.key.topic] == nil {
-			offsets[p.key.topic] = map[int32]kgo.EpochOffset{}
-		}
-		offsets[p.key.topic][p.key.id] = eo
-		sent = append(sent, p)
+// works returns the engine's workers of parts.
+func works(parts []*partition) []*enginePartition {
+	ws := make([]*enginePartition, len(parts))
+	for i, p := range parts {
+		ws[i] = p.work
 	}
-	if len(sent) == 0 {
-		return
-	}
-	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		if err != nil {
-			c.log.InfoContext(ctx, "caughtup/kgo: committing offsets failed; uncommitted records will be delivered again",
-				slog.String("group", c.cfg.GroupID), slog.Any("error", err))
-			return
+	return ws
+}
+
+// committer is the kafka.Committer of cl: offsets with their leader
+// epochs, committed with the group's generation (CommitOffsetsSync), so
+// that once the group has moved on the coordinator refuses them and a
+// member never commits a partition it lost.
+func (c *Consumer) committer(cl *kgo.Client) kafka.Committer {
+	return func(ctx context.Context, offsets []kafka.Offset) (refused map[kafka.TopicPartition]error, err error) {
+		m := map[string]map[int32]kgo.EpochOffset{}
+		for _, o := range offsets {
+			if m[o.Topic] == nil {
+				m[o.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			m[o.Topic][o.Partition] = kgo.EpochOffset{Epoch: o.LeaderEpoch, Offset: o.Offset}
 		}
-		failed := map[partKey]error{}
-		for _, t := range resp.Topics {
-			for _, pr := range t.Partitions {
-				if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
-					failed[partKey{t.Topic, pr.Partition}] = err
+		cl.CommitOffsetsSync(ctx, m, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
+			if err = cerr; err != nil {
+				return
+			}
+			for _, t := range resp.Topics {
+				for _, pr := range t.Partitions {
+					if perr := kerr.ErrorForCode(pr.ErrorCode); perr != nil {
+						if refused == nil {
+							refused = map[kafka.TopicPartition]error{}
+						}
+						refused[kafka.TopicPartition{Topic: t.Topic, Partition: pr.Partition}] = perr
+					}
 				}
 			}
-		}
-		for _, p := range sent {
-			if err, bad := failed[p.key]; bad {
-				c.log.InfoContext(ctx, "caughtup/kgo: committing a partition's offset failed; uncommitted records will be delivered again",
-					slog.String("group", c.cfg.GroupID), slog.String("topic", p.key.topic),
-					slog.Int("partition", int(p.key.id)), slog.Any("error", err))
-				continue
-			}
-			p.markCommitted(offsets[p.key.topic][p.key.id].Offset)
-		}
-	})
+		})
+		return refused, err
+	}
 }

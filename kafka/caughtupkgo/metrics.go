@@ -5,7 +5,7 @@ package caughtupkgo
 const ScopeName = "github.com/caughtup/caughtup/kafka/caughtupkgo"
 
 // The Consumer counts what it did with each record on
-// caughtup.kafka.messages, the instrument, attributes and values of
-// caughtupkafka's (package kafka), so that one dashboard and one alert
-// cover both Kafka adapters. Each partition's worker counts in bulk
-// (kafka.Counts) and the counts reach the instrument at every commit.
+// caughtup.kafka.messages, package kafka's counter, caughtupkafka's too, so
+// that one dashboard and one alert cover both Kafka adapters. Each
+// partition's worker counts in bulk and the counts reach the instrument at
+// every commit.

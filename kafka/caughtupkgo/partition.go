@@ -3,12 +3,10 @@ package caughtupkgo
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/kafka"
-	"github.com/caughtup/caughtup/position"
 )
 
 // partition is one assigned partition: the queue of records polled for
@@ -29,47 +27,33 @@ type partition struct {
 	cancel context.CancelFunc
 	// stopped is closed when the worker has returned.
 	stopped chan struct{}
+	// work is the partition's worker in the engine, reading this
+	// partition as its kafka.Source.
+	work *enginePartition
 
 	mu      sync.Mutex
 	queue   []*kgo.Record
-	spare   []*kgo.Record // the worker's previous batch, reused
 	paused  bool          // our pause of its fetches is on
 	holding bool          // the worker holds its head record
 	idle    bool          // the worker waits in take for records
 	wake    chan struct{} // one slot: records were queued
 
-	// done is the offset after the last record done, in order, and
-	// doneEpoch its leader epoch; -1 until one is. Written by the worker
-	// (epoch first), read by the committer. A commit that reads a newer
-	// epoch with an older offset is harmless: the epoch only lets the next
-	// owner detect a truncated log, and a newer epoch's range covers the
-	// older offset.
-	done      atomic.Int64
-	doneEpoch atomic.Int32
-	committed atomic.Int64
-
-	counts *kafka.Counts
-	// The worker's alone: decodes the token header of record after
-	// record without allocating (position.HeaderDecoder).
-	dec position.HeaderDecoder
+	// The worker's alone: the batch it took and the next record of it.
+	batch []*kgo.Record
+	next  int
 }
+
+var _ kafka.Source[*kgo.Record] = (*partition)(nil)
 
 // newPartition starts a partition's worker. Called with c.mu held.
 func (c *Consumer) newPartition(k partKey) *partition {
 	ctx, cancel := context.WithCancel(c.runCtx)
-	p := &partition{
-		c: c, key: k, ctx: ctx, cancel: cancel, stopped: make(chan struct{}),
-		wake:   make(chan struct{}, 1),
-		counts: &kafka.Counts{Topic: c.met[k.topic], Tally: c.cfg.Router.NewTally()},
-	}
-	if p.counts.Topic == nil {
-		// Not a topic the group subscribes to; count it under the main
-		// topic's name rather than not at all.
-		p.counts.Topic = c.met[c.cfg.Topic]
-	}
-	p.done.Store(-1)
-	p.committed.Store(-1)
-	go p.run()
+	p := &partition{c: c, key: k, ctx: ctx, cancel: cancel, stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+	p.work = c.eng.NewPartition(k.topic, k.id, p)
+	go func() {
+		defer close(p.stopped)
+		p.work.Run(p.ctx)
+	}()
 	return p
 }
 
@@ -123,10 +107,29 @@ func (p *partition) take(prev []*kgo.Record) []*kgo.Record {
 	}
 }
 
-// hold marks the worker as holding its head record for a while (a
+// Next returns the next record of the batch the worker took, taking the
+// queue when the batch is done; false once the worker's context has
+// ended. A record done is let go of at once.
+func (p *partition) Next(context.Context) (*kgo.Record, bool) {
+	if p.next > 0 {
+		p.batch[p.next-1] = nil
+	}
+	if p.next == len(p.batch) {
+		b := p.take(p.batch)
+		if b == nil {
+			return nil, false
+		}
+		p.batch, p.next = b, 0
+	}
+	r := p.batch[p.next]
+	p.next++
+	return r, true
+}
+
+// Pause marks the worker as holding its head record for a while (a
 // deferral or a retry backoff in place) and pauses the partition's
 // fetches meanwhile.
-func (p *partition) hold() {
+func (p *partition) Pause() {
 	p.mu.Lock()
 	if !p.holding {
 		p.holding = true
@@ -135,8 +138,8 @@ func (p *partition) hold() {
 	p.mu.Unlock()
 }
 
-// release ends a hold; fetches resume unless the queue is still full.
-func (p *partition) release() {
+// Resume ends a hold; fetches resume unless the queue is still full.
+func (p *partition) Resume() {
 	p.mu.Lock()
 	if !p.holding {
 		p.mu.Unlock()
@@ -173,45 +176,5 @@ func (p *partition) resumeLocked() {
 	if cl := p.c.client.Load(); cl != nil {
 		cl.ResumeFetchPartitions(map[string][]int32{p.key.topic: {p.key.id}})
 		p.paused = false
-	}
-}
-
-// run processes the partition's records in order until its context ends.
-func (p *partition) run() {
-	defer close(p.stopped)
-	for {
-		batch := p.take(p.spare)
-		if batch == nil {
-			return
-		}
-		for i, r := range batch {
-			if !p.c.process(p.ctx, r, p) {
-				p.counts.Add(kafka.Dropped)
-				return
-			}
-			p.doneEpoch.Store(r.LeaderEpoch)
-			p.done.Store(r.Offset + 1)
-			batch[i] = nil
-		}
-		p.spare = batch
-	}
-}
-
-// doneOffset is the offset to commit, if any record is done.
-func (p *partition) doneOffset() (kgo.EpochOffset, bool) {
-	o := p.done.Load()
-	if o < 0 {
-		return kgo.EpochOffset{}, false
-	}
-	return kgo.EpochOffset{Epoch: p.doneEpoch.Load(), Offset: o}, true
-}
-
-// markCommitted records a successful commit of offset o.
-func (p *partition) markCommitted(o int64) {
-	for {
-		cur := p.committed.Load()
-		if o <= cur || p.committed.CompareAndSwap(cur, o) {
-			return
-		}
 	}
 }
