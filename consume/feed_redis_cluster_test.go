@@ -167,10 +167,9 @@ func runRedisFailover(t *testing.T, dep redisDeployment) {
 	}
 	dbs := map[string]replay.Database{"main": {Primary: e.primary, Replicas: reps}}
 	for _, pub := range []string{"pub-a", "pub-b"} {
-		p, err := replay.NewPublisher(ctxT(t), dbs, replay.PublisherConfig{
-			Feed:   feed.SenderConfig{Client: client(), Feed: name, Name: pub, Keys: keys},
-			Logger: testLogger(t),
-		})
+		snd, err := feed.NewSender(feed.SenderConfig{Client: client(), Feed: name, Name: pub, Keys: keys, Logger: testLogger(t)})
+		require.NoError(t, err)
+		p, err := replay.NewPublisher(ctxT(t), dbs, replay.PublisherConfig{Feed: snd, Logger: testLogger(t)})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
 	}
@@ -193,14 +192,17 @@ func runRedisFailover(t *testing.T, dep redisDeployment) {
 			Timeout: 250 * time.Millisecond})
 		require.NoError(t, err)
 		budgets[i] = &recordingBudget{next: b}
+		log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Feed: name, Keys: keys, MeterProvider: mp, Logger: log})
+		require.NoError(t, err)
 		routers[i] = e.router(t, func(cfg *Config) {
 			cfg.Databases = dbs
-			cfg.Tracker.Feed = &replay.FeedConfig{Client: rdb, Name: name, Keys: keys}
+			cfg.Tracker.Feed = &replay.FeedConfig{Source: src}
 			cfg.FleetBudget = budgets[i]
 			cfg.PrimaryRate, cfg.PrimaryBurst = localRate, localBurst
 			cfg.WaitBudget = 50 * time.Millisecond
 			cfg.MeterProvider = mp
-			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			cfg.Logger = log
 		})
 	}
 	for _, r := range routers {

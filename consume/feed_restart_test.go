@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
 )
@@ -45,9 +46,9 @@ func TestFeedRestartRace(t *testing.T) {
 		}})
 	t.Cleanup(func() { _ = slow.Close() })
 	f.publisher(t, "pub-fast")
-	f.publisher(t, "pub-slow", func(pc *replay.PublisherConfig) {
-		pc.Feed.Client = slow
-		pc.Feed.Timeout = 2 * time.Second
+	f.publisher(t, "pub-slow", func(sc *feed.SenderConfig, _ *replay.PublisherConfig) {
+		sc.Client = slow
+		sc.Timeout = 2 * time.Second
 	})
 	r := f.feedRouter(t, func(cfg *Config) { cfg.WaitBudget = -1 })
 	ctx := ctxT(t)

@@ -8,9 +8,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The shared cluster and redis-server start only when an integration test
+// asks for them, and are closed before goleak looks for leftover
+// goroutines.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pgtest.Wrap(m, pgtest.Options{})) }
 
 const sysID = 0x6f1e2d3c4b5a6978
 

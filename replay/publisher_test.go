@@ -1,4 +1,4 @@
-package consume
+package replay_test
 
 import (
 	"context"
@@ -23,19 +23,19 @@ func TestPublisherHeartbeat(t *testing.T) {
 	c, err := pgtest.Start(ctx, pgtest.Options{Replicas: 1})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
-	f := newFleetEnv(t, c, "")
+	f := newFleet(t, c, "")
 
 	type key struct{ pub, node string }
 	var mu sync.Mutex
 	got := map[key][]feed.Observation{}
-	sub, err := feed.NewSubscriber(feed.SubscriberConfig{Client: f.rdb, Feed: f.name, Keys: f.keys, Logger: testLogger(t),
+	sub, err := feed.NewSubscriber(feed.SubscriberConfig{Client: f.rdb, Feed: f.name, Keys: f.keys, Logger: logger(t),
 		OnObservation: func(d feed.Delivery) {
 			if d.Stored {
 				return
 			}
 			mu.Lock()
 			k := key{d.Publisher.Name, d.Role.String() + ":" + d.Node}
-			got[k] = append(got[k], d.Observation)
+			got[k] = append(got[k], d.FeedObservation)
 			mu.Unlock()
 		}})
 	require.NoError(t, err)
@@ -45,8 +45,8 @@ func TestPublisherHeartbeat(t *testing.T) {
 	t.Cleanup(func() { stopSub(); <-subDone })
 	require.Eventually(t, func() bool { return sub.Health().State == feed.StateSubscribed }, feedDeadline, time.Millisecond)
 
-	slow := f.publisher(t, "slow", func(c *replay.PublisherConfig) { c.Heartbeat, c.MeterProvider = time.Hour, f.mp })
-	f.publisher(t, "fast", func(c *replay.PublisherConfig) { c.Heartbeat = 30 * time.Millisecond })
+	slow := f.publisher(t, "slow", func(_ *feed.SenderConfig, c *replay.PublisherConfig) { c.Heartbeat, c.MeterProvider = time.Hour, f.mp })
+	f.publisher(t, "fast", func(_ *feed.SenderConfig, c *replay.PublisherConfig) { c.Heartbeat = 30 * time.Millisecond })
 	nodes := []string{"primary:", "replica:r1"}
 	deliveries := func(pub, node string) []feed.Observation {
 		mu.Lock()
