@@ -44,13 +44,17 @@ func TestUnreachableReplicaOnTheFeed(t *testing.T) {
 	name := fmt.Sprintf("unreachable-%d", time.Now().UnixNano())
 	direct := map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: e.replicas[0]}, {Name: "r2", Pool: e.replicas[1]}}}}
 	for _, pn := range []string{"pub-a", "pub-b"} {
-		p, err := replay.NewPublisher(ctx, direct, replay.PublisherConfig{Feed: feed.SenderConfig{Client: rdb, Feed: name, Name: pn, Keys: keys}})
+		snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Feed: name, Name: pn, Keys: keys})
+		require.NoError(t, err)
+		p, err := replay.NewPublisher(ctx, direct, replay.PublisherConfig{Feed: snd})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
 	}
+	src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Feed: name, Keys: keys, MeterProvider: e.mp})
+	require.NoError(t, err)
 	router, err := consume.NewRouter(ctx, consume.Config{
 		Databases:     map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "r1", Pool: viaProxy}, {Name: "r2", Pool: e.replicas[1]}}}},
-		Tracker:       replay.TrackerConfig{Feed: &replay.FeedConfig{Client: rdb, Name: name, Keys: keys}},
+		Tracker:       replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}},
 		MeterProvider: e.mp, WaitBudget: 200 * time.Millisecond, DeferInitial: 50 * time.Millisecond, DeferMax: 250 * time.Millisecond,
 	})
 	require.NoError(t, err)
