@@ -209,6 +209,21 @@ func (e *env) mux() *http.ServeMux {
 		}
 		fmt.Fprint(w, id)
 	})
+	// Sets the Cache-Control given in cc, writes when POSTed, answers.
+	cached := func(w http.ResponseWriter, r *http.Request) {
+		if cc := r.URL.Query()["cc"]; cc != nil {
+			w.Header()["Cache-Control"] = cc
+		}
+		if r.Method == http.MethodPost {
+			if _, err := insert(r.Context()); err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+		}
+		fmt.Fprint(w, "ok")
+	}
+	mux.HandleFunc("POST /cached", cached)
+	mux.HandleFunc("GET /cached", cached)
 	// Writes and returns without writing anything.
 	mux.HandleFunc("POST /silent", func(w http.ResponseWriter, r *http.Request) {
 		if _, err := insert(r.Context()); err != nil {

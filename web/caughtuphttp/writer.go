@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caughtup/caughtup/consume"
@@ -117,12 +118,73 @@ func (s *session) issue(tok position.Token) {
 	}
 }
 
+// setCookie sets or clears the session cookie. The response is then one
+// user's: it must not be kept by a shared cache, which would hand the
+// cookie (the user's token, or its clearing) to whoever asks next.
 func (s *session) setCookie(value string, maxAge int) {
 	cfg := &s.m.cfg
+	keepPrivate(s.w.Header())
 	http.SetCookie(s.w, &http.Cookie{
 		Name: cfg.Cookie, Value: value, Path: cfg.Path, Domain: cfg.Domain, MaxAge: maxAge,
 		Secure: !cfg.Insecure, HttpOnly: true, SameSite: cfg.SameSite,
 	})
+}
+
+// keepPrivate makes h's Cache-Control forbid shared caches to store the
+// response: "private", the directive HTTP caching (RFC 9111 5.2.2.7) has
+// for a response meant for one user. The user's own browser may still
+// keep it, as it keeps the cookie. no-store would also keep it from the
+// browser's cache, which the cookie does not ask for; a handler that set
+// no-store, or private, keeps its value. public, and a private that names
+// fields (shared caches may store the rest), give way to private; the
+// other directives stay (max-age then applies to the browser's cache).
+func keepPrivate(h http.Header) {
+	var keep []string
+	for _, line := range h.Values("Cache-Control") {
+		for _, d := range directives(line) {
+			name, _, qualified := strings.Cut(d, "=")
+			switch strings.ToLower(strings.TrimSpace(name)) {
+			case "no-store":
+				return
+			case "private":
+				if !qualified {
+					return
+				}
+				continue
+			case "public":
+				continue
+			}
+			keep = append(keep, d)
+		}
+	}
+	h.Set("Cache-Control", strings.Join(append(keep, "private"), ", "))
+}
+
+// directives splits a Cache-Control value at the commas outside quoted
+// strings (private="Set-Cookie, Authorization" is one directive).
+func directives(v string) []string {
+	var out []string
+	quoted, escaped, start := false, false, 0
+	add := func(end int) {
+		if d := strings.TrimSpace(v[start:end]); d != "" {
+			out = append(out, d)
+		}
+	}
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case escaped:
+			escaped = false
+		case quoted && c == '\\':
+			escaped = true
+		case c == '"':
+			quoted = !quoted
+		case c == ',' && !quoted:
+			add(i)
+			start = i + 1
+		}
+	}
+	add(len(v))
+	return out
 }
 
 // hijacked: the handler took the connection; nothing more reaches the
