@@ -111,6 +111,22 @@ func TestTokenEncodeRejectsBadFlags(t *testing.T) {
 		code, _, errOut := runCLI(t, append([]string{"token", "encode"}, args...)...)
 		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
 	}
+	// A missing flag is named as missing, not as malformed.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "caughtup token: --system-id and --lsn are required"},
+		{[]string{"--lsn", "0/1"}, "caughtup token: --system-id is required"},
+		{[]string{"--system-id", "1"}, "caughtup token: --lsn is required"},
+		{[]string{"--system-id", "x", "--lsn", "0/1"}, `caughtup token: --system-id "x": want a decimal number`},
+	} {
+		code, out, errOut := runCLI(t, append([]string{"token", "encode"}, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
+		require.Empty(t, out)
+		require.True(t, strings.HasPrefix(errOut, tc.want), "%v: %q", tc.args, errOut)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "%v: one line: %q", tc.args, errOut)
+	}
 }
 
 func TestWatchShowsReplicas(t *testing.T) {

@@ -99,9 +99,17 @@ func tokenEncode(args []string, stdout io.Writer) error {
 	if fs.NArg() != 0 {
 		return usageError{"unexpected argument " + strconv.Quote(fs.Arg(0))}
 	}
+	switch {
+	case *sys == "" && *lsnText == "":
+		return usageError{"--system-id and --lsn are required: the token's cluster and WAL position"}
+	case *sys == "":
+		return usageError{"--system-id is required: the cluster's system identifier (SELECT system_identifier FROM pg_control_system())"}
+	case *lsnText == "":
+		return usageError{`--lsn is required: the WAL position "X/Y" (SELECT pg_current_wal_insert_lsn() on the primary)`}
+	}
 	sysID, err := strconv.ParseUint(*sys, 10, 64)
 	if err != nil {
-		return usageError{"--system-id: want a decimal number"}
+		return usageError{"--system-id " + strconv.Quote(*sys) + ": want a decimal number (pg_control_system().system_identifier)"}
 	}
 	lsn, err := position.ParseLSN(*lsnText)
 	if err != nil {
