@@ -217,8 +217,12 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Feed: d.feedName, Name: d.name, Keys: ring, Insecure: d.insecure, Logger: log})
+	if err != nil {
+		return err
+	}
 	pub, err := replay.NewPublisher(ctx, map[string]replay.Database{d.database: db}, replay.PublisherConfig{
-		Feed:         feed.SenderConfig{Client: rdb, Feed: d.feedName, Name: d.name, Keys: ring, Insecure: d.insecure},
+		Feed:         snd,
 		PollInterval: d.interval,
 		Heartbeat:    d.heartbeat,
 		Logger:       log,

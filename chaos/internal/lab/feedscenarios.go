@@ -147,7 +147,17 @@ func setUpFeed(r *run, c *consume.Config, setup feedSetup) error {
 		f.rdb = redis.NewClient(opt)
 	}
 	r.closers = append(r.closers, func() { _ = f.rdb.Close() })
-	c.Tracker.Feed = &replay.FeedConfig{Client: f.rdb, Name: f.name, Keys: f.keys}
+	// The subscriber's instruments and logs beside the router's.
+	log := c.Logger
+	if log == nil {
+		log = r.s.log
+	}
+	src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: f.rdb, Feed: f.name, Keys: f.keys,
+		Logger: log, MeterProvider: c.MeterProvider})
+	if err != nil {
+		return err
+	}
+	c.Tracker.Feed = &replay.FeedConfig{Source: src}
 	if setup.budget > 0 {
 		// The simulation's timeout (see chaos/fleet): a check answered late
 		// on this loaded machine counts as unavailable.

@@ -399,11 +399,12 @@ func (e *fleetEnv) close() {
 func (e *fleetEnv) startPublishers(ctx context.Context) error {
 	for _, name := range []string{"pub-a", "pub-b"} {
 		rdb := redis.NewClient(&redis.Options{Addr: e.redis.Addr()})
-		p, err := replay.NewPublisher(ctx, e.pubDBs, replay.PublisherConfig{
-
-			Feed:   feed.SenderConfig{Client: rdb, Feed: e.feed, Name: name, Keys: e.keys},
-			Logger: e.log,
-		})
+		snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Feed: e.feed, Name: name, Keys: e.keys, Logger: e.log})
+		if err != nil {
+			_ = rdb.Close()
+			return err
+		}
+		p, err := replay.NewPublisher(ctx, e.pubDBs, replay.PublisherConfig{Feed: snd, Logger: e.log})
 		if err != nil {
 			_ = rdb.Close()
 			return err

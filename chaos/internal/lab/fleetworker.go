@@ -241,7 +241,13 @@ func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 				}
 				c.FleetBudget = b
 				if cfg.Feed != "" {
-					c.Tracker.Feed = &replay.FeedConfig{Client: rc, Name: cfg.Feed, Keys: keys}
+					src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rc, Feed: cfg.Feed, Keys: keys,
+						Logger: w.log, MeterProvider: w.mp})
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					c.Tracker.Feed = &replay.FeedConfig{Source: src}
 				}
 				made[i], errs[i] = consume.NewRouter(ctx, c)
 			})
