@@ -75,8 +75,9 @@ const (
 	ReasonBadToken
 	// ReasonOtherCluster: the token verifies and decodes, but names a
 	// position of another cluster (another system identifier, or an epoch
-	// made unknown by merging two): the router read that database from
-	// the primary, and the next value the client gets leaves it out.
+	// made unknown by merging two): that database read the primary (or,
+	// past the fallback cap, read as without a session), and the next
+	// value the client gets leaves it out.
 	ReasonOtherCluster
 
 	numReasons = int(ReasonOtherCluster) + 1
@@ -101,7 +102,8 @@ func (r Reason) String() string {
 }
 
 // RejectedError is why a session value was ignored; the request then reads
-// the primary. Detail never holds the value itself.
+// the primary, charged to the router's fallback cap, or past the cap as a
+// request without a session. Detail never holds the value itself.
 type RejectedError struct {
 	Reason Reason
 	Detail string

@@ -13,13 +13,44 @@ import (
 // package (caughtup.consume.decisions, source "http <route>").
 const ScopeName = "github.com/caughtup/caughtup/web/caughtuphttp"
 
-const attrReason = "caughtup.reason"
+const (
+	attrReason = "caughtup.reason"
+	attrResult = "caughtup.result"
+)
+
+// result is what a request whose value was rejected read instead, the
+// caughtup.result of caughtup.http.tokens.rejected.
+type result uint8
+
+const (
+	// resultPrimary: the primary, charged to the router's fallback cap.
+	resultPrimary result = iota
+	// resultSessionLess: the cap was spent; read as a request without the
+	// value (any caught-up replica).
+	resultSessionLess
+
+	numResults = 2
+)
+
+func resultOf(capped bool) result {
+	if capped {
+		return resultSessionLess
+	}
+	return resultPrimary
+}
+
+func (r result) String() string {
+	if r == resultSessionLess {
+		return "session_less"
+	}
+	return "primary"
+}
 
 // metrics are synchronous instruments whose attribute sets are built once,
 // so that two middlewares on one MeterProvider add to the same series.
 type metrics struct {
 	rejected    metric.Int64Counter
-	rejectedSet [numReasons]metric.AddOption
+	rejectedSet [numResults][numReasons]metric.AddOption
 	issued      metric.Int64Counter
 	late        metric.Int64Counter
 	unavailable metric.Int64Counter
@@ -31,11 +62,14 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	var err error
 	if m.rejected, err = meter.Int64Counter("caughtup.http.tokens.rejected",
 		metric.WithUnit("{request}"),
-		metric.WithDescription("Requests whose session value (cookie or header) was ignored, by caughtup.reason; each read the primary.")); err != nil {
+		metric.WithDescription("Requests whose session value (cookie or header), or an entry of it, was ignored, by caughtup.reason and by caughtup.result: primary (read the primary, charged to the router's fallback cap) or session_less (the cap was spent: read as a request without the value).")); err != nil {
 		return nil, fmt.Errorf("caughtup/http: creating caughtup.http.tokens.rejected: %w", err)
 	}
-	for r := Reason(1); int(r) < numReasons; r++ {
-		m.rejectedSet[r] = metric.WithAttributeSet(attribute.NewSet(attribute.String(attrReason, r.String())))
+	for res := range result(numResults) {
+		for r := Reason(1); int(r) < numReasons; r++ {
+			m.rejectedSet[res][r] = metric.WithAttributeSet(attribute.NewSet(
+				attribute.String(attrReason, r.String()), attribute.String(attrResult, res.String())))
+		}
 	}
 	if m.issued, err = meter.Int64Counter("caughtup.http.tokens.issued",
 		metric.WithUnit("{response}"),
@@ -55,8 +89,8 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) reject(ctx context.Context, r Reason) {
-	if r > 0 && int(r) < numReasons {
-		m.rejected.Add(ctx, 1, m.rejectedSet[r])
+func (m *metrics) reject(ctx context.Context, r Reason, res result) {
+	if r > 0 && int(r) < numReasons && res < numResults {
+		m.rejected.Add(ctx, 1, m.rejectedSet[res][r])
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"time"
@@ -33,7 +34,9 @@ type Middleware struct {
 	staleness time.Duration
 	routerNow func() time.Time
 
-	warnRejected    [numReasons]*rate.Sometimes
+	// warnRejected samples the ignored values by result and reason, so
+	// that a flood logs when the cap runs out, not only when it starts.
+	warnRejected    [numResults][numReasons]*rate.Sometimes
 	warnLate        rate.Sometimes
 	warnUnavailable rate.Sometimes
 	warnSeal        rate.Sometimes
@@ -81,7 +84,9 @@ func New(router *consume.Router, cfg Config) (*Middleware, error) {
 	}
 	slices.Sort(m.databases)
 	for i := range m.warnRejected {
-		m.warnRejected[i] = &rate.Sometimes{First: warnFirst, Interval: warnInterval}
+		for j := range m.warnRejected[i] {
+			m.warnRejected[i][j] = &rate.Sometimes{First: warnFirst, Interval: warnInterval}
+		}
 	}
 	return m, nil
 }
@@ -110,6 +115,13 @@ type carried struct {
 	tok        position.Token // verified; zero when none or rejected
 	fromCookie bool           // the value came in the cookie (which a rejection clears)
 	rejected   *RejectedError
+	// foreign are the databases whose entry in tok names another cluster
+	// than the router's primary (ReasonOtherCluster), found before
+	// routing.
+	foreign []string
+	// capped: the rejected value, or the foreign entries, found the
+	// router's fallback cap spent; the request reads without them.
+	capped bool
 }
 
 // read takes the session's value from the header (when configured and
@@ -135,9 +147,11 @@ func (m *Middleware) read(r *http.Request, now time.Time) carried {
 	return carried{tok: o.tok, fromCookie: fromCookie}
 }
 
-// jobToken is the token a request is routed with. A rejected value gives
-// none: the request reads the primary (consume.OutcomePrimaryNoToken), as
-// a job whose token is unreadable does. Otherwise every database of the
+// jobToken is the token a request is routed with. A rejected value that
+// the fallback cap admitted gives none: the request reads the primary
+// (consume.OutcomePrimaryNoToken), as a job whose token is unreadable
+// does, charged by admit. Past the cap, a rejected value counts as none
+// at all, and foreign entries as absent. Otherwise every database of the
 // router that the session's token does not name gets an entry at position
 // 0 of the primary's current epoch: the session wrote nothing there that
 // the client knows of, so any replica the router may use serves it.
@@ -147,8 +161,11 @@ func (m *Middleware) read(r *http.Request, now time.Time) carried {
 // primary the tracker has not observed within its staleness bound gets no
 // entry and reads the primary: its epoch is not known to be current.
 func (m *Middleware) jobToken(in carried, snap *replay.Snapshot, now time.Time) position.Token {
-	if in.rejected != nil {
+	if in.rejected != nil && !in.capped {
 		return position.Token{}
+	}
+	if in.capped && in.foreign != nil {
+		in.tok = without(in.tok, in.foreign)
 	}
 	var floor []position.Entry
 	cutoff := m.routerNow().Add(-m.staleness)
@@ -170,19 +187,14 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	now := m.cfg.Now()
 	route := m.cfg.Route(r)
 	in := m.read(r, now)
-	if in.rejected != nil {
-		m.met.reject(r.Context(), in.rejected.Reason)
-		m.warnRejected[in.rejected.Reason].Do(func() {
-			m.cfg.Logger.WarnContext(r.Context(), "caughtup: session token ignored; the request reads the primary",
-				slog.String("route", route), slog.String("caughtup.reason", in.rejected.Reason.String()), slog.String("error", in.rejected.Error()))
-		})
-	}
+	snap := m.router.Snapshot()
+	m.admit(r, route, &in, snap)
 	// One session per request collects the token of every write the
 	// handler makes through enqueue (InTx, Commit, AfterWrite), even from
 	// contexts it does not pass back up.
 	ctx := enqueue.WithSession(r.Context())
 	job := consume.Job{
-		Token:  m.jobToken(in, m.router.Snapshot(), now),
+		Token:  m.jobToken(in, snap, now),
 		Policy: m.cfg.Policy,
 		Source: "http " + route,
 		// No queue to put the request back on: the router waits, then
@@ -206,22 +218,104 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			m.cfg.Logger.WarnContext(r.Context(), "caughtup: request not routed within MaxWait; answered unavailable",
 				slog.String("route", route), slog.String("caughtup.reason", d.Reason.String()), slog.Any("error", err))
 		})
+		if in.rejected != nil && in.fromCookie {
+			(&session{m: m, w: w, ctx: ctx, in: in}).setCookie("", -1)
+		}
 		m.cfg.Unavailable(w, r, err)
 		return
 	}
 	hctx := valuesOf{Context: ctx, values: routed}
-	s := &session{m: m, w: w, ctx: hctx, in: in}
+	s := &session{m: m, w: w, ctx: hctx, in: in, drop: slices.Clip(in.foreign)}
 	s.before, _ = enqueue.TokenFrom(hctx)
-	s.foreign(d)
-	if s.drop != nil {
-		m.met.reject(r.Context(), ReasonOtherCluster)
-		m.warnRejected[ReasonOtherCluster].Do(func() {
-			m.cfg.Logger.WarnContext(r.Context(), "caughtup: session token names another cluster's position; the request reads the primary there, and the client's next token leaves it out",
-				slog.String("route", route), slog.Any("databases", s.drop))
-		})
+	if late := s.foreign(d); late != nil {
+		// The router judged these by the replicas' epochs (its view of the
+		// primary's had none): they read the primary, uncharged, as the
+		// databases of a request without a session then do.
+		m.rejected(r, route, ReasonOtherCluster, resultPrimary, slog.Any("databases", late))
 	}
 	next.ServeHTTP(&responseWriter{ResponseWriter: w, s: s}, r.WithContext(hctx))
 	s.finish(r.Context(), route)
+}
+
+// admit decides what a rejected value, or entries naming another
+// cluster, may read, and counts and logs it. Such a value asks for the
+// primary, which a request without one would not read, and any client can
+// send one: each such request charges that read to the router's fallback
+// cap (Router.AllowFallback), so that they never read the primary more
+// often than the cap allows. Past the cap the request reads as one
+// without the value (without those entries): from any caught-up replica,
+// the answer a request without a cookie gets, and never more. A session
+// that was real, lost to a retired key or a clock ahead, is then read
+// without its last writes; within the cap the primary serves it, the
+// safe answer while such values are few.
+func (m *Middleware) admit(r *http.Request, route string, in *carried, snap *replay.Snapshot) {
+	if in.rejected == nil {
+		in.foreign = foreignEntries(in.tok, snap)
+		if in.foreign == nil {
+			return
+		}
+		in.capped = !m.router.AllowFallback(r.Context(), in.foreign...)
+		m.rejected(r, route, ReasonOtherCluster, resultOf(in.capped), slog.Any("databases", in.foreign))
+		return
+	}
+	in.capped = !m.router.AllowFallback(r.Context(), m.databases...)
+	m.rejected(r, route, in.rejected.Reason, resultOf(in.capped), slog.String("error", in.rejected.Error()))
+}
+
+// rejected counts and logs, sampled, one ignored value.
+func (m *Middleware) rejected(r *http.Request, route string, reason Reason, res result, detail slog.Attr) {
+	m.met.reject(r.Context(), reason, res)
+	m.warnRejected[res][reason].Do(func() {
+		msg := "caughtup: session token ignored; the request reads the primary, charged to the fallback cap"
+		switch {
+		case res == resultSessionLess:
+			msg = "caughtup: session token ignored and the fallback cap is spent; the request reads as one without a session (any caught-up replica)"
+		case reason == ReasonOtherCluster:
+			msg = "caughtup: session token names another cluster's position; the request reads the primary there, and the client's next token leaves it out"
+		}
+		m.cfg.Logger.WarnContext(r.Context(), msg,
+			slog.String("route", route), slog.String("caughtup.reason", reason.String()), slog.String("caughtup.result", res.String()), detail)
+	})
+}
+
+// foreignEntries are the router's databases whose entry in tok belongs to
+// another cluster than the primary the tracker knows (another system
+// identifier), or to no known one (an epoch merged unknown): no server
+// of this cluster can be compared with them (position's rule, as the
+// router applies it). A database whose primary the tracker has not
+// observed is left to the router, which judges it by the replicas
+// (session.foreign).
+func foreignEntries(tok position.Token, snap *replay.Snapshot) []string {
+	var out []string
+	for _, e := range tok.Entries {
+		ds := snap.Database(e.Database)
+		if ds == nil {
+			continue // not the router's: nothing reads it
+		}
+		if len(ds.Replicas) == 0 || (!e.Epoch.IsZero() && ds.Primary.Epoch.IsZero()) {
+			continue // read on the primary by every request; or the router's to judge
+		}
+		primary := position.Replayed{Epoch: ds.Primary.Epoch, LSN: math.MaxUint64}
+		if c := e.Compare(primary, nil); c.Status == position.NotComparable &&
+			(c.Reason == position.OtherSystem || c.Reason == position.UnknownEpoch) && !slices.Contains(out, e.Database) {
+			out = append(out, e.Database)
+		}
+	}
+	return out
+}
+
+// without is tok without the entries of databases.
+func without(tok position.Token, databases []string) position.Token {
+	var keep []position.Entry
+	for _, e := range tok.Entries {
+		if !slices.Contains(databases, e.Database) {
+			keep = append(keep, e)
+		}
+	}
+	if keep == nil {
+		return position.Token{}
+	}
+	return position.Token{Entries: keep, CapturedAt: tok.CapturedAt}
 }
 
 // currentEpoch is db's primary's epoch in snap, if it was observed at or

@@ -11,7 +11,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
-	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/metrictest"
 )
@@ -72,65 +71,42 @@ func TestReadYourWrites(t *testing.T) {
 	require.NotEmpty(t, rd.Replica, "caught up: the session reads a replica again: %+v", rd)
 }
 
-// TestBadCookies: a value that was altered, expired, signed by a key this
-// process lacks or names another cluster is ignored: the request reads
-// the primary, the value is counted by reason, and the response clears
-// the cookie.
+// TestBadCookies: a value of any rejected kind (altered, expired, issued
+// in the future, signed by a key this process lacks, undecodable, naming
+// another cluster) is ignored: within the fallback cap the request reads
+// the primary, the value is counted by reason and result, and the
+// response clears the cookie and is kept from shared caches.
 func TestBadCookies(t *testing.T) {
 	e := setup(t, mods{})
 	id, resp := e.post(t, e.client(t))
 	valid := e.cookie(resp).Value
 	tok := e.token(t, valid)
 	e.caughtUp(t, tok)
-	now := time.Now()
-
-	other, err := feed.GenerateKey("test-1") // the same ID, another secret
-	require.NoError(t, err)
-	foreign, err := feed.GenerateKey("elsewhere")
-	require.NoError(t, err)
-	seal := func(c *codec, tok position.Token, issued time.Time, maxAge time.Duration) string {
-		v, err := c.seal(tok, issued, maxAge)
-		require.NoError(t, err)
-		return v
-	}
-	entry, _ := tok.Entry("main")
-	otherCluster := position.New("main", position.Epoch{SystemID: entry.Epoch.SystemID + 1, Timeline: 1}, 1, position.SourcePrimary, now)
-	tampered := []byte(valid)
-	tampered[len(valid)/3] ^= 1
-
-	cases := []struct {
-		name   string
-		value  string
-		reason Reason
-	}{
-		{"tampered", string(tampered), ReasonBadSignature},
-		{"expired", seal(e.mw.codec, tok, now.Add(-DefaultMaxAge-time.Minute), DefaultMaxAge), ReasonExpired},
-		{"future", seal(e.mw.codec, tok, now.Add(time.Hour), DefaultMaxAge), ReasonFuture},
-		{"other secret", seal(newCodec([]feed.Key{other}, time.Second), tok, now, DefaultMaxAge), ReasonBadSignature},
-		{"other key", seal(newCodec([]feed.Key{foreign}, time.Second), tok, now, DefaultMaxAge), ReasonUnknownKey},
-		{"malformed", "not-a-value", ReasonMalformed},
-		{"other cluster", seal(e.mw.codec, otherCluster, now, DefaultMaxAge), ReasonOtherCluster},
-	}
+	cases := badValues(t, e, valid, tok)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			attr := attribute.String("caughtup.reason", tc.reason.String())
-			before := metrictest.Sum(t, e.reader, "caughtup.http.tokens.rejected", attr)
+			attrs := []attribute.KeyValue{attribute.String("caughtup.reason", tc.reason.String()), attribute.String("caughtup.result", "primary")}
+			before := metrictest.Sum(t, e.reader, "caughtup.http.tokens.rejected", attrs...)
 			rd, resp := e.get(t, e.client(t), id, tc.value)
 			require.True(t, rd.Found)
-			require.Empty(t, rd.Replica, "an ignored cookie reads the primary: %+v", rd)
-			require.Equal(t, before+1, metrictest.Sum(t, e.reader, "caughtup.http.tokens.rejected", attr))
+			require.Empty(t, rd.Replica, "an ignored cookie reads the primary within the cap: %+v", rd)
+			require.Equal(t, before+1, metrictest.Sum(t, e.reader, "caughtup.http.tokens.rejected", attrs...))
 			c := e.cookie(resp)
 			require.NotNil(t, c, "the ignored cookie is cleared")
 			require.Empty(t, c.Value)
 			require.Less(t, c.MaxAge, 0)
+			require.Equal(t, "private", resp.Header.Get("Cache-Control"))
 		})
 	}
 	require.Equal(t, int64(len(cases)), metrictest.Sum(t, e.reader, "caughtup.http.tokens.rejected"))
+	require.Equal(t, int64(len(cases)), metrictest.Sum(t, e.reader, "caughtup.consume.fallback.budget",
+		attribute.String("caughtup.budget", "local"), attribute.String("caughtup.result", "allowed")), "each charged to the cap")
 	// The valid value still reads a replica (it is caught up) and is
 	// neither counted nor cleared.
 	rd, resp := e.get(t, e.client(t), id, valid)
 	require.NotEmpty(t, rd.Replica, "%+v", rd)
 	require.Nil(t, e.cookie(resp))
+	require.Empty(t, resp.Header.Get("Cache-Control"))
 	require.Equal(t, int64(len(cases)), metrictest.Sum(t, e.reader, "caughtup.http.tokens.rejected"))
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,23 +35,26 @@ type session struct {
 	sent      position.Token
 }
 
-// foreign finds the databases the router could not compare with this
-// cluster at all: another system identifier, or an epoch merged unknown.
-// Entries incomparable for other reasons (a timeline past its switchpoint)
-// are kept: they read the primary until the value expires, which is
-// never stale, only slower.
-func (s *session) foreign(d consume.Decision) {
+// foreign adds to drop the databases the router could not compare with
+// this cluster at all (another system identifier, or an epoch merged
+// unknown) that foreignEntries had not found before routing,
+// and returns those. Entries incomparable for other reasons (a timeline
+// past its switchpoint) are kept: they read the primary until the value
+// expires, which is never stale, only slower.
+func (s *session) foreign(d consume.Decision) (late []string) {
 	for _, dd := range d.Databases {
-		if dd.Outcome != consume.OutcomePrimaryEpoch {
+		if dd.Outcome != consume.OutcomePrimaryEpoch || slices.Contains(s.drop, dd.Database) {
 			continue
 		}
 		if _, carried := s.in.tok.Entry(dd.Database); !carried {
 			continue
 		}
 		if dd.Incomparable == position.OtherSystem || dd.Incomparable == position.UnknownEpoch {
-			s.drop = append(s.drop, dd.Database)
+			late = append(late, dd.Database)
 		}
 	}
+	s.drop = append(s.drop, late...)
+	return late
 }
 
 // written returns the entries of after that differ from before's.
@@ -78,13 +82,7 @@ func (s *session) commit() {
 	wrote := written(s.before, s.sent)
 	base := s.in.tok
 	if s.drop != nil {
-		var keep []position.Entry
-		for _, e := range base.Entries {
-			if !containsString(s.drop, e.Database) {
-				keep = append(keep, e)
-			}
-		}
-		base = position.Token{Entries: keep, CapturedAt: base.CapturedAt}
+		base = without(base, s.drop)
 	}
 	switch {
 	case !wrote.IsZero():
@@ -211,15 +209,6 @@ func (s *session) finish(ctx context.Context, route string) {
 				slog.String("route", route), slog.String("token", late.String()))
 		})
 	}
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // responseWriter commits the session's value before anything of the
