@@ -40,13 +40,34 @@
 // (Config.Unavailable), never served stale.
 //
 // A value that is tampered with, expired, issued in the future, signed by
-// a key this process does not have, or that does not decode is ignored:
-// the request reads the primary (the router counts it as
-// primary_no_token), the response clears the cookie, and it is counted
-// (caughtup.http.tokens.rejected by caughtup.reason) and logged, sampled.
-// A value naming another cluster's position (another system identifier)
-// reads the primary for that database once, is counted as other_cluster,
-// and the client's next value leaves it out.
+// a key this process does not have, or that does not decode is ignored,
+// and the response clears the cookie. Any client can send such a value,
+// so it never buys more than a request without one would get, except one
+// primary read charged to the router's fallback cap
+// (consume.Router.AllowFallback: consume.Config.PrimaryRate and
+// PrimaryBurst, and the FleetBudget): within the cap the request reads the
+// primary (the router counts it as primary_no_token), the safe answer
+// for a real session lost to a retired key or a skewed clock; past the
+// cap it reads as a request without a session, from any caught-up
+// replica. A flood of garbage cookies thus reads the primary at most at
+// the cap's rate, and shares that rate with the sessions and jobs that
+// need it, which then wait, defer or are answered 503 as when the cap is
+// spent by lag, never read stale. A value naming another cluster's
+// position (another system identifier, or an epoch merged unknown) is
+// treated alike for that database: within the cap it reads the primary
+// there, past it that database reads as without a session; the client's
+// next value leaves it out (while the tracker has not yet observed that
+// database's primary, the router judges such an entry by the replicas and
+// reads the primary there, as it then does for a request without a
+// session). Each is counted
+// (caughtup.http.tokens.rejected by caughtup.reason, and caughtup.result
+// primary or session_less) and logged, sampled.
+//
+// A response that sets or clears the session cookie carries
+// Cache-Control: private (added to what the handler set; public gives
+// way; a handler's no-store or private stays), so that no shared cache
+// hands one user's cookie to another. private, not no-store: the user's
+// own browser may keep such a page, as it keeps the cookie.
 //
 // # Writes follow reads
 //
@@ -88,8 +109,10 @@
 //
 // Under ScopeName: caughtup.http.tokens.rejected (caughtup.reason
 // malformed, unknown_key, bad_signature, expired, issued_in_future,
-// bad_token, other_cluster), caughtup.http.tokens.issued,
+// bad_token, other_cluster; caughtup.result primary, session_less),
+// caughtup.http.tokens.issued,
 // caughtup.http.tokens.late and caughtup.http.requests.unavailable. The
 // decisions themselves are the router's (caughtup.consume.decisions), with
-// the source "http <route>" in its warnings.
+// the source "http <route>" in its warnings; a rejected value's charge to
+// the cap is counted in caughtup.consume.fallback.budget.
 package caughtuphttp
