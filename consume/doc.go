@@ -36,7 +36,9 @@
 // tracker's snapshots, not a timer), promotions to the primary caused by
 // lag or unknown state pass the per-process cap (Config.PrimaryRate) and
 // the fleet budget (Config.FleetBudget), and the decision is counted and
-// logged. A Job carries what the queue allows: NoDefer and DeferBy for a
+// logged; Router.AllowFallback charges the same cap and budget for a
+// primary read made outside Route (caughtuphttp's rejected session
+// values). A Job carries what the queue allows: NoDefer and DeferBy for a
 // job that cannot be deferred (it then reads the primary, charged), Hold
 // for one that cannot be refused either (it waits for a replica or the cap
 // in its worker), Verify for a token whose position is necessary but not
