@@ -1,6 +1,11 @@
 // Package feed carries replica and primary observations from a few
 // publisher processes to every router of a fleet through Redis, and keeps
-// a fleet-wide budget of primary fallback reads there.
+// a fleet-wide budget of primary fallback reads there. It is the Redis
+// implementation of replay's feed: a Sender is a replay.FeedSender
+// (replay.PublisherConfig.Feed), a Subscriber a replay.FeedSource
+// (replay.FeedConfig.Source), and a Budget a consume.FleetBudget; the
+// values it carries are replay's (Observation is replay.FeedObservation),
+// its keys package sign's (Key is sign.Key).
 //
 // A few redundant publishers (no leader) poll every node and Publish one
 // Observation per poll. Each is signed, stored as that publisher's latest
@@ -15,15 +20,15 @@
 //	keys, _ := feed.ParseKeys(os.Getenv("CAUGHTUP_FEED_KEYS")) // "id:base64secret,…"
 //	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"redis:6379"}})
 //
-//	pub, _ := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "feed-a", Keys: feed.Keyring{Keys: keys}})
-//	defer pub.Close()
-//	_ = pub.Publish(feed.Observation{Database: "main", Node: "replica-1", Role: feed.RoleReplica,
-//		PolledAt: start, Replica: feed.ReplicaStatus{InRecovery: true, Replayed: lsn, Epoch: epoch}})
+//	snd, _ := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "feed-a", Keys: feed.Keyring{Keys: keys}})
+//	pub, _ := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd}) // polls and publishes; Close closes snd
 //
-//	sub, _ := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: feed.Keyring{Keys: keys},
-//		OnObservation: func(d feed.Delivery) { merge(d) },   // the router's merge
-//		OnHealth:      func(h feed.Health) { useFeed(h.State == feed.StateSubscribed) }})
-//	go sub.Run(ctx)
+//	src, _ := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: feed.Keyring{Keys: keys}})
+//	tr, _ := replay.NewTracker(ctx, dbs, replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}})
+//
+// A program of its own can also run a subscription with callbacks of its
+// own (Run; OnObservation receives every Delivery, OnHealth every Health),
+// and publish with Sender.Publish.
 //
 //	budget, _ := feed.NewBudget(feed.BudgetConfig{Client: rdb, Rate: 50, Burst: 50})
 //	ok, err := budget.Allow(ctx, "main") // err: Redis unavailable; the per-process cap decides

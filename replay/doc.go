@@ -31,17 +31,20 @@
 //
 // With many worker processes, run a few Publishers (NewPublisher, or the
 // caughtup feed command) and give every tracker a TrackerConfig.Feed: the
-// publishers poll each node and publish signed observations to Redis
-// (package feed), and trackers merge what they receive as they merge their
+// publishers poll each node and send signed observations to a FeedSender,
+// and trackers merge what their FeedSource delivers as they merge their
 // own polls, believing only authentic messages about nodes and server runs
 // they have identified themselves, on their own clock, never past the
 // primary's known position. A node the feed does not cover, or a feed that
 // is silent, unreachable or dropped, is polled locally until the feed
-// covers it again.
+// covers it again. This package knows no transport: package feed
+// implements both interfaces on Redis.
 //
-//	pub, err := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{
-//		Feed: feed.SenderConfig{Client: rdb, Name: "worker-7", Keys: keys},
-//	})
+//	snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "worker-7", Keys: keys})
+//	pub, err := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd})
+//
+//	src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: keys})
+//	tr, err := replay.NewTracker(ctx, dbs, replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}})
 //
 // The rules, and why no merge of feed messages reads stale, are in
 // docs/design.md; costs and sizing in docs/fleet.md.
