@@ -30,8 +30,9 @@ const feedSynopsis = `feed --primary URL --replica [NAME=]URL [--replica ...] [-
 
 Polls one database's primary and replicas and publishes every observation to
 a caughtup position feed in Redis, for the Routers of a fleet to subscribe to
-(consume.Config.Feed). Run two or three, as sidecars or a small deployment:
-they need no leader, and routers merge them. It runs until interrupted.
+(consume.Config.Tracker.Feed). Run two or three, as sidecars or a small
+deployment: they need no leader, and routers merge them. It runs until
+interrupted.
 
 Node names: routers match observations by database name and replica name, so
 name replicas here as the routers do (replay.Replica.Name). A replica given
