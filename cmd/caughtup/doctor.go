@@ -178,7 +178,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	doc.primary = &doctorNode{name: "primary", primary: true, cfg: cfg}
-	replicas, err := d.replicaDSNs()
+	replicas, err := parseReplicas(d.replicas)
 	if err != nil {
 		return err
 	}

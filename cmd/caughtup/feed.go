@@ -8,14 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caughtup/caughtup/feed"
@@ -57,10 +53,6 @@ first; to rotate, give every router and publisher both keys, switch the
 publishers' --key-id, then drop the old key. --insecure publishes unsigned
 messages, which routers refuse unless they are Insecure too.`
 
-// replicaArg is NAME=URL: a name of the characters replica names use in
-// practice, then a postgres URL.
-var replicaArg = regexp.MustCompile(`^([A-Za-z0-9._:@-]{1,128})=(postgres(ql)?://.*)$`)
-
 // deployment is what the flags of caughtup feed say about one database's
 // deployment: its nodes, the Redis, the feed and its keys. caughtup doctor
 // takes the same flags, so that a feed's command line is checked as it is.
@@ -78,7 +70,7 @@ type deployment struct {
 // register defines the flags on fs.
 func (d *deployment) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.primary, "primary", "", "the primary's connection string (postgres://…); required")
-	fs.Var(&d.replicas, "replica", "a replica: NAME=postgres://… or a bare connection string (named host:port); repeat for each")
+	fs.Var(&d.replicas, "replica", replicaFlagHelp)
 	fs.StringVar(&d.database, "database", "main", "the logical database name, as tokens and routers name it")
 	fs.StringVar(&d.redisURL, "redis", "", "Redis URL (redis:// or rediss://); default $CAUGHTUP_REDIS_URL, else redis://127.0.0.1:6379/0")
 	fs.StringVar(&d.redisMode, "redis-mode", "single", "single (one server or a managed endpoint), cluster (Redis Cluster) or sentinel (Sentinel-managed master)")
@@ -104,36 +96,6 @@ func (d *deployment) validate() error {
 		return usageError{"--heartbeat must not be 0 (negative publishes every poll)"}
 	}
 	return nil
-}
-
-// namedDSN is one --replica: its name and connection string.
-type namedDSN struct{ name, dsn string }
-
-// replicaDSNs splits each --replica into its name and connection string.
-// A bare URL is named host:port after the first host it names, as
-// replay.Replicas names plain pools.
-func (d *deployment) replicaDSNs() ([]namedDSN, error) {
-	seen := make(map[string]bool)
-	out := make([]namedDSN, 0, len(d.replicas))
-	for _, arg := range d.replicas {
-		r := namedDSN{dsn: arg}
-		if m := replicaArg.FindStringSubmatch(arg); m != nil {
-			r.name, r.dsn = m[1], m[2]
-		}
-		cfg, err := pgconn.ParseConfig(r.dsn)
-		if err != nil {
-			return nil, usageError{"bad connection string: " + err.Error()}
-		}
-		if r.name == "" {
-			r.name = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-		}
-		if seen[r.name] {
-			return nil, usageError{fmt.Sprintf("two replicas named %q; name them with NAME=URL", r.name)}
-		}
-		seen[r.name] = true
-		out = append(out, r)
-	}
-	return out, nil
 }
 
 // keyring loads the keys (--keys-file, else $CAUGHTUP_FEED_KEYS) and the
@@ -183,7 +145,7 @@ func runFeed(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := d.validate(); err != nil {
 		return err
 	}
-	replicas, err := d.replicaDSNs()
+	replicas, err := parseReplicas(d.replicas)
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,7 @@
 //
 //	caughtup token decode 'v1;...'
 //	caughtup token encode --database main --system-id 7301... --timeline 1 --lsn 0/16B3740
-//	caughtup watch --primary postgres://... --replica postgres://...
+//	caughtup watch --primary postgres://... --replica r1=postgres://...
 //	caughtup feed --primary postgres://... --replica r1=postgres://... --redis redis://redis:6379/0
 //	caughtup doctor --primary postgres://... --replica r1=postgres://... --redis redis://redis:6379/0
 package main

@@ -129,17 +129,36 @@ func TestTokenEncodeRejectsBadFlags(t *testing.T) {
 	}
 }
 
+// TestWatchShowsReplicas: watch takes replicas as feed and doctor do:
+// bare URLs, named host:port, and NAME=URL, named NAME (not a key=value
+// string read as a runtime parameter on the local socket).
 func TestWatchShowsReplicas(t *testing.T) {
 	c := pgtest.Shared(t)
-	args := []string{"watch", "--primary", c.Primary().DSN(""), "--interval", "50ms", "--count", "2"}
-	for _, r := range c.Replicas() {
-		args = append(args, "--replica", r.DSN(""))
+	for _, named := range []bool{false, true} {
+		args := []string{"watch", "--primary", c.Primary().DSN(""), "--interval", "50ms", "--count", "2"}
+		var names []string
+		for i, r := range c.Replicas() {
+			arg, name := r.DSN(""), fmt.Sprintf("127.0.0.1:%d", r.Port())
+			if named {
+				name = fmt.Sprintf("r%d", i+1)
+				arg = name + "=" + arg
+			}
+			args = append(args, "--replica", arg)
+			names = append(names, name)
+		}
+		code, out, errOut := runCLI(t, args...)
+		require.Equal(t, 0, code, errOut)
+		require.Equal(t, 2, strings.Count(out, "snapshot #"))
+		require.Equal(t, 2*len(c.Replicas()), strings.Count(out, " replica "), out)
+		require.NotContains(t, out, "unusable", out)
+		for _, name := range names {
+			require.Equal(t, 2, strings.Count(out, "\n"+name+" "), "replica %s in each refresh: %s", name, out)
+		}
 	}
-	code, out, errOut := runCLI(t, args...)
-	require.Equal(t, 0, code, errOut)
-	require.Equal(t, 2, strings.Count(out, "snapshot #"))
-	require.Equal(t, 2*len(c.Replicas()), strings.Count(out, " replica "), out)
-	require.NotContains(t, out, "unusable", out)
+
+	code, _, errOut := runCLI(t, "watch", "--primary", c.Primary().DSN(""), "--replica", "r1=host=127.0.0.1 port=1")
+	require.Equal(t, exitUsage, code, "a named key=value string is refused: %s", errOut)
+	require.Contains(t, errOut, "a named replica is NAME=postgres://")
 
 	code, _, _ = runCLI(t, "watch", "--primary", c.Primary().DSN(""))
 	require.Equal(t, exitUsage, code, "watch without replicas is a usage error")

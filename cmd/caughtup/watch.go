@@ -8,8 +8,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/caughtup/caughtup/replay"
 )
 
@@ -20,14 +18,14 @@ func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("watch --primary URL --replica URL [--replica URL ...] [--interval 1s] [--count N]\n\n"+
+	fs := newFlagSet("watch --primary URL --replica [NAME=]URL [--replica ...] [--interval 1s] [--count N]\n\n"+
 		"Shows what caughtup's tracker sees: each replica's replayed position, its lag\n"+
 		"behind the primary in bytes and seconds, its epoch (system id/timeline) and\n"+
 		"how fresh the observation is. Unknown state is shown as such: caughtup treats\n"+
-		"it as infinitely behind.", stdout)
+		"it as infinitely behind. --replica takes replicas as caughtup feed and doctor do.", stdout)
 	var replicas stringList
 	primary := fs.String("primary", "", "primary connection string (postgres://…)")
-	fs.Var(&replicas, "replica", "replica connection string; repeat for each replica")
+	fs.Var(&replicas, "replica", replicaFlagHelp)
 	interval := fs.Duration("interval", time.Second, "refresh interval")
 	count := fs.Int("count", 0, "print this many refreshes and exit (0: until interrupted)")
 	poll := fs.Duration("poll", replay.DefaultPollInterval, "tracker poll interval")
@@ -40,21 +38,25 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *interval <= 0 {
 		return usageError{"--interval must be positive"}
 	}
+	named, err := parseReplicas(replicas)
+	if err != nil {
+		return err
+	}
 	conns := &pools{maxConns: 2}
 	defer conns.close()
 	pp, err := conns.connect(ctx, *primary)
 	if err != nil {
 		return err
 	}
-	var rs []*pgxpool.Pool
-	for _, dsn := range replicas {
-		p, err := conns.connect(ctx, dsn)
+	db := replay.Database{Primary: pp}
+	for _, r := range named {
+		p, err := conns.connect(ctx, r.dsn)
 		if err != nil {
 			return err
 		}
-		rs = append(rs, p)
+		db.Replicas = append(db.Replicas, replay.Replica{Name: r.name, Pool: p})
 	}
-	tracker, err := replay.NewTracker(ctx, map[string]replay.Database{"main": {Primary: pp, Replicas: replay.Replicas(rs...)}},
+	tracker, err := replay.NewTracker(ctx, map[string]replay.Database{"main": db},
 		replay.TrackerConfig{PollInterval: *poll})
 	if err != nil {
 		return err
