@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,11 +24,12 @@ import (
 const doctorSynopsis = `doctor --primary URL --replica [NAME=]URL [--replica ...] [--database main]
        [--redis URL] [--redis-mode single|cluster|sentinel] [--redis-ca FILE]
        [--feed default] [--keys-file FILE | $CAUGHTUP_FEED_KEYS] [--key-id ID] [--insecure]
-       [any other flag of caughtup feed] [--connections 8] [--timeout 10s]
+       [--connections 8] [--timeout 10s]
 
 Checks a deployment before caughtup runs on it. It takes the flags and the
 environment of caughtup feed: replace "feed" by "doctor" in a feed's command
-line. It prints one row per check and node:
+line (--name, --interval and --heartbeat are accepted and not used). It
+prints one row per check and node:
 
   ✓ passed   ✗ failed, with the fix under it   ? not checked, because of a ✗
   ! warning  i information, with a recommendation
@@ -34,6 +37,13 @@ line. It prints one row per check and node:
 and exits 0 when no row is ✗ or ?, 1 otherwise, 2 for bad flags. It
 changes nothing in PostgreSQL; in Redis it publishes one observation (see
 redis ACL).
+
+The position feed is checked only when it is configured: keys are given
+(--keys-file or $CAUGHTUP_FEED_KEYS), or a flag only caughtup feed uses
+(--feed, --key-id, --insecure, --name, --interval, --heartbeat). Without
+a feed there is one "feed" row saying so and no feed keys or redis ACL
+rows; a --redis is then checked for PING only (a Redis for the fleet
+budget, say).
 
 Checks:
 
@@ -76,14 +86,18 @@ Checks:
   redis       Redis answers PING. Without --redis and $CAUGHTUP_REDIS_URL
               this is one "not configured" row and the Redis checks are
               not run.
-  feed keys   keys to sign with (--keys-file, $CAUGHTUP_FEED_KEYS), or
-              --insecure: caughtup feed refuses to start without either.
-  redis ACL   the URL's Redis user may do what a feed publisher does
-              (feed.PublisherACL): doctor publishes, through the feed's own
-              sender and signed with the feed's key, one error observation
-              of the database "caughtup-doctor", which routers ignore (they
-              count it as an unknown node and log that at info level). The
-              fix is the ACL SETUSER line.
+  feed        (information) without a configured feed: that the feed
+              checks are not run, and how to run them.
+  feed keys   (with a feed) keys to sign with (--keys-file,
+              $CAUGHTUP_FEED_KEYS), or --insecure: caughtup feed refuses to
+              start without either.
+  redis ACL   (with a feed) the URL's Redis user may do what a feed
+              publisher does (feed.PublisherACL): doctor publishes,
+              through the feed's own sender and signed with the feed's
+              key, one error observation of the database
+              "caughtup-doctor", which routers ignore (they count it as an
+              unknown node and log that at info level). The fix is the ACL
+              SETUSER line.
   settings    (information) hot_standby_feedback and
               max_standby_streaming_delay on each replica,
               synchronous_commit on the primary, and what they mean for
@@ -138,6 +152,7 @@ type doctorNode struct {
 
 type doctor struct {
 	d        deployment
+	feed     bool // a position feed is configured (see doctorSynopsis)
 	ring     feed.Keyring
 	rdb      redis.UniversalClient // nil: not configured
 	redisURL string
@@ -152,7 +167,7 @@ type doctor struct {
 }
 
 func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet(doctorSynopsis, stdout)
+	fs := newFlagSet(doctorSynopsis, stdout, doctorIgnores...)
 	var d deployment
 	d.register(fs)
 	samples := fs.Int("connections", 8, "fresh connections per replica URL for the one-server check")
@@ -192,6 +207,8 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if doc.ring, err = d.keyring(); err != nil {
 		return err
 	}
+	doc.feed = len(doc.ring.Keys) > 0
+	fs.Visit(func(f *flag.Flag) { doc.feed = doc.feed || slices.Contains(feedOnlyFlags, f.Name) })
 	if rawURL, given := d.redisTarget(); given {
 		if doc.rdb, err = d.redisClient(rawURL); err != nil {
 			return err
@@ -674,9 +691,18 @@ func clockRow(node string, skew, rtt time.Duration) row {
 	return row{mark: markPass, check: "clock", node: node, found: found}
 }
 
+// noFeed is the row of a deployment without a configured feed.
+var noFeed = row{mark: markInfo, check: "feed", found: "not configured: no keys ($CAUGHTUP_FEED_KEYS, --keys-file) and no flag of caughtup feed's own, so no feed checks; " +
+	"to check a position feed, give doctor the flags of its caughtup feed command"}
+
+// checkRedis adds the redis row and, with a feed, the feed keys and redis
+// ACL rows; without one, the feed row.
 func (doc *doctor) checkRedis(ctx context.Context) {
 	if doc.rdb == nil {
 		doc.add(row{mark: markInfo, check: "redis", found: "not configured: no --redis and no $CAUGHTUP_REDIS_URL, so no Redis checks (caughtup feed would use redis://127.0.0.1:6379/0)"})
+		if !doc.feed {
+			doc.add(noFeed)
+		}
 		return
 	}
 	user := redisUser(doc.rdb)
@@ -691,11 +717,19 @@ func (doc *doctor) checkRedis(ctx context.Context) {
 		doc.add(row{mark: markPass, check: "redis", found: doc.redisURL + " answered PING, as user " + strconv.Quote(user)})
 	case isNoPerm(err):
 		pingErr = err
-		doc.add(row{mark: markPass, check: "redis", found: doc.redisURL + " answered, as user " + strconv.Quote(user) + " (who may not PING: see redis ACL)"})
+		found := doc.redisURL + " answered, as user " + strconv.Quote(user) + " (who may not PING"
+		if doc.feed {
+			found += ": see redis ACL"
+		}
+		doc.add(row{mark: markPass, check: "redis", found: found + ")"})
 	default:
 		reached = false
 		doc.add(row{mark: markFail, check: "redis", found: doc.redisURL + ": " + oneLine(err.Error()),
 			fix: []string{"check --redis (its user and password; $CAUGHTUP_REDIS_URL keeps them off the command line), --redis-mode, --redis-ca and the network"}})
+	}
+	if !doc.feed {
+		doc.add(noFeed)
+		return
 	}
 	keysOK := doc.checkKeys()
 	if !reached {
@@ -843,7 +877,11 @@ func settingAdvice(name, value string) (mark, string) {
 // print renders the rows: mark, check, node and what was found in
 // columns, each fix on its own lines under the finding.
 func (doc *doctor) print(w io.Writer) {
-	fmt.Fprintf(w, "caughtup doctor: database %q, primary and %d replica(s), feed %q\n\n", doc.d.database, len(doc.replicas), doc.d.feedName)
+	feedText := "no feed"
+	if doc.feed {
+		feedText = "feed " + strconv.Quote(doc.d.feedName)
+	}
+	fmt.Fprintf(w, "caughtup doctor: database %q, primary and %d replica(s), %s\n\n", doc.d.database, len(doc.replicas), feedText)
 	cw, nw := len("CHECK"), len("NODE")
 	for _, r := range doc.rows {
 		cw, nw = max(cw, textWidth(r.check)), max(nw, textWidth(r.node))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -406,6 +407,63 @@ func TestDoctorEnvironment(t *testing.T) {
 	t.Setenv("CAUGHTUP_FEED_KEYS", "")
 	code, out, _ = runCLI(t, base...)
 	requireFailing(t, code, out, []string{"feed keys "}, []string{"redis ACL "})
+}
+
+// TestDoctorWithoutFeed: a deployment without a position feed, Redis or
+// not, passes: one "feed" row says the feed is not configured, and there
+// are no feed keys or redis ACL rows. A flag only caughtup feed uses (here
+// --interval, as in a feed's command line) configures it, and the missing
+// keys then fail. doctor's help leaves out the feed flags it ignores.
+func TestDoctorWithoutFeed(t *testing.T) {
+	c := pgtest.Shared(t)
+	e := newDoctorEnv(t)
+	r := c.Replicas()
+	t.Setenv("CAUGHTUP_REDIS_URL", "")
+	t.Setenv("CAUGHTUP_FEED_KEYS", "")
+	nodes := []string{"doctor", "--primary", c.Primary().DSN(""), "--replica", "r1=" + r[0].DSN(""), "--replica", "r2=" + r[1].DSN("")}
+	for _, redisArgs := range [][]string{{"--redis", "redis://" + e.redis.Addr() + "/0"}, nil} {
+		code, out, errOut := runCLI(t, append(slices.Clone(nodes), redisArgs...)...)
+		t.Logf("no feed, redis %v, exit %d:\n%s", redisArgs, code, out)
+		require.Equal(t, 0, code, "%s\n%s", out, errOut)
+		require.Contains(t, out, "primary and 2 replica(s), no feed\n")
+		rows := parseReport(t, out)
+		count := map[string]int{}
+		for _, row := range rows {
+			require.Contains(t, []string{"✓", "i"}, row.mark, "row %s: %s", row.key(), row.found)
+			count[row.check]++
+		}
+		require.Equal(t, map[string]int{"reachable": 3, "replication": 3, "one server": 2, "grants": 3, "history": 1, "clock": 1,
+			"redis": 1, "feed": 1, "settings": 5}, count)
+		f := findRow(t, rows, "feed ")
+		require.Equal(t, "i", f.mark)
+		require.Contains(t, f.found, "not configured")
+		if redisArgs != nil {
+			require.Contains(t, findRow(t, rows, "redis ").found, "answered PING")
+		}
+	}
+
+	code, out, _ := runCLI(t, append(slices.Clone(nodes), "--redis", "redis://"+e.redis.Addr()+"/0", "--interval", "10ms", "--feed", e.feedName)...)
+	t.Logf("a feed's flags without keys, exit %d:\n%s", code, out)
+	rows := requireFailing(t, code, out, []string{"feed keys "}, []string{"redis ACL "})
+	require.Contains(t, out, fmt.Sprintf("feed %q\n", e.feedName))
+	for _, row := range rows {
+		require.NotEqual(t, "feed", row.check, "a configured feed has no feed row")
+	}
+
+	code, help, _ := runCLI(t, "doctor", "--help")
+	require.Equal(t, 0, code)
+	_, feedHelp, _ := runCLI(t, "feed", "--help")
+	shows := func(help, flag string) bool {
+		return strings.Contains(help, "\n  -"+flag+" ") || strings.Contains(help, "\n  -"+flag+"\n")
+	}
+	for _, flag := range []string{"keys-file", "key-id", "insecure", "feed", "redis", "connections"} {
+		require.True(t, shows(help, flag), "doctor --help shows -%s", flag)
+	}
+	for _, flag := range doctorIgnores {
+		require.False(t, shows(help, flag), "doctor --help hides -%s, which it does not use", flag)
+		require.True(t, shows(feedHelp, flag), "feed --help shows -%s", flag)
+	}
+	require.Contains(t, help, "The position feed is checked only when it is configured")
 }
 
 func TestDoctorRejectsBadFlags(t *testing.T) {

@@ -84,6 +84,15 @@ func (d *deployment) register(fs *flag.FlagSet) {
 	fs.DurationVar(&d.heartbeat, "heartbeat", replay.DefaultFeedHeartbeat, "how often a node that did not change is published anyway; keep it well below the routers' silence bound (500ms by default); negative: every poll")
 }
 
+// feedOnlyFlags are the flags of register that only the feed itself uses,
+// not its nodes or its Redis: doctor checks a feed when one of them is
+// given (or keys are).
+var feedOnlyFlags = []string{"feed", "keys-file", "key-id", "insecure", "name", "interval", "heartbeat"}
+
+// doctorIgnores are the feed-only flags doctor accepts, so that a feed's
+// command line can be checked as it is, but does not use.
+var doctorIgnores = []string{"name", "interval", "heartbeat"}
+
 // validate checks what needs no I/O.
 func (d *deployment) validate() error {
 	if d.primary == "" || len(d.replicas) == 0 {

@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -92,14 +93,24 @@ func printUsage(w io.Writer) {
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and
-// prints help to stdout.
-func newFlagSet(synopsis string, stdout io.Writer) *flag.FlagSet {
+// prints help to stdout. The flags named in hidden are accepted but left
+// out of the help: doctor takes a feed's command line, flags it does not
+// use included.
+func newFlagSet(synopsis string, stdout io.Writer, hidden ...string) *flag.FlagSet {
 	name, _, _ := strings.Cut(synopsis, " ")
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	fs.Usage = func() {
 		fmt.Fprintf(stdout, "usage: caughtup %s\n\n", synopsis)
-		fs.PrintDefaults()
+		shown := flag.NewFlagSet(name, flag.ContinueOnError)
+		shown.SetOutput(stdout)
+		fs.VisitAll(func(f *flag.Flag) {
+			if !slices.Contains(hidden, f.Name) {
+				shown.Var(f.Value, f.Name, f.Usage)
+				shown.Lookup(f.Name).DefValue = f.DefValue
+			}
+		})
+		shown.PrintDefaults()
 	}
 	return fs
 }
