@@ -136,9 +136,12 @@ type TrackerConfig struct {
 	// replica, so time is never judged alone.
 	MaxLagTime time.Duration
 
-	// Feed, if set, takes positions from a position feed in Redis that a
-	// few Publishers fill, instead of querying every node; the tracker
-	// polls by itself whatever the feed does not cover.
+	// Feed, if set, takes positions from a position feed that a few
+	// Publishers fill (FeedConfig.Source; on Redis, package feed) instead
+	// of querying every node. The tracker identifies each node itself
+	// first (a replica only when it is first asked about one, so that a
+	// fleet started at once does not connect to every replica), and polls
+	// by itself whatever the feed does not cover.
 	// Default: nil, the tracker polls every node.
 	// See FeedConfig and docs/fleet.md.
 	Feed *FeedConfig

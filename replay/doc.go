@@ -35,9 +35,15 @@
 // and trackers merge what their FeedSource delivers as they merge their
 // own polls, believing only authentic messages about nodes and server runs
 // they have identified themselves, on their own clock, never past the
-// primary's known position. A node the feed does not cover, or a feed that
-// is silent, unreachable or dropped, is polled locally until the feed
-// covers it again. This package knows no transport: package feed
+// primary's known position. A tracker on the feed connects to a replica
+// only once it is asked about one (its first Snapshot or Watch: a job is
+// being routed), to identify it; until then, and while that query cannot
+// reach the replica, the replica is unknown, and the query is retried
+// with a jittered backoff (FeedConfig.RetryMax), never on the polling
+// schedule. A node the feed does not cover, or a feed that is silent,
+// unreachable or dropped, is polled locally until the feed covers it
+// again; a node it cannot reach then is retried with the same backoff,
+// and the feed's observations of it still count. This package knows no transport: package feed
 // implements both interfaces on Redis.
 //
 //	snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "worker-7", Keys: keys})

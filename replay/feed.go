@@ -47,10 +47,28 @@ type FeedConfig struct {
 	// Default: DefaultFeedMaxDelay (5s).
 	// Far above what NTP-synchronized clocks differ by (milliseconds).
 	MaxDelay time.Duration
+
+	// RetryMax bounds the wait between two attempts to reach a node that
+	// did not answer the router's own query (its identification, a poll
+	// while the feed does not cover it, the check of a restart): the
+	// first retry comes a PollInterval later, each next one twice as
+	// late, ±50% at random, up to RetryMax. Meanwhile the node is not
+	// polled, and kicks do not hurry it: a replica not yet identified
+	// stays unknown, one identified before keeps taking the feed's
+	// observations. Must not be negative.
+	// Default: DefaultFeedRetryMax (5s).
+	// A fleet restarted at once against a replica that refuses its
+	// connections (max_connections) spreads its retries over seconds
+	// instead of trying ten times a second per process, together; a
+	// replica that answers again is identified within seconds.
+	RetryMax time.Duration
 }
 
 // DefaultFeedMaxDelay is FeedConfig.MaxDelay's default.
 const DefaultFeedMaxDelay = 5 * time.Second
+
+// DefaultFeedRetryMax is FeedConfig.RetryMax's default.
+const DefaultFeedRetryMax = 5 * time.Second
 
 func (c FeedConfig) withDefaults(staleness time.Duration) FeedConfig {
 	if c.SilenceBound == 0 {
@@ -58,6 +76,9 @@ func (c FeedConfig) withDefaults(staleness time.Duration) FeedConfig {
 	}
 	if c.MaxDelay == 0 {
 		c.MaxDelay = DefaultFeedMaxDelay
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultFeedRetryMax
 	}
 	return c
 }
@@ -71,6 +92,8 @@ func (c FeedConfig) validate(staleness time.Duration) error {
 		return bad("Source is required (on Redis, a feed.Subscriber: feed.NewSubscriber with the publishers' Redis, feed name and keys)")
 	case c.SilenceBound <= 0 || c.SilenceBound >= staleness:
 		return bad("SilenceBound %v must be positive and below StalenessBound %v, so that the router polls by itself before what the feed said goes stale", c.SilenceBound, staleness)
+	case c.RetryMax < 0:
+		return bad("RetryMax %v must not be negative", c.RetryMax)
 	}
 	return nil
 }
@@ -105,11 +128,16 @@ type FeedStatus struct {
 	Active bool
 	// Health is the subscription's state and since when.
 	Health FeedHealth
-	// LocalNodes counts the nodes the router polls itself: every node
-	// while the feed is not Active, else those the feed does not cover
-	// (no observation merged within FeedConfig.SilenceBound, or not yet
-	// confirmed by the router's own poll).
+	// LocalNodes counts the identified nodes the router polls itself:
+	// every one while the feed is not Active, else those the feed does not
+	// cover (no observation merged within FeedConfig.SilenceBound).
 	LocalNodes int
+	// Unidentified counts the nodes whose server run the router has not
+	// read itself yet (a replica no one asked about since the router
+	// started, or one its identification could not reach: retried with
+	// backoff, FeedConfig.RetryMax). The feed's observations of them are
+	// not believed, and they are not polled on schedule: they are unknown.
+	Unidentified int
 	// Fallbacks counts, since the Router started, the times it went back
 	// to polling by itself: all nodes (the feed stopped being usable; see
 	// also caughtup.consume.feed.switches) or one node (the feed stopped
@@ -192,8 +220,14 @@ type feedState struct {
 	// own polls. t.mu.
 	systems []uint64
 
+	// wanted is set, and demanded closed, when the tracker is first asked
+	// about its positions: the replicas' pollers identify them then.
+	wanted   atomic.Bool
+	demanded chan struct{}
+
 	warn      [numFeedRejects]rate.Sometimes
 	warnLocal rate.Sometimes
+	warnRetry rate.Sometimes
 }
 
 // feedNode is one node as the feed and the router's own polls know it.
@@ -211,6 +245,8 @@ type feedNode struct {
 	confirmWanted atomic.Bool
 	// local: the poller polls the node itself (for the gauge and logs).
 	local atomic.Bool
+	// identified: confirmedKnown, readable without t.mu.
+	identified atomic.Bool
 
 	// Guarded by tracker.mu.
 	confirmed      Incarnation // the run the router's own poll last saw
@@ -240,6 +276,8 @@ func newFeedState(t *Tracker) (*feedState, error) {
 		dbIndex:   make(map[string]int),
 		systems:   make([]uint64, len(t.primarys)),
 		warnLocal: rate.Sometimes{First: 5, Interval: 10 * time.Second},
+		warnRetry: rate.Sometimes{First: 3, Interval: 10 * time.Second},
+		demanded:  make(chan struct{}),
 	}
 	for i := range f.warn {
 		f.warn[i] = rate.Sometimes{First: 3, Interval: 10 * time.Second}
@@ -260,24 +298,23 @@ func newFeedState(t *Tracker) (*feedState, error) {
 		f.replicaIndex = append(f.replicaIndex, idx)
 		f.replicas = append(f.replicas, ns)
 	}
-	for _, n := range f.nodes {
-		n.local.Store(true)
-	}
 	mp := t.cfg.MeterProvider
 	var err error
 	if f.met, err = newFeedMetrics(mp, f); err != nil {
 		return nil, fmt.Errorf("caughtup/replay: creating the feed's instruments: %w", err)
 	}
-	f.log.Info("caughtup: the router takes replica positions from the feed once it has polled every node itself",
+	f.log.Info("caughtup: the router takes positions from the feed; it identifies each node itself first (a replica when first asked about it)",
 		slog.Duration("silence_bound", cfg.SilenceBound), slog.Duration("max_delay", cfg.MaxDelay))
 	return f, nil
 }
 
-// start subscribes once the router's own first polls are in (or
-// StalenessBound has passed): the feed's observations of a node are
-// believed only after the router has seen which run of which system the
-// node is, so that a message from before a restart is superseded, not
-// believed.
+// start subscribes once the router's own first polls of the primaries
+// are in (or StalenessBound has passed), so that the stored values read
+// on subscribing find them identified. The feed's observations of a node
+// are believed only after the router has seen which run of which system
+// the node is, so that a message from before a restart is superseded, not
+// believed; the replicas are identified when first asked about (demand),
+// and their observations believed from the next message on.
 func (f *feedState) start() {
 	t := f.t
 	t.wg.Add(1)
@@ -303,11 +340,37 @@ func (f *feedState) status() FeedStatus {
 	f.healthMu.Unlock()
 	s := FeedStatus{Configured: true, Active: f.active.Load(), Health: h, Fallbacks: f.fallbacks.Load()}
 	for _, n := range f.nodes {
-		if n.local.Load() {
+		switch {
+		case !n.identified.Load():
+			s.Unidentified++
+		case n.local.Load():
 			s.LocalNodes++
 		}
 	}
 	return s
+}
+
+// demand starts the identification of the replicas: the tracker was asked
+// about its positions (a job is being routed, or waits). Called on every
+// Snapshot until it has been.
+func (f *feedState) demand() {
+	if f.wanted.CompareAndSwap(false, true) {
+		close(f.demanded)
+	}
+}
+
+// unreachable logs (rate-limited) that the router's own query of n failed
+// and when it tries again; the node stays on the feed meanwhile. Called by
+// the node's poller only.
+func (f *feedState) unreachable(n *feedNode, wait time.Duration) {
+	f.warnRetry.Do(func() {
+		msg := "caughtup: the router's own query of a node it has identified failed; it keeps the feed's observations of the node and tries again later"
+		if !n.identified.Load() {
+			msg = "caughtup: the router cannot reach the node to identify its server run; the node is unknown (the feed's observations of it are not believed) until it can, and it tries again later"
+		}
+		f.log.Warn(msg+" (logged at most every 10s)", slog.String(attrDatabase, f.t.primarys[n.db].dbName),
+			slog.String("node", n.label()), slog.Duration("retry_in", wait.Round(time.Millisecond)), slog.Duration("retry_max", f.cfg.RetryMax))
+	})
 }
 
 // onHealth switches between the feed and local polling: the feed is used
@@ -350,6 +413,9 @@ func kick(ch chan struct{}) {
 // (the zero time: poll it now, and on the usual schedule). Called by the
 // node's poller only.
 func (f *feedState) fedUntil(n *feedNode) time.Time {
+	if !n.identified.Load() {
+		return time.Time{} // neither fed nor local: its identification is due
+	}
 	var until time.Time
 	if f.active.Load() && !n.confirmWanted.Load() {
 		if at := n.fedAt.Load(); at != 0 {
@@ -391,6 +457,7 @@ func (f *feedState) polledReplica(db, idx int, o *ReplicaObservation) {
 	}
 	n := f.replicas[db][idx]
 	n.confirmed, n.confirmedKnown = o.Incarnation, true
+	n.identified.Store(true)
 	if sys := o.Replayed.Epoch.SystemID; sys != 0 && f.systems[db] == 0 {
 		f.systems[db] = sys
 	}
@@ -423,6 +490,7 @@ func (f *feedState) polledPrimary(db int, o *PrimaryObservation) {
 		return
 	}
 	f.primarys[db].confirmedKnown = true
+	f.primarys[db].identified.Store(true)
 	f.systems[db] = o.Epoch.SystemID
 }
 

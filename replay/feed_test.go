@@ -122,8 +122,7 @@ func TestFeedRejectsForgedUnsignedReplayedImpossible(t *testing.T) {
 	f.publisher(t, "pub-a")
 	tr := f.tracker(t)
 	waitOnFeed(t, tr)
-	_, tok0 := f.write(t)
-	usableAt(t, tr, tok0) // every node is known before the attack
+	identified(t, tr) // every node is known before the attack
 
 	// Capture authentic messages with a plain subscriber, to replay.
 	ctx := ctxT(t)
@@ -240,8 +239,7 @@ func TestFeedOldRunAndSwappedNamesNotBelieved(t *testing.T) {
 	f.publisher(t, "pub-b")
 	tr := f.tracker(t)
 	waitOnFeed(t, tr)
-	_, tok0 := f.write(t)
-	usableAt(t, tr, tok0)
+	identified(t, tr)
 	after := tr.Snapshot().Database("main").Replicas[0]
 	require.Equal(t, 1, after.Incarnation.Compare(before.Incarnation), "the restart gave r1 a newer run")
 

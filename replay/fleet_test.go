@@ -52,6 +52,7 @@ func logger(t testing.TB) *slog.Logger {
 // MeterProvider its trackers and subscribers record to.
 type fleet struct {
 	c        *pgtest.Cluster
+	db       string
 	primary  *pgxpool.Pool
 	replicas []*pgxpool.Pool
 	rdb      *redis.Client
@@ -66,7 +67,7 @@ func newFleet(t testing.TB, c *pgtest.Cluster, redisAddr string) *fleet {
 	t.Helper()
 	ctx := ctxT(t)
 	db := pgtest.NewDatabase(t, c)
-	f := &fleet{c: c}
+	f := &fleet{c: c, db: db}
 	var err error
 	f.primary, err = c.Primary().Pool(ctx, db)
 	require.NoError(t, err)
@@ -199,6 +200,15 @@ func waitOnFeed(t testing.TB, tr *replay.Tracker) {
 		s := tr.Feed()
 		return s.Active && s.LocalNodes == 0
 	}, feedDeadline, time.Millisecond, "the tracker never took its nodes from the feed")
+}
+
+// identified asks tr about its positions (which has it identify its
+// replicas) and waits until it has identified every node.
+func identified(t testing.TB, tr *replay.Tracker) {
+	t.Helper()
+	tr.Snapshot()
+	require.Eventually(t, func() bool { return tr.Feed().Unidentified == 0 }, feedDeadline, time.Millisecond,
+		"the tracker never identified every node")
 }
 
 // waitOffFeed waits until tr polls every node itself.

@@ -14,9 +14,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric/noop"
+	"github.com/cenkalti/backoff/v4"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/pgwal"
+	"github.com/caughtup/caughtup/internal/retry"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -116,8 +118,12 @@ type observationSink interface {
 // NewTracker validates dbs and cfg, starts polling (or subscribing to the
 // feed) and waits until every node has been queried once, or ctx ends, or
 // cfg.StalenessBound passes: nodes that have not answered by then count as
-// unknown until they do. ctx bounds only this start; the Tracker runs
-// until Close. The pools in dbs stay the caller's.
+// unknown until they do. On a feed (cfg.Feed) only the primaries are
+// queried at start: a replica is identified when the tracker is first
+// asked about its positions (Snapshot, Watch), so that a fleet started at
+// once opens no connection to its replicas before a job needs one (see
+// FeedConfig). ctx bounds only this start; the Tracker runs until Close.
+// The pools in dbs stay the caller's.
 func NewTracker(ctx context.Context, dbs map[string]Database, cfg TrackerConfig) (*Tracker, error) {
 	cfg = cfg.WithDefaults()
 	if err := ValidateDatabases(dbs); err != nil {
@@ -216,8 +222,12 @@ func newTracker(dbs map[string]Database, cfg *TrackerConfig, opts trackerOptions
 	}
 
 	n := len(t.primarys)
-	for _, rps := range t.replicas {
-		n += len(rps)
+	if t.feed == nil {
+		// On a feed the replicas are identified on demand: NewTracker
+		// does not wait for them.
+		for _, rps := range t.replicas {
+			n += len(rps)
+		}
 	}
 	t.initLeft.Store(int32(n))
 	if opts.rounds {
@@ -282,8 +292,15 @@ func (t *Tracker) close() {
 }
 
 // Snapshot returns the tracker's current state. It is shared and
-// immutable: do not modify it.
-func (t *Tracker) Snapshot() *Snapshot { return t.snap.Load() }
+// immutable: do not modify it. On a feed, the first call is what has the
+// tracker identify its replicas (see FeedConfig): until then they are
+// unknown.
+func (t *Tracker) Snapshot() *Snapshot {
+	if f := t.feed; f != nil && !f.wanted.Load() {
+		f.demand()
+	}
+	return t.snap.Load()
+}
 
 // Config returns the tracker's configuration with defaults applied.
 func (t *Tracker) Config() TrackerConfig { return *t.cfg }
@@ -322,47 +339,88 @@ func nextPoll(last time.Time, waiting bool, cfg *TrackerConfig) time.Time {
 }
 
 func (t *Tracker) runReplica(p *replicaPoller) {
-	var fed func() time.Time
+	sc := schedule{poll: func() bool { return t.pollReplica(p) }, waiting: func() bool { return p.waiters.Load() > 0 }, kick: p.kick}
 	if t.feed != nil {
-		n := t.feed.replicas[p.db][p.idx]
-		fed = func() time.Time { return t.feed.fedUntil(n) }
+		sc.node, sc.onDemand = t.feed.replicas[p.db][p.idx], true
 	}
-	t.run(func() { t.pollReplica(p) }, func() bool { return p.waiters.Load() > 0 }, p.kick, fed)
+	t.run(sc)
 }
 
 func (t *Tracker) runPrimary(p *primaryPoller) {
-	var fed func() time.Time
+	sc := schedule{poll: func() bool { return t.pollPrimary(p) }, waiting: func() bool { return false }, kick: p.kick}
 	if t.feed != nil {
-		n := t.feed.primarys[p.db]
-		fed = func() time.Time { return t.feed.fedUntil(n) }
+		sc.node = t.feed.primarys[p.db]
 	}
-	t.run(func() { t.pollPrimary(p) }, func() bool { return false }, p.kick, fed)
+	t.run(sc)
+}
+
+// schedule is what run polls and when.
+type schedule struct {
+	// poll polls the node once and reports whether it answered.
+	poll func() bool
+	// waiting reports callers waiting on the node (WaitPollInterval).
+	waiting func() bool
+	// kick wakes run to look at the schedule again.
+	kick chan struct{}
+	// node is the node as the feed knows it; nil without a feed.
+	node *feedNode
+	// onDemand: the first poll (the node's identification) waits until
+	// the tracker is asked about its positions (feedState.demand).
+	onDemand bool
 }
 
 // run polls on the schedule of nextPoll (measured from the start of each
 // poll, so that a slow query does not stretch the period) until the
 // tracker stops, and marks the node initialized after its first poll. A
 // kick (a first waiter, or the feed lapsing) makes it look at the schedule
-// again. While fed reports the node covered by the feed (a time until
-// which it is), it does not poll at all, waiters or not: the feed's
-// publishers set the pace.
-func (t *Tracker) run(poll func(), waiting func() bool, kick chan struct{}, fed func() time.Time) {
+// again. On a feed, while the feed covers the node (a time until which it
+// does), it does not poll at all, waiters or not: the publishers set the
+// pace; and a poll that failed is retried after a jittered backoff that
+// grows to FeedConfig.RetryMax, which no kick shortens, so that a fleet
+// whose connections a replica refuses (max_connections) does not try
+// again ten times a second per process, all together.
+func (t *Tracker) run(sc schedule) {
 	defer t.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	first := true
+	counted := !sc.onDemand
+	if sc.onDemand {
+		select {
+		case <-t.feed.demanded:
+		case <-t.ctx.Done():
+			return
+		}
+	}
+	var bo backoff.ExponentialBackOff
+	if sc.node != nil {
+		bo = retry.Jittered(t.cfg.PollInterval, t.cfg.Feed.RetryMax)
+	}
+	var retryAt time.Time // zero while the last poll answered
 	for {
 		start := t.cfg.Now()
-		poll()
-		if first {
-			first = false
+		ok := sc.poll()
+		if counted {
+			counted = false
 			t.initialized()
 		}
+		if sc.node != nil {
+			if ok {
+				bo.Reset()
+				retryAt = time.Time{}
+			} else if t.ctx.Err() == nil {
+				wait := bo.NextBackOff()
+				retryAt = start.Add(wait)
+				t.feed.unreachable(sc.node, wait)
+			}
+		}
 		for {
-			due := nextPoll(start, waiting(), t.cfg)
-			if fed != nil {
-				if until := fed(); !until.IsZero() {
+			due := nextPoll(start, sc.waiting(), t.cfg)
+			if sc.node != nil {
+				if until := t.feed.fedUntil(sc.node); !until.IsZero() {
 					due = until
+				}
+				if due.Before(retryAt) {
+					due = retryAt
 				}
 			}
 			d := due.Sub(t.cfg.Now())
@@ -378,7 +436,7 @@ func (t *Tracker) run(poll func(), waiting func() bool, kick chan struct{}, fed 
 				timer.Stop()
 				return
 			case <-timer.C:
-			case <-kick:
+			case <-sc.kick:
 				timer.Stop()
 			}
 		}
@@ -424,13 +482,16 @@ func (t *Tracker) observeReplica(p *replicaPoller) (ReplicaObservation, bool) {
 	return o, true
 }
 
-func (t *Tracker) pollReplica(p *replicaPoller) {
-	if o, ok := t.observeReplica(p); ok {
+// pollReplica polls a replica once and reports whether it answered.
+func (t *Tracker) pollReplica(p *replicaPoller) bool {
+	o, ok := t.observeReplica(p)
+	if ok {
 		t.applyReplica(p, o)
 		if t.sink != nil {
 			t.sink.replica(p, o)
 		}
 	}
+	return ok && o.Err == nil
 }
 
 // applyReplica merges one observation of a replica and publishes the
@@ -547,13 +608,16 @@ func (t *Tracker) observePrimary(p *primaryPoller) (PrimaryObservation, bool) {
 	return o, true
 }
 
-func (t *Tracker) pollPrimary(p *primaryPoller) {
-	if o, ok := t.observePrimary(p); ok {
+// pollPrimary polls a primary once and reports whether it answered.
+func (t *Tracker) pollPrimary(p *primaryPoller) bool {
+	o, ok := t.observePrimary(p)
+	if ok {
 		t.applyPrimary(p.db, o, false)
 		if t.sink != nil {
 			t.sink.primary(p, o)
 		}
 	}
+	return ok && o.Err == nil
 }
 
 // applyPrimary merges one observation of a primary (fromFeed: delivered by
@@ -685,7 +749,7 @@ func (t *Tracker) Stat() []NodeStat {
 // WaitPollInterval. A database the tracker does not know is not watched.
 // stop is idempotent.
 func (t *Tracker) Watch(database string) (stop func()) {
-	s := t.snapshot()
+	s := t.Snapshot() // on a feed, a watch is a demand for the replicas too
 	for db := range s.Databases {
 		if s.Databases[db].Name != database {
 			continue
