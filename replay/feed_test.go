@@ -313,7 +313,7 @@ func TestFeedConfigValidation(t *testing.T) {
 type stubSource struct{}
 
 func (stubSource) Subscribe(context.Context, replay.FeedHandler) error { return nil }
-func (stubSource) Destination() string                               { return "stub" }
+func (stubSource) Destination() string                                 { return "stub" }
 
 // TestFeedInsecureIsLogged: a source that believes unsigned messages says
 // so when it is made, and a tracker on it works with an unsigned

@@ -11,10 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric/noop"
-	"github.com/cenkalti/backoff/v4"
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/internal/pgwal"
