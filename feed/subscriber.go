@@ -663,14 +663,14 @@ func (s *subscription) handle(b []byte, now time.Time, stored bool, pttl time.Du
 
 	d := Delivery{
 		FeedObservation: m.obs,
-		Publisher:   PublisherID{Name: m.publisher, Instance: m.instance},
-		Seq:         m.seq,
-		KeyID:       m.keyID,
-		SentAt:      m.sentAt,
-		ReceivedAt:  now,
-		Stored:      stored,
-		Age:         age,
-		Held:        m.held,
+		Publisher:       PublisherID{Name: m.publisher, Instance: m.instance},
+		Seq:             m.seq,
+		KeyID:           m.keyID,
+		SentAt:          m.sentAt,
+		ReceivedAt:      now,
+		Stored:          stored,
+		Age:             age,
+		Held:            m.held,
 	}
 	d.PolledAt = now.Add(-age)
 	if stored {
