@@ -60,9 +60,11 @@
 // The tracker's role needs pg_read_all_stats (pg_stat_wal_receiver hides a
 // standby's timeline otherwise, and the startup process that tells a
 // crash restart apart) and EXECUTE on pg_read_file(text) for the timeline
-// history after a failover. A privilege it lacks makes the node unknown
-// with a *GrantError (ErrMissingGrant) that names the GRANT to run, logged
-// once. See docs/roles.md.
+// history after a failover, and CONNECT on the database (PUBLIC has it
+// unless revoked). A privilege it lacks makes the node unknown with a
+// *GrantError (ErrMissingGrant) that names the GRANT to run, logged once;
+// a CONNECT refused when the connection opens, before any query, is one.
+// See docs/roles.md.
 //
 // # Metrics
 //

@@ -84,10 +84,11 @@ type GrantError struct {
 	// Role is the role the tracker connects as.
 	Role string
 	// Privilege names what is missing ("pg_read_all_stats", "EXECUTE on
-	// pg_control_system()"); Grant is the statement to run on the primary;
-	// Lost says what caughtup cannot do without it.
+	// pg_control_system()", "CONNECT on database app"); Grant is the
+	// statement to run on the primary; Lost says what caughtup cannot do
+	// without it.
 	Privilege, Grant, Lost string
-	// Err is the query's error, if one told.
+	// Err is the query's or the connection's error, if one told.
 	Err error
 }
 

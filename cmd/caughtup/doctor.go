@@ -309,8 +309,11 @@ func (doc *doctor) connect(ctx context.Context, n *doctorNode) {
 	defer cancel()
 	n.conn, n.err = pgx.ConnectConfig(ctx, n.cfg)
 	if n.err != nil {
-		doc.add(row{mark: markFail, check: "reachable", node: n.name, found: oneLine(n.err.Error()),
-			fix: []string{"check the URL, the network and the server's pg_hba.conf: the error is the server's or the network's"}})
+		fix := []string{"check the URL, the network and the server's pg_hba.conf: the error is the server's or the network's"}
+		if p, ok := pgwal.MissingPrivilege(n.err); ok { // CONNECT on the database, refused before any query
+			fix = []string{"run on the primary (standbys replay it):", p.GrantSQL(n.cfg.User)}
+		}
+		doc.add(row{mark: markFail, check: "reachable", node: n.name, found: oneLine(n.err.Error()), fix: fix})
 		return
 	}
 	n.id, n.idErr = pgwal.ReadIdentity(ctx, n.conn)

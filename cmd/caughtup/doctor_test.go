@@ -285,6 +285,50 @@ func TestDoctorMissingGrants(t *testing.T) {
 	require.Contains(t, findRow(t, rows, "grants r2").found, `role "app" may call every function`)
 }
 
+// TestDoctorMissingConnect: a role without CONNECT on the database fails
+// every node's reachable row with the GRANT that fixes it; run as printed,
+// every node is reachable.
+func TestDoctorMissingConnect(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.NewDatabase(t, c)
+	role := fmt.Sprintf("noconnect_%d", time.Now().UnixNano()%1e9)
+	su := connectT(t, c.Primary().DSN(db))
+	for _, sql := range []string{"CREATE ROLE " + role + " LOGIN", "REVOKE CONNECT ON DATABASE " + pgx.Identifier{db}.Sanitize() + " FROM PUBLIC"} {
+		_, err := su.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	dsn := func(n *pgtest.Node) string {
+		return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, n.Port(), db)
+	}
+	r := c.Replicas()
+	args := []string{"doctor", "--primary", dsn(c.Primary()), "--replica", "r1=" + dsn(r[0]), "--replica", "r2=" + dsn(r[1])}
+	code, out, _ := runCLI(t, args...)
+	t.Logf("a role without CONNECT, exit %d:\n%s", code, out)
+	require.Equal(t, 1, code, out)
+	rows := parseReport(t, out)
+	want := []string{"run on the primary (standbys replay it):", fmt.Sprintf(`GRANT CONNECT ON DATABASE "%s" TO "%s";`, db, role)}
+	for _, node := range []string{"primary", "r1", "r2"} {
+		row := findRow(t, rows, "reachable "+node)
+		require.Equal(t, "✗", row.mark, node)
+		require.Contains(t, row.found, "permission denied for database")
+		require.Equal(t, want, row.fix, node)
+	}
+
+	_, err := su.Exec(ctx, want[1])
+	require.NoError(t, err)
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	code, out, _ = runCLI(t, args...)
+	t.Logf("after the printed GRANT, exit %d:\n%s", code, out)
+	rows = parseReport(t, out)
+	for _, node := range []string{"primary", "r1", "r2"} {
+		require.Equal(t, "✓", findRow(t, rows, "reachable "+node).mark, node)
+	}
+}
+
 // TestDoctorForeignStandby: a standby of another cluster given as a
 // replica fails its replication row, and only that.
 func TestDoctorForeignStandby(t *testing.T) {

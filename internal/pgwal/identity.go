@@ -219,6 +219,11 @@ type Privilege struct {
 	// Role is a predefined role whose privileges the role must have (as a
 	// member that inherits them, directly or through e.g. pg_monitor).
 	Role string
+	// Database is a database the role must be allowed to connect to
+	// (CONNECT); empty for the others. It is not in Privileges: a role
+	// without it never runs a query, so MissingPrivilege finds it in the
+	// connection's error (ConnectPrivilege).
+	Database string
 	// Need says how much is lost without it, Lost says what.
 	Need Need
 	Lost string
@@ -226,13 +231,15 @@ type Privilege struct {
 
 // Name is the privilege as people say it: "EXECUTE on
 // pg_control_system()", "SELECT on pg_stat_wal_receiver",
-// "pg_read_all_stats".
+// "pg_read_all_stats", "CONNECT on database app".
 func (p Privilege) Name() string {
 	switch {
 	case p.Function != "":
 		return "EXECUTE on " + p.Function
 	case p.View != "":
 		return "SELECT on " + p.View
+	case p.Database != "":
+		return "CONNECT on database " + p.Database
 	}
 	return p.Role
 }
@@ -246,8 +253,17 @@ func (p Privilege) GrantSQL(role string) string {
 		return "GRANT EXECUTE ON FUNCTION " + p.Function + " TO " + r + ";"
 	case p.View != "":
 		return "GRANT SELECT ON " + p.View + " TO " + r + ";"
+	case p.Database != "":
+		return "GRANT CONNECT ON DATABASE " + pgx.Identifier{p.Database}.Sanitize() + " TO " + r + ";"
 	}
 	return "GRANT " + p.Role + " TO " + r + ";"
+}
+
+// ConnectPrivilege is CONNECT on database, which a role has through
+// PUBLIC unless it was revoked (hardened installations revoke it and grant
+// it per role).
+func ConnectPrivilege(database string) Privilege {
+	return Privilege{Database: database, Need: Required, Lost: lostConnect}
 }
 
 // What the reads lose without a privilege.
@@ -256,6 +272,7 @@ const (
 	lostReplica = "ReadReplica fails: the replica's position is unknown and caughtup never uses it"
 	lostControl = "reads with Control fail: no epoch, so tokens cannot be captured and replicas are unknown"
 	lostStatus  = "reads with Status fail: trackers cannot poll replicas"
+	lostConnect = "the server refuses every connection of the role: the node's position is unknown and caughtup never uses it (a primary's: no token can be captured)"
 	lostHistory = "the timeline history after a failover: tokens from older timelines then read the primary, and a standby left on an older timeline is not recognized as diverged"
 )
 
@@ -372,14 +389,20 @@ func ReadRights(ctx context.Context, q Querier) (RoleRights, error) {
 	return r, nil
 }
 
-// MissingPrivilege returns the privilege a query's error says the role
-// lacks: for SQLSTATE 42501, the function the message names ("permission
-// denied for function pg_control_system"), or the view; false for any
-// other error or one that names nothing this package uses.
+// MissingPrivilege returns the privilege an error says the role lacks:
+// for SQLSTATE 42501 from a query, the function the message names
+// ("permission denied for function pg_control_system"), or the view; from
+// connecting (a *pgconn.ConnectError: "permission denied for database",
+// which the server sends before any query), CONNECT on the database the
+// connection asked for. False for any other error or one that names
+// nothing this package uses.
 func MissingPrivilege(err error) (Privilege, bool) {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != pgerrcode.InsufficientPrivilege {
 		return Privilege{}, false
+	}
+	if ce := (*pgconn.ConnectError)(nil); errors.As(err, &ce) {
+		return connectPrivilege(ce, pe)
 	}
 	for _, p := range Privileges {
 		name := p.Function
@@ -394,6 +417,31 @@ func MissingPrivilege(err error) (Privilege, bool) {
 		}
 	}
 	return Privilege{}, false
+}
+
+// connectPrivilege is the CONNECT privilege a refused connection lacks.
+// Other 42501s at connect time (a walsender without REPLICATION, a startup
+// option only a superuser may set) are not CONNECT: the server's message
+// says "permission denied for database" with the detail "User does not
+// have CONNECT privilege.", the detail naming the keyword even when the
+// message is translated.
+func connectPrivilege(ce *pgconn.ConnectError, pe *pgconn.PgError) (Privilege, bool) {
+	if !strings.Contains(pe.Detail, "CONNECT") && !strings.Contains(pe.Message, "permission denied for database") {
+		return Privilege{}, false
+	}
+	db := ""
+	if ce.Config != nil {
+		// Without a database, PostgreSQL connects to the one named like
+		// the user.
+		db = ce.Config.Database
+		if db == "" {
+			db = ce.Config.User
+		}
+	}
+	if db == "" {
+		return Privilege{}, false
+	}
+	return ConnectPrivilege(db), true
 }
 
 // ReadAllStats is the predefined role without which a standby's

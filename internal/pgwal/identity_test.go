@@ -2,9 +2,12 @@ package pgwal_test
 
 import (
 	"fmt"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/internal/pgwal"
@@ -154,4 +157,59 @@ func TestGrantSQLQuotesTheRole(t *testing.T) {
 	require.Equal(t, `GRANT EXECUTE ON FUNCTION pg_control_system() TO "a ""b""";`, byName["EXECUTE on pg_control_system()"].GrantSQL(`a "b"`))
 	require.Equal(t, `GRANT pg_read_all_stats TO "app";`, byName["pg_read_all_stats"].GrantSQL("app"))
 	require.Equal(t, `GRANT SELECT ON pg_stat_wal_receiver TO "app";`, byName["SELECT on pg_stat_wal_receiver"].GrantSQL("app"))
+}
+
+// TestConnectPrivilege: a role without CONNECT on a database is refused
+// when it connects, before any query, on the primary and on a standby
+// alike (the REVOKE replicates). MissingPrivilege names CONNECT on that
+// database, and its GrantSQL lets the role in. A database of the test's
+// own keeps the shared cluster's others untouched.
+func TestConnectPrivilege(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Shared(t)
+	ctx := ctxT(t)
+	db := fmt.Sprintf("Revoked %d", time.Now().UnixNano()%1e9)
+	role := fmt.Sprintf("noconnect_%d", time.Now().UnixNano()%1e9)
+	require.NoError(t, c.CreateDatabase(ctx, db))
+	su := connect(t, c.Primary().DSN(""))
+	for _, sql := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"REVOKE CONNECT ON DATABASE " + pgx.Identifier{db}.Sanitize() + " FROM PUBLIC",
+	} {
+		_, err := su.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	dsn := func(n *pgtest.Node) string {
+		return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, n.Port(), url.PathEscape(db))
+	}
+	var grant string
+	for _, n := range c.Nodes() {
+		_, err := pgx.Connect(ctx, dsn(n))
+		var ce *pgconn.ConnectError
+		require.ErrorAs(t, err, &ce, n.Name())
+		p, ok := pgwal.MissingPrivilege(err)
+		require.True(t, ok, "%s: %v", n.Name(), err)
+		require.Equal(t, pgwal.Required, p.Need)
+		require.Equal(t, "CONNECT on database "+db, p.Name())
+		require.NotEmpty(t, p.Lost)
+		grant = p.GrantSQL(role)
+		require.Equal(t, fmt.Sprintf(`GRANT CONNECT ON DATABASE "%s" TO "%s";`, db, role), grant)
+	}
+	_, ok := pgwal.MissingPrivilege(fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "42501", Message: "permission denied for function pg_ls_dir"}))
+	require.False(t, ok, "a query's 42501 naming nothing caughtup calls")
+	_, err := pgx.Connect(ctx, fmt.Sprintf("postgres://nosuchrole_%d@127.0.0.1:%d/postgres?sslmode=disable", time.Now().UnixNano()%1e9, c.Primary().Port()))
+	require.Error(t, err)
+	_, ok = pgwal.MissingPrivilege(err)
+	require.False(t, ok, "an unknown role (28000) is not a missing grant: %v", err)
+
+	_, err = su.Exec(ctx, grant)
+	require.NoError(t, err)
+	require.NoError(t, c.WaitReplicasCaughtUp(ctx))
+	for _, n := range c.Nodes() {
+		conn := connect(t, dsn(n))
+		rights, err := pgwal.ReadRights(ctx, conn)
+		require.NoError(t, err, n.Name())
+		require.Equal(t, role, rights.Role)
+	}
 }
