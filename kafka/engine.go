@@ -2,8 +2,10 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -88,6 +90,8 @@ type Engine[R any, H Header] struct {
 	tracer  trace.Tracer
 	prop    propagation.TextMapPropagator
 	met     map[string]*topicCounter
+
+	running atomic.Bool
 }
 
 // New validates cfg (after WithDefaults) and returns an Engine that
@@ -123,6 +127,24 @@ func New[R any, H Header](cfg Config[R], a Adapter[R, H]) (*Engine[R, H], error)
 		return nil, fmt.Errorf("%s: creating instruments: %w", a.Name, err)
 	}
 	return e, nil
+}
+
+// ErrRunning is returned by an adapter's Consumer.Run while another Run
+// of the same Consumer is still going.
+var ErrRunning = errors.New("caughtup/kafka: Consumer.Run is already running; use one Consumer per Run, or wait for the first to return")
+
+// Begin starts a Run of the adapter's consumer, one at a time: it returns
+// ErrRunning while another is going, else the Run's context, a child of
+// ctx, and end, which cancels it and marks the Run over.
+func (e *Engine[R, H]) Begin(ctx context.Context) (context.Context, func(), error) {
+	if !e.running.CompareAndSwap(false, true) {
+		return nil, nil, ErrRunning
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	return ctx, func() {
+		cancel()
+		e.running.Store(false)
+	}, nil
 }
 
 // Config returns the Engine's configuration with defaults applied.

@@ -11,9 +11,9 @@ import (
 
 // Headers the Engine writes on records it republishes to the retry or
 // dead-letter topic, besides the token (position.HeaderName), which is
-// copied unchanged. Numbers are decimal text. They are both adapters'
-// (each exports them under its own name too), so that a retry topic
-// written by one is read correctly by the other.
+// copied unchanged. Numbers are decimal text. They are both adapters', so
+// that a retry topic written by one is read correctly by the other;
+// caughtupkafka exports them under its own names too.
 const (
 	// HeaderDue is when a republished record may run, in Unix
 	// milliseconds.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -17,8 +16,8 @@ import (
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
-// still going.
-var ErrRunning = errors.New("caughtup/kafka: Consumer.Run is already running; use one Consumer per Run, or wait for the first to return")
+// still going (engine.ErrRunning, the same in both Kafka adapters).
+var ErrRunning = engine.ErrRunning
 
 // Consumer reads a topic in a consumer group and hands each message to a
 // handler, one worker per assigned partition, each partition in order.
@@ -46,7 +45,6 @@ type Consumer struct {
 	now       func() time.Time
 	staleness time.Duration
 
-	running atomic.Bool
 }
 
 // enginePartition is a partition's worker in the engine.
@@ -56,9 +54,6 @@ type enginePartition = engine.Partition[*kafka.Message, kafka.Header]
 // message with cfg.Router and runs h with the routed context. It does not
 // connect; Run does. A nil handler or Router is an ErrInvalidConfig.
 func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
-	if h == nil {
-		return nil, fmt.Errorf("%w: the handler is nil", ErrInvalidConfig)
-	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -67,7 +62,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	c := &Consumer{cfg: cfg}
 	a := engine.Adapter[*kafka.Message, kafka.Header]{
 		Name: "caughtup/kafka", Scope: ScopeName, Client: client{c},
-		Handler: func(ctx context.Context, msg *kafka.Message) error { return h(ctx, *msg) },
+		Handler: h.engine(),
 	}
 	if cfg.TokenFormat == TokenDebezium {
 		mp := cfg.MeterProvider
@@ -101,12 +96,11 @@ func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 // and retried (kafka-go's JoinGroupBackoff); Run returns an error only if
 // it cannot start. A Consumer may Run again after Run returned.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.running.CompareAndSwap(false, true) {
-		return ErrRunning
+	ctx, end, err := c.eng.Begin(ctx)
+	if err != nil {
+		return err
 	}
-	defer c.running.Store(false)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer end()
 
 	w, closeWriter := c.republisher()
 	defer closeWriter()

@@ -21,6 +21,15 @@ import (
 // deferrals (Mode).
 type Handler func(ctx context.Context, msg kafka.Message) error
 
+// engine is h as the engine calls it, with a pointer to the message (nil
+// for a nil h, which the engine refuses).
+func (h Handler) engine() func(context.Context, *kafka.Message) error {
+	if h == nil {
+		return nil
+	}
+	return func(ctx context.Context, msg *kafka.Message) error { return h(ctx, *msg) }
+}
+
 // Middleware returns a decorator that routes each message with router
 // before next runs, for code with its own consume loop (the Consumer
 // routes by itself, with ConsumerConfig.Router). It reads the token with

@@ -29,28 +29,13 @@ const (
 	RetryTopic = kafka.RetryTopic
 )
 
-// Headers the Consumer writes on records it produces to the retry or
-// dead-letter topic: package kafka's, caughtupkafka's too, so that a retry
-// topic written by one adapter is read correctly by the other.
+// Defaults of the franz-go settings, exported so that documentation and
+// callers can refer to them; the engine's are package kafka's
+// (kafka.DefaultMaxAttempts and the rest). The retry and dead-letter
+// headers are package kafka's too (kafka.HeaderDue and the rest).
 const (
-	HeaderDue             = kafka.HeaderDue
-	HeaderDeferred        = kafka.HeaderDeferred
-	HeaderAttempts        = kafka.HeaderAttempts
-	HeaderOriginTopic     = kafka.HeaderOriginTopic
-	HeaderOriginPartition = kafka.HeaderOriginPartition
-	HeaderOriginOffset    = kafka.HeaderOriginOffset
-	HeaderError           = kafka.HeaderError
-)
-
-// Defaults, exported so that documentation and callers can refer to them;
-// the first four are package kafka's.
-const (
-	DefaultMaxAttempts         = kafka.DefaultMaxAttempts
-	DefaultRetryBackoffInitial = kafka.DefaultRetryBackoffInitial
-	DefaultRetryBackoffMax     = kafka.DefaultRetryBackoffMax
-	DefaultCommitInterval      = kafka.DefaultCommitInterval
-	DefaultQueueCapacity       = 1000
-	DefaultMaxPollRecords      = 500
+	DefaultQueueCapacity  = 1000
+	DefaultMaxPollRecords = 500
 )
 
 // ErrInvalidConfig is wrapped by every error ConsumerConfig.Validate

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 )
 
@@ -17,10 +18,10 @@ func TestConfigDefaults(t *testing.T) {
 	c := caughtupkgo.ConsumerConfig{Topic: "events"}.WithDefaults()
 	require.Equal(t, "events.retry", c.RetryTopic)
 	require.Equal(t, "events.dlt", c.DeadLetterTopic)
-	require.Equal(t, caughtupkgo.DefaultMaxAttempts, c.MaxAttempts)
-	require.Equal(t, caughtupkgo.DefaultRetryBackoffInitial, c.RetryBackoffInitial)
-	require.Equal(t, caughtupkgo.DefaultRetryBackoffMax, c.RetryBackoffMax)
-	require.Equal(t, caughtupkgo.DefaultCommitInterval, c.CommitInterval)
+	require.Equal(t, kafka.DefaultMaxAttempts, c.MaxAttempts)
+	require.Equal(t, kafka.DefaultRetryBackoffInitial, c.RetryBackoffInitial)
+	require.Equal(t, kafka.DefaultRetryBackoffMax, c.RetryBackoffMax)
+	require.Equal(t, kafka.DefaultCommitInterval, c.CommitInterval)
 	require.Equal(t, caughtupkgo.DefaultQueueCapacity, c.QueueCapacity)
 	require.Equal(t, caughtupkgo.DefaultMaxPollRecords, c.MaxPollRecords)
 	require.Equal(t, caughtupkgo.InPlace, c.Mode)

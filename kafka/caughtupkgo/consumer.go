@@ -2,7 +2,6 @@ package caughtupkgo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -18,8 +17,8 @@ import (
 )
 
 // ErrRunning is returned by Run while another Run of the same Consumer is
-// still going.
-var ErrRunning = errors.New("caughtup/kgo: Consumer.Run is already running; use one Consumer per Run, or wait for the first to return")
+// still going (kafka.ErrRunning, the same in both Kafka adapters).
+var ErrRunning = kafka.ErrRunning
 
 // Handler processes one record. The Consumer calls it with a context
 // routed by its Router: consume.DB and consume.SQLDB return the pool
@@ -53,7 +52,6 @@ type Consumer struct {
 	eng *kafka.Engine[*kgo.Record, kgo.RecordHeader]
 	log *slog.Logger
 
-	running atomic.Bool
 	client  atomic.Pointer[kgo.Client]
 
 	// runCtx is the context of the current Run; partitions' workers derive
@@ -84,9 +82,6 @@ type partKey struct {
 // record with cfg.Router and runs h with the routed context. It does not
 // connect; Run does. A nil handler or Router is an ErrInvalidConfig.
 func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
-	if h == nil {
-		return nil, fmt.Errorf("%w: the handler is nil", ErrInvalidConfig)
-	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -122,12 +117,11 @@ func (c *Consumer) Client() *kgo.Client { return c.client.Load() }
 // returns an error only if the client cannot be created. A Consumer may
 // Run again after Run returned.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.running.CompareAndSwap(false, true) {
-		return ErrRunning
+	ctx, end, err := c.eng.Begin(ctx)
+	if err != nil {
+		return err
 	}
-	defer c.running.Store(false)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer end()
 	c.runCtx = ctx
 	c.parts = make(map[partKey]*partition)
 	c.room = make(chan struct{}, 1)

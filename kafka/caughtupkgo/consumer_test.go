@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/kafka"
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/fault"
@@ -388,9 +389,9 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 			for _, h := range dead[0].Headers {
 				hs[h.Key] = string(h.Value)
 			}
-			require.Equal(t, "3", hs[caughtupkgo.HeaderAttempts])
-			require.Contains(t, hs[caughtupkgo.HeaderError], "always fails")
-			require.Equal(t, names[0], hs[caughtupkgo.HeaderOriginTopic])
+			require.Equal(t, "3", hs[kafka.HeaderAttempts])
+			require.Contains(t, hs[kafka.HeaderError], "always fails")
+			require.Equal(t, names[0], hs[kafka.HeaderOriginTopic])
 			require.NotEmpty(t, hs[position.HeaderName], "the token travels with the dead letter")
 			mu.Lock()
 			require.Equal(t, []int{0, 1, 2}, attempts)

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
 )
@@ -80,17 +79,6 @@ func TestStampRefusesUncarriable(t *testing.T) {
 	var promised error
 	p.Produce(enqueue.WithToken(context.Background(), tok), &kgo.Record{Topic: "never-created"}, func(_ *kgo.Record, err error) { promised = err })
 	require.Error(t, promised)
-}
-
-// The retry and dead-letter headers are caughtupkafka's: a retry topic
-// written by one adapter is read by the other.
-func TestHeadersMatchCaughtupkafka(t *testing.T) {
-	t.Parallel()
-	require.Equal(t,
-		[]string{caughtupkafka.HeaderDue, caughtupkafka.HeaderDeferred, caughtupkafka.HeaderAttempts, caughtupkafka.HeaderOriginTopic,
-			caughtupkafka.HeaderOriginPartition, caughtupkafka.HeaderOriginOffset, caughtupkafka.HeaderError},
-		[]string{caughtupkgo.HeaderDue, caughtupkgo.HeaderDeferred, caughtupkgo.HeaderAttempts, caughtupkgo.HeaderOriginTopic,
-			caughtupkgo.HeaderOriginPartition, caughtupkgo.HeaderOriginOffset, caughtupkgo.HeaderError})
 }
 
 // The Producer stamps what goes on the wire: the consumer side
