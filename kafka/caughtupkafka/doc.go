@@ -86,7 +86,8 @@
 // passes the token. Handler errors are retried up to MaxAttempts, then the
 // message goes to the dead-letter topic or hook; deferrals never count as
 // attempts. Handlers must tolerate a row that is not found (a write lost in
-// a crash or failover). The details, rebalances and kafka-go's known
+// a crash or failover). That processing is package kafka's engine, which
+// caughtupkgo runs too. The details, rebalances and kafka-go's known
 // issues are in docs/kafka.md.
 //
 // # Metrics

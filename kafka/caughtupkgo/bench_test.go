@@ -23,7 +23,7 @@ import (
 
 // Throughput is measured here, never asserted in tests:
 //
-//	go test -run '^$' -bench Throughput ./kgo/caughtupkgo/
+//	go test -run '^$' -bench Throughput ./kafka/caughtupkgo/
 //
 // on the test binary's real Kafka 4.4 broker (or KAFKA_BROKERS).
 // CAUGHTUP_KGO_BENCH_RECORDS sets the size of the topic (default

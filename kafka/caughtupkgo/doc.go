@@ -80,16 +80,17 @@
 // it to a retry topic with its token and a due time (HeaderDue) and moves
 // on (order per key lost). Handler errors are retried up to MaxAttempts,
 // then the record goes to the dead-letter topic or hook; deferrals never
-// count as attempts (Attempt). The retry and dead-letter headers are
-// caughtupkafka's: one adapter reads what the other wrote.
+// count as attempts (Attempt). That processing is package kafka's engine,
+// caughtupkafka's too: its retry and dead-letter headers (kafka.HeaderDue
+// and the rest) are the same, and one adapter reads what the other wrote.
 //
 // # Metrics
 //
 // caughtup.kafka.messages ({message}) counts what happened to records by
 // topic (messaging.destination.name) and caughtup.kafka.result (handled,
-// waited, deferred, retried, dead_lettered, dropped, woken): the same
-// instrument, attributes and values as caughtupkafka's, under this
-// package's ScopeName, on the
+// waited, deferred, retried, dead_lettered, dropped, woken): package
+// kafka's instrument, attributes and values, caughtupkafka's too, under
+// this package's ScopeName, on the
 // MeterProvider in ConsumerConfig (default the global one). Each worker
 // counts in bulk and the counts reach the instruments at every commit, so
 // they trail the records by up to CommitInterval. Routing decisions are
