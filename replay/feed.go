@@ -439,7 +439,10 @@ func (f *feedState) fedUntil(n *feedNode) time.Time {
 			slog.String(attrDatabase, db), slog.String("node", n.label()))
 		return until
 	}
-	if f.active.Load() {
+	if f.active.Load() && n.fedAt.Load() != 0 {
+		// The feed had covered the node and lapsed; a node just
+		// identified, polled until its first feed message, fell from
+		// nothing.
 		f.fallbacks.Add(1)
 		f.warnLocal.Do(func() {
 			f.log.Warn("caughtup: no feed observation of the node merged within the silence bound; the router polls it itself (do the publishers poll it, under the same name?)",

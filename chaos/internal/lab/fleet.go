@@ -70,7 +70,15 @@ import (
 //     fallback reads admitted in any 1s window (decision times) against
 //     rate + burst, and, from the same attempts, what a token bucket per
 //     router with its own cap alone would have admitted;
-//   - router fallbacks to local polling during the row (Router.Feed).
+//   - router fallbacks to local polling during the row (Router.Feed);
+//   - connections: per replica, the sessions its server counted for the
+//     fleet's database (pg_stat_database.sessions) while the routers
+//     started (spawn to the end of the idle window) and over every
+//     router's first job (a Snapshot per router: on the feed it has the
+//     router identify its replicas, one connection each, retried with
+//     backoff when refused), and the connections the replica refused for
+//     max_connections over the row (its log's "too many clients
+//     already").
 
 // fleetOptions are FleetMain's flags.
 type fleetOptions struct {
@@ -123,6 +131,18 @@ type fleetRow struct {
 	SpikeLocalMax1s  int              `json:"spike_per_process_caps_alone_max_1s"`
 	SpikeLocalBound  int              `json:"spike_per_process_caps_bound_1s"`
 	SpikeBudgetCalls map[string]int64 `json:"spike_budget_checks"`
+
+	// Per replica, the connections its server counted for the fleet's
+	// database (pg_stat_database.sessions) from before the workers were
+	// spawned to the end of the idle window (StartSessions), and over the
+	// first job of every router (FirstJobSessions: a Snapshot per router,
+	// which on the feed has the routers identify their replicas); and the
+	// connections it refused with "too many clients already" over the
+	// whole row (counted in its log).
+	StartSessions    []int64 `json:"replica_sessions_while_routers_start"`
+	FirstJobSessions []int64 `json:"replica_sessions_at_first_jobs"`
+	Refused          []int64 `json:"replica_refused_too_many_clients"`
+	FirstJobsMs      float64 `json:"first_jobs_identified_ms"`
 
 	Fallbacks uint64   `json:"router_fallbacks"`
 	Notes     []string `json:"notes,omitempty"`
@@ -702,6 +722,12 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	}
 	k := (n + e.o.perProcess - 1) / e.o.perProcess
 	r.Processes = k
+	s0, err := e.sessions(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	logs0 := e.replicaLogSizes()
+	defer func() { r.Refused = e.refused(logs0) }()
 	var ws []*fleetWorkerProc
 	defer func() {
 		for _, w := range ws {
@@ -719,8 +745,9 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	for _, nd := range e.cluster.Replicas() {
 		reps = append(reps, fleetDSN{Name: nd.Name(), DSN: nd.DSN(e.db)})
 	}
-	// -batch is across the workers: every router starting polls every node
-	// once, which costs each node a connection.
+	// -batch is across the workers: every router starting polls the
+	// primary once (and, polling by itself, every replica), which costs
+	// each such node a connection.
 	cfg := fleetWorkerConfig{Primary: e.cluster.Primary().DSN(e.db), Replicas: reps, Redis: e.redis.Addr(),
 		Keys: e.keyText, Budget: e.o.budget, Batch: max(1, e.o.batch/k)}
 	if mode == "feed" {
@@ -753,6 +780,32 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	r.QueriesIdle, r.RedisCmds, r.Publishes, r.Deliveries = idle.queries, idle.cmds, idle.pubs, idle.deliveries
 	r.RouterQueriesIdle = idle.routerQueries
 	r.RedisCPU, r.RoutersCPU, r.PublishersCPU = idle.redisCPU, idle.routersCPU, idle.self
+	s1, err := e.sessions(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	r.StartSessions = minus(s1, s0)
+
+	// Every router's first job reads its snapshot: on the feed, the
+	// routers identify their replicas now, not at start.
+	e.out.say("%s N=%d: every router's first job", mode, n)
+	first := time.Now()
+	if _, err := all(ws, fleetCommand{Op: "first"}, "first", 5*time.Minute); err != nil {
+		return fail(fmt.Errorf("first jobs: %w", err))
+	}
+	r.FirstJobsMs = ms(time.Since(first))
+	sleepCtx(ctx, 1500*time.Millisecond) // backends flush their session counts within a second
+	s2, err := e.sessions(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	r.FirstJobSessions = minus(s2, s1)
+	// The waiting window starts once the first jobs are done: their
+	// identification is in the column above, not in the status load.
+	c1, err = e.counters(ctx, ws)
+	if err != nil {
+		return fail(err)
+	}
 
 	e.out.say("%s N=%d: %d catch-up trials", mode, n, e.o.trials)
 	var lat, pubLat []time.Duration
@@ -783,6 +836,76 @@ func (e *fleetEnv) row(ctx context.Context, mode string, n int) (r fleetRow) {
 	}
 	r.Fallbacks = c3.fallbacks - c0.fallbacks
 	return r
+}
+
+// sessions is, per replica, pg_stat_database.sessions of the fleet's
+// database: every connection its server accepted, counted when the
+// backend reports (at once for one that exits, within a second or so for
+// one that stays).
+func (e *fleetEnv) sessions(ctx context.Context) ([]int64, error) {
+	var out []int64
+	for _, c := range e.stats {
+		var n int64
+		if err := c.QueryRow(ctx, "SELECT sessions FROM pg_stat_database WHERE datname = $1", e.db).Scan(&n); err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// replicaLogSizes are the replicas' server logs' sizes now, for refused.
+func (e *fleetEnv) replicaLogSizes() []int64 {
+	var out []int64
+	for _, n := range e.cluster.Replicas() {
+		var size int64
+		if st, err := os.Stat(n.LogPath()); err == nil {
+			size = st.Size()
+		}
+		out = append(out, size)
+	}
+	return out
+}
+
+// refused counts, per replica, the connections its log says it refused
+// for max_connections since the sizes from.
+func (e *fleetEnv) refused(from []int64) []int64 {
+	out := make([]int64, len(from))
+	for i, n := range e.cluster.Replicas() {
+		f, err := os.Open(n.LogPath())
+		if err != nil {
+			continue
+		}
+		if _, err := f.Seek(from[i], io.SeekStart); err == nil {
+			sc := bufio.NewScanner(f)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), "too many clients already") {
+					out[i]++
+				}
+			}
+		}
+		_ = f.Close()
+	}
+	return out
+}
+
+func minus(b, a []int64) []int64 {
+	out := make([]int64, len(b))
+	for i := range b {
+		out[i] = b[i]
+		if i < len(a) {
+			out[i] -= a[i]
+		}
+	}
+	return out
+}
+
+func fmtCounts(v []int64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.FormatInt(x, 10)
+	}
+	return strings.Join(s, ", ")
 }
 
 func btoi(b bool) int {
@@ -990,7 +1113,7 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 	fmt.Fprintf(w, "\n== fleet: routers on a signed position feed (2 publishers every %s) or polling by themselves, one PostgreSQL primary + 2 replicas, one redis-server\n",
 		replay.DefaultFeedInterval)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tN\tprocs\treplica queries/s idle (r1, r2; routers')\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tCPU: redis, routers, publishers\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
+	fmt.Fprintln(tw, "mode\tN\tprocs\treplica connections while routers start (r1, r2)\treplica queries/s idle (r1, r2; routers')\twhile jobs wait\tRedis cmds/s\tPUBLISH/s\tdeliveries/s (of PUBLISH×N)\tCPU: redis, routers, publishers\tcatch-up→wake p50\tp99\tpublisher read→wake p50\tp99\tsamples\trouter fallbacks\t")
 	for _, r := range rows {
 		pub := func(v float64) string {
 			if r.Mode != "feed" {
@@ -1003,9 +1126,19 @@ func printFleet(w io.Writer, rows []fleetRow, o fleetOptions) {
 		if expected > 0 {
 			share = fmt.Sprintf("%.0f%%", 100*r.Deliveries/expected)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%.0f\t%.0f\t%.0f (%s)\t%.0f%%, %.0f%%, %.0f%%\t%s\t%s\t%s\t%s\t%d\t%d\t\n", r.Mode, r.Routers, r.Processes,
-			fmtQueries(r.QueriesIdle, r.RouterQueriesIdle), fmtQueries(r.QueriesWaiting, r.RouterQueriesWaiting), r.RedisCmds, r.Publishes, r.Deliveries, share, r.RedisCPU, r.RoutersCPU, r.PublishersCPU,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%.0f (%s)\t%.0f%%, %.0f%%, %.0f%%\t%s\t%s\t%s\t%s\t%d\t%d\t\n", r.Mode, r.Routers, r.Processes,
+			fmtCounts(r.StartSessions), fmtQueries(r.QueriesIdle, r.RouterQueriesIdle), fmtQueries(r.QueriesWaiting, r.RouterQueriesWaiting), r.RedisCmds, r.Publishes, r.Deliveries, share, r.RedisCPU, r.RoutersCPU, r.PublishersCPU,
 			fmtMS(r.WakeP50), fmtMS(r.WakeP99), pub(r.PubWakeP50), pub(r.PubWakeP99), r.Samples, r.Fallbacks)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n   replica connections: what each replica's server counted for the fleet's database (pg_stat_database.sessions), the\n"+
+		"   publishers' and this program's own opened before; \"while routers start\" runs from spawning the workers to the end of the\n"+
+		"   idle window; \"at first jobs\" is one Snapshot per router (a job's first step: on the feed it has the router identify its\n"+
+		"   replicas); \"refused\" counts the replica log's \"too many clients already\" over the whole row (max_connections 200)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tN\twhile routers start (r1, r2)\tat first jobs\tfirst jobs identified in\trefused (too many clients)\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", r.Mode, r.Routers, fmtCounts(r.StartSessions), fmtCounts(r.FirstJobSessions), fmtMS(r.FirstJobsMs), fmtCounts(r.Refused))
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n   lag spike: replay paused for %s, %.0f Sticky jobs/s across the routers; fleet budget %d/s burst %d (timeout %s); per router cap %v/s burst %d\n",

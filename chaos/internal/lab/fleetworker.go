@@ -36,7 +36,7 @@ func IsFleetWorker() bool { return os.Getenv(fleetWorkerEnv) == "1" }
 
 // fleetCommand is one request of the parent to a worker, one JSON line.
 type fleetCommand struct {
-	Op string `json:"op"` // start, wait, spike, stats, stop
+	Op string `json:"op"` // start, first, wait, spike, stats, stop
 
 	// start
 	Config *fleetWorkerConfig `json:"config,omitempty"`
@@ -56,8 +56,9 @@ type fleetWorkerConfig struct {
 	Feed     string      `json:"feed"` // "": the routers poll by themselves
 	Keys     string      `json:"keys"`
 	Budget   fleetBudget `json:"budget"`
-	// Batch routers start at a time: each polls every node once at
-	// start, so a batch costs each node that many connections.
+	// Batch routers start at a time: each polls the primary once at start
+	// (and, polling by itself, every replica), so a batch costs each such
+	// node that many connections.
 	Batch int `json:"batch"`
 }
 
@@ -137,6 +138,8 @@ func RunFleetWorker(ctx context.Context, in io.Reader, out io.Writer, logw io.Wr
 		case "start":
 			err := w.start(ctx, *c.Config)
 			send(fleetReply{Op: "started", Err: errString(err)})
+		case "first":
+			send(fleetReply{Op: "first", Err: errString(w.first(ctx))})
 		case "wait":
 			w.wait(ctx, c.Token, send)
 		case "spike":
@@ -180,8 +183,9 @@ func (w *fleetWorker) close() {
 }
 
 // start makes cfg.Routers routers, cfg.Batch at a time: a router on the
-// feed polls every node once, then holds no connection once the feed
-// covers every node, which is what the next batch waits for.
+// feed polls the primary once, and holds no connection once the feed
+// covers it, which is what the next batch waits for; it does not connect
+// to a replica before it is asked about one (first).
 func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 	w.cfg = cfg
 	pool := func(dsn string) (*pgxpool.Pool, error) {
@@ -272,6 +276,28 @@ func (w *fleetWorker) start(ctx context.Context, cfg fleetWorkerConfig) error {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
+		}
+	}
+	return nil
+}
+
+// first reads every router's snapshot at once, as every router's first
+// job does, and on the feed waits until each has identified its replicas
+// (its own query of each, which is what the first reading asks for).
+func (w *fleetWorker) first(ctx context.Context) error {
+	for _, r := range w.routers {
+		r.Snapshot()
+	}
+	if w.cfg.Feed == "" {
+		return nil
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, r := range w.routers {
+		for s := r.Tracker().Feed(); s.Unidentified > 0; s = r.Tracker().Feed() {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("a router did not identify its replicas within 2m of its first job (%d nodes unidentified, %d local, state %s)", s.Unidentified, s.LocalNodes, s.Health.State)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	return nil
