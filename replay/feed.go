@@ -452,6 +452,27 @@ func (f *feedState) fedUntil(n *feedNode) time.Time {
 	return until
 }
 
+// identified marks n identified by the router's own poll. The first time,
+// the node counts as covered by the feed for a SilenceBound, as if a feed
+// observation had just been merged: the feed's messages of it were not
+// believed until now, and its next one (within a heartbeat) will be. So
+// the identifying connection is closed at once rather than polled on
+// until that message, and a fleet identifying its replicas together holds
+// one connection per process for one query, not for a heartbeat. The
+// own poll's state is fresh for StalenessBound, beyond SilenceBound: if
+// the feed does not cover the node by then, the router polls it before
+// that state goes stale. t.mu is held.
+func (f *feedState) identified(n *feedNode) {
+	if n.identified.Load() {
+		return
+	}
+	n.fedAt.Store(f.t.cfg.Now().UnixNano())
+	// It was polled, on a connection that fedUntil closes when it finds
+	// the node covered.
+	n.local.Store(true)
+	n.identified.Store(true)
+}
+
 // polledReplica learns from the router's own poll which run the replica
 // is, and settles a run the feed claimed. t.mu is held.
 func (f *feedState) polledReplica(db, idx int, o *ReplicaObservation) {
@@ -460,7 +481,7 @@ func (f *feedState) polledReplica(db, idx int, o *ReplicaObservation) {
 	}
 	n := f.replicas[db][idx]
 	n.confirmed, n.confirmedKnown = o.Incarnation, true
-	n.identified.Store(true)
+	f.identified(n)
 	if sys := o.Replayed.Epoch.SystemID; sys != 0 && f.systems[db] == 0 {
 		f.systems[db] = sys
 	}
@@ -493,7 +514,7 @@ func (f *feedState) polledPrimary(db int, o *PrimaryObservation) {
 		return
 	}
 	f.primarys[db].confirmedKnown = true
-	f.primarys[db].identified.Store(true)
+	f.identified(f.primarys[db])
 	f.systems[db] = o.Epoch.SystemID
 }
 
