@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -9,6 +10,9 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/position"
 )
@@ -115,4 +119,32 @@ func TestSetAndMissing(t *testing.T) {
 	require.Equal(t, []kafkago.Header{{Key: "k", Value: []byte("3")}}, hs)
 	add := MissingHeaders(hs, map[string]string{"k": "x", "traceparent": "00-…"})
 	require.Equal(t, []kafkago.Header{{Key: "traceparent", Value: []byte("00-…")}}, add)
+}
+
+// HeaderCarrier: Set replaces every header of a key with one, Get reads
+// the first, and the trace context round-trips through the headers, on
+// both clients' header types.
+func TestHeaderCarrier(t *testing.T) {
+	t.Parallel()
+	t.Run("kafka-go", func(t *testing.T) { testHeaderCarrier[kafkago.Header](t) })
+	t.Run("franz-go", func(t *testing.T) { testHeaderCarrier[kgo.RecordHeader](t) })
+}
+
+func testHeaderCarrier[H Header](t *testing.T) {
+	h := func(k, v string) H { return mk[H](k, []byte(v)) }
+	hs := []H{h("traceparent", "old"), h("x", "1"), h("traceparent", "older")}
+	c := HeaderCarrier[H]{Headers: &hs}
+	require.Equal(t, "old", c.Get("traceparent"))
+	c.Set("traceparent", "new")
+	require.Equal(t, []H{h("x", "1"), h("traceparent", "new")}, hs)
+	require.ElementsMatch(t, []string{"x", "traceparent"}, c.Keys())
+	require.Empty(t, c.Get("missing"))
+
+	tp := sdktrace.NewTracerProvider()
+	ctx, span := tp.Tracer("test").Start(context.Background(), "produce")
+	defer span.End()
+	var rec []H
+	propagation.TraceContext{}.Inject(ctx, HeaderCarrier[H]{Headers: &rec})
+	got := propagation.TraceContext{}.Extract(context.Background(), HeaderCarrier[H]{Headers: &rec})
+	require.Equal(t, span.SpanContext().TraceID(), trace.SpanContextFromContext(got).TraceID())
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -40,10 +41,10 @@ import (
 // variant (default 1; with more, medians are reported) and
 // CAUGHTUP_KAFKA_BENCH_VARIANTS which variants run (benchVariants).
 
-// quiet is a router like e.router that records into a no-op
+// quiet is a router like e.Router that records into a no-op
 // MeterProvider: the routing alone.
-func (e *env) quiet(t testing.TB) *consume.Router {
-	rc := e.router.Config()
+func quiet(t testing.TB, e *env) *consume.Router {
+	rc := e.Router.Config()
 	rc.MeterProvider = noop.NewMeterProvider()
 	r, err := consume.NewRouter(context.Background(), rc)
 	require.NoError(t, err)
@@ -58,9 +59,9 @@ var stampedIDs atomic.Int64
 // waiting, so the comparison measures the consumer's and the router's
 // cost, not replication lag.
 func stampedCtx(t testing.TB, e *env) context.Context {
-	ctx, err := e.insert(context.Background(), stampedIDs.Add(1), "k", 0)
+	ctx, err := e.Insert(context.Background(), stampedIDs.Add(1), "k", 0)
 	require.NoError(t, err)
-	require.NoError(t, e.c.WaitReplicasCaughtUp(context.Background()))
+	require.NoError(t, e.Cluster.WaitReplicasCaughtUp(context.Background()))
 	return ctx
 }
 
@@ -73,7 +74,7 @@ const benchPartitions = 4
 // the replicas have it), so that every message's token is decoded. Each
 // value is the message's index.
 func throughputTopic(t testing.TB, ctx context.Context, n int) string {
-	topic := newTopics(t, benchPartitions, "")[0]
+	topic := kafkasuite.NewTopics(t, benchPartitions, "")[0]
 	w := newWriter(t, topic)
 	w.Balancer = &kafka.RoundRobin{}
 	w.BatchSize = 1000
@@ -170,14 +171,14 @@ func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), q
 // routed by router under policy; the handler uses the pool it is given.
 func startRouted(t testing.TB, topic string, n int, router *consume.Router, policy consume.Policy, query bool) (*side, string) {
 	sd := newSide(n)
-	group := newGroup(t)
+	group := kafkasuite.NewGroup(t)
 	// A plain Dialer, as the plain consumer has, not startConsumer's
 	// fault dialer: nothing but the consumers differs.
 	r := startConsumer(t, caughtupkafka.ConsumerConfig{
 		Topic: topic, GroupID: group, Router: router, Policy: policy, CommitInterval: time.Second,
 		Dialer: kafka.DefaultDialer,
 	}, sd.handler(func(ctx context.Context) (*pgxpool.Pool, error) { return consume.Pool(ctx, "main") }, query))
-	sd.stop = r.stop
+	sd.stop = r.Stop
 	return sd, group
 }
 
@@ -193,15 +194,15 @@ func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool
 	sd := newSide(n)
 	var turn atomic.Uint32
 	h := sd.handler(func(context.Context) (*pgxpool.Pool, error) {
-		return e.replicas[int(turn.Add(1))%len(e.replicas)], nil
+		return e.Replicas[int(turn.Add(1))%len(e.Replicas)], nil
 	}, query)
-	group := newGroup(t)
+	group := kafkasuite.NewGroup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	readers := make([]*kafka.Reader, members)
 	for i := range readers {
 		r := kafka.NewReader(kafka.ReaderConfig{
-			Brokers: brokers(t), GroupID: group, Topic: topic,
+			Brokers: kafkasuite.Brokers(t), GroupID: group, Topic: topic,
 			MaxWait: 100 * time.Millisecond, QueueCapacity: caughtupkafka.DefaultQueueCapacity,
 			CommitInterval: time.Second, HeartbeatInterval: 200 * time.Millisecond,
 		})
@@ -271,7 +272,7 @@ func waitStable(t testing.TB, group string, members int) {
 	t.Helper()
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers(t)...), Transport: tr, Timeout: 10 * time.Second}
+	cl := &kafka.Client{Addr: kafka.TCP(kafkasuite.Brokers(t)...), Transport: tr, Timeout: 10 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	last := "no answer"
@@ -328,7 +329,7 @@ var variantNames = [numVariants]string{"kafka-go", "kafka-go-1-reader", "routed"
 // variant always follows the same other, and the rates shifted by 10%
 // from one rotation to its reverse.
 func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]result {
-	quiet := e.quiet(t)
+	quiet := quiet(t, e)
 	topic := throughputTopic(t, stampedCtx(t, e), n)
 	var got [numVariants][]result
 	chosen := benchVariants(t)
@@ -350,7 +351,7 @@ func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]res
 			case kafkaGoOne:
 				sd, group = startKafkaGo(t, e, topic, n, 1, query)
 			case routed:
-				sd, group = startRouted(t, topic, n, e.router, consume.Delayed, query)
+				sd, group = startRouted(t, topic, n, e.Router, consume.Delayed, query)
 			case routedNoop:
 				sd, group = startRouted(t, topic, n, quiet, consume.Delayed, query)
 			}
@@ -520,7 +521,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	ctx := stampedCtx(b, e)
 	msg := kafka.Message{Value: []byte("x")}
 	require.NoError(b, caughtupkafka.Stamp(ctx, &msg))
-	for name, router := range map[string]*consume.Router{"sdk-metrics": e.router, "noop-metrics": e.quiet(b)} {
+	for name, router := range map[string]*consume.Router{"sdk-metrics": e.Router, "noop-metrics": quiet(b, e)} {
 		h := caughtupkafka.Middleware(router, consume.Delayed)(func(ctx context.Context, msg kafka.Message) error { return nil })
 		require.Eventually(b, func() bool { return h(context.Background(), msg) == nil }, 5*time.Second, 10*time.Millisecond)
 		b.Run(name, func(b *testing.B) {

@@ -21,6 +21,7 @@ import (
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/kafkatest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
@@ -36,7 +37,7 @@ import (
 // already), whose topics get partitions partitions (created before the
 // connector, which would otherwise create them with the broker's default
 // of one). It returns the topic of each table, in order.
-func (e *env) debezium(t *testing.T, partitions int, tables ...string) []string {
+func debezium(t *testing.T, e *env, partitions int, tables ...string) []string {
 	t.Helper()
 	prefix := kafkatest.Name(t)
 	topics := make([]string, len(tables))
@@ -47,7 +48,7 @@ func (e *env) debezium(t *testing.T, partitions int, tables ...string) []string 
 		topics[i] = prefix + ".public." + table
 		require.NoError(t, b.CreateTopic(t.Context(), topics[i], partitions))
 	}
-	src, err := kafkatest.PostgresFromDSN(e.c.Primary().DSN(e.db))
+	src, err := kafkatest.PostgresFromDSN(e.Cluster.Primary().DSN(e.DB))
 	require.NoError(t, err)
 	kafkatest.NewPostgresConnector(t, kafkatest.SharedConnect(t), kafkatest.DebeziumPostgres{
 		Postgres: src, Tables: qualified, TopicPrefix: prefix,
@@ -83,7 +84,7 @@ func parseChange(t testing.TB, v []byte, after any) (change, bool) {
 // cdcRouter: quick waits and deferrals, and a MaxAge far beyond the
 // tests, so that no event reads the primary for age.
 func cdcRouter(c *consume.Config) {
-	fastRouter(c)
+	kafkasuite.FastRouter(c)
 	c.MaxAge = 10 * time.Minute
 }
 
@@ -99,9 +100,9 @@ func cdcRouter(c *consume.Config) {
 func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	e := setupDB(t, cdcRouter)
 	ctx := t.Context()
-	_, err := e.primary.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, item text NOT NULL)`)
+	_, err := e.Primary.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, item text NOT NULL)`)
 	require.NoError(t, err)
-	topic := e.debezium(t, 1, "orders")[0]
+	topic := debezium(t, e, 1, "orders")[0]
 
 	type run struct {
 		dec     consume.Decision
@@ -110,7 +111,7 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	}
 	runs := make(chan run, 16)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		var after struct {
 			ID int64 `json:"id"`
@@ -129,7 +130,7 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	})
 
 	// The transaction: insert, replicas past the insert, pause, commit.
-	conn, err := e.primary.Acquire(ctx)
+	conn, err := e.Primary.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	tx, err := conn.Begin(ctx)
@@ -140,24 +141,24 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 		SELECT pg_current_wal_insert_lsn()::text FROM i`).Scan(&insertText))
 	flush := func() {
 		// A commit record flushes the WAL before it, the open insert's too.
-		_, err := e.primary.Exec(ctx, `SELECT pg_current_xact_id()`)
+		_, err := e.Primary.Exec(ctx, `SELECT pg_current_xact_id()`)
 		require.NoError(t, err)
 	}
 	flush()
-	for _, n := range e.c.Replicas() {
+	for _, n := range e.Cluster.Replicas() {
 		require.NoError(t, n.WaitReplay(ctx, insertText))
 	}
-	for i, n := range e.c.Replicas() {
+	for i, n := range e.Cluster.Replicas() {
 		// A pause takes effect at the next record replayed: make one.
-		require.NoError(t, pgtest.RequestReplayPause(ctx, e.replicas[i]))
+		require.NoError(t, pgtest.RequestReplayPause(ctx, e.Replicas[i]))
 		flush()
 		require.NoError(t, n.PauseReplay(ctx))
 	}
-	t.Cleanup(func() { e.resumeAll(t) })
+	t.Cleanup(func() { e.ResumeAll(t) })
 	require.NoError(t, tx.Commit(ctx))
 
 	// The real envelope: source.lsn is below every replica's replay.
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers(t), Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: kafkasuite.Brokers(t), Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer func() { require.NoError(t, rd.Close()) }()
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -169,11 +170,11 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	t.Logf("envelope source: lsn %s txId %d", ev.Source.LSN, ev.Source.TxID)
 	checker, err := cdc.NewChecker(cdc.Config{})
 	require.NoError(t, err)
-	for i, n := range e.c.Replicas() {
+	for i, n := range e.Cluster.Replicas() {
 		replay, err := n.ReplayLSN(ctx)
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, position.MustParseLSN(replay), ev.Source.LSN, "replica %s has replayed the change", n.Name())
-		res := checker.Check(ctx, e.replicas[i], ev.Source)
+		res := checker.Check(ctx, e.Replicas[i], ev.Source)
 		require.Equal(t, cdc.StatusNotYet, res.Status, "replica %s: %+v", n.Name(), res)
 		require.Equal(t, cdc.ReasonInProgress, res.Reason)
 	}
@@ -181,8 +182,8 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	// The consumer keeps finding the transaction in progress and waits in
 	// place; the handler does not run.
 	require.Eventually(t, func() bool {
-		checks := sumCounter(t, e.metrics, "caughtup.cdc.checks", "caughtup.reason")
-		return checks["in_progress"] >= 3 && e.results(t)["waited"] >= 3
+		checks := e.Sums(t, "caughtup.cdc.checks", "caughtup.reason")
+		return checks["in_progress"] >= 3 && e.Results(t)["waited"] >= 3
 	}, time.Minute, 10*time.Millisecond, "the consumer never checked the event on a replica")
 	select {
 	case r := <-runs:
@@ -191,13 +192,13 @@ func TestDebeziumNeverFreshBeforeCommit(t *testing.T) {
 	}
 
 	// After resume: fresh, on a replica that shows the row.
-	e.resumeAll(t)
+	e.ResumeAll(t)
 	r := wait(t, runs, "the event's run after replay resumed")
 	require.Equal(t, "c", r.op)
 	require.Contains(t, []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited}, r.dec.Outcome, "%+v", r.dec)
 	require.True(t, r.visible, "the replica chosen does not show the row")
 	t.Logf("cdc checks %v; consumer results %v; outcomes %v",
-		sumCounter(t, e.metrics, "caughtup.cdc.checks", "caughtup.reason"), e.results(t), e.outcomes(t))
+		e.Sums(t, "caughtup.cdc.checks", "caughtup.reason"), e.Results(t), e.Outcomes(t))
 }
 
 // TestDebeziumTopicFreshAndOrderedUnderPausedReplay: transactions update
@@ -212,13 +213,13 @@ func TestDebeziumTopicFreshAndOrderedUnderPausedReplay(t *testing.T) {
 	ctx := t.Context()
 	const keys = 16
 	txns := min(messageCount(t)/5, 2000)
-	_, err := e.primary.Exec(ctx, `CREATE TABLE counters (key text PRIMARY KEY, seq int NOT NULL)`)
+	_, err := e.Primary.Exec(ctx, `CREATE TABLE counters (key text PRIMARY KEY, seq int NOT NULL)`)
 	require.NoError(t, err)
 	for k := range keys {
-		_, err := e.primary.Exec(ctx, `INSERT INTO counters VALUES ($1, 0)`, "k"+strconv.Itoa(k))
+		_, err := e.Primary.Exec(ctx, `INSERT INTO counters VALUES ($1, 0)`, "k"+strconv.Itoa(k))
 		require.NoError(t, err)
 	}
-	topic := e.debezium(t, 4, "counters")[0]
+	topic := debezium(t, e, 4, "counters")[0]
 
 	var mu sync.Mutex
 	next := map[string]int{} // per key: the next seq expected
@@ -226,7 +227,7 @@ func TestDebeziumTopicFreshAndOrderedUnderPausedReplay(t *testing.T) {
 	runs, snapshots := 0, 0
 	done := make(chan struct{}, 1)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		var row struct {
 			Key string `json:"key"`
@@ -271,7 +272,7 @@ func TestDebeziumTopicFreshAndOrderedUnderPausedReplay(t *testing.T) {
 	// Replay pauses from before the first change until the last one ran.
 	pctx, stopPauses := context.WithCancel(ctx)
 	paused := make(chan struct{})
-	go func() { defer close(paused); e.c.PauseRandomly(pctx, time.Second, 300*time.Millisecond, t.Logf) }()
+	go func() { defer close(paused); e.Cluster.PauseRandomly(pctx, time.Second, 300*time.Millisecond, t.Logf) }()
 	defer func() { stopPauses(); <-paused }()
 	start := time.Now()
 	final := produceCounters(t, e, keys, txns, 8, 250)
@@ -307,8 +308,8 @@ func TestDebeziumTopicFreshAndOrderedUnderPausedReplay(t *testing.T) {
 	}
 	t.Logf("transactions=%d changes=%d runs=%d snapshot_reads=%d stale=%d order_violations=%d produced_in=%v total=%v",
 		txns, changes, runs, snapshots, len(stale), len(violations), produced.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	t.Logf("router outcomes %v; consumer results %v; cdc checks %v", e.outcomes(t), e.results(t),
-		sumCounter(t, e.metrics, "caughtup.cdc.checks", "caughtup.reason"))
+	t.Logf("router outcomes %v; consumer results %v; cdc checks %v", e.Outcomes(t), e.Results(t),
+		e.Sums(t, "caughtup.cdc.checks", "caughtup.reason"))
 	require.Empty(t, stale, "stale reads")
 	require.Empty(t, violations, "per-key order, snapshot reads on the primary")
 	require.Equal(t, keys, snapshots, "one snapshot read per row present at the start")
@@ -338,7 +339,7 @@ func produceCounters(t *testing.T, e *env, keys, txns, producers int, perSecond 
 					errs <- err
 					return
 				}
-				err := pgx.BeginFunc(ctx, e.primary, func(tx pgx.Tx) error {
+				err := pgx.BeginFunc(ctx, e.Primary, func(tx pgx.Tx) error {
 					for _, k := range ks {
 						if _, err := tx.Exec(ctx, `UPDATE counters SET seq = seq + 1 WHERE key = $1`, k); err != nil {
 							return err
@@ -359,7 +360,7 @@ func produceCounters(t *testing.T, e *env, keys, txns, producers int, perSecond 
 		require.NoError(t, err)
 	}
 	final := map[string]int{}
-	rows, err := e.primary.Query(ctx, `SELECT key, seq FROM counters`)
+	rows, err := e.Primary.Query(ctx, `SELECT key, seq FROM counters`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var k string
@@ -382,20 +383,20 @@ func TestDebeziumUnvouchedReadsPrimary(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, func(c *consume.Config) {
 		cdcRouter(c)
-		c.Logger = testLogger(t) // the warnings this test provokes
+		c.Logger = kafkasuite.Logger(t) // the warnings this test provokes
 	})
 	ctx := t.Context()
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 
 	// A rolled-back insert: its change is in the WAL, its xid aborted.
-	tx, err := e.primary.Begin(ctx)
+	tx, err := e.Primary.Begin(ctx)
 	require.NoError(t, err)
 	var xid uint64
 	var lsnText string
 	require.NoError(t, tx.QueryRow(ctx, `WITH i AS (INSERT INTO items VALUES (1, 'k', 0) RETURNING 1)
 		SELECT pg_current_xact_id()::text::bigint, pg_current_wal_insert_lsn()::text FROM i`).Scan(&xid, &lsnText))
 	require.NoError(t, tx.Rollback(ctx))
-	require.NoError(t, e.c.WaitReplicasCaughtUp(ctx))
+	require.NoError(t, e.Cluster.WaitReplicasCaughtUp(ctx))
 	aborted := fmt.Sprintf(`{"op":"c","after":{"id":1},"source":{"connector":"postgresql","snapshot":"false","txId":%d,"lsn":%d,"ts_ms":%d}}`,
 		xid&0xFFFFFFFF, uint64(position.MustParseLSN(lsnText)), time.Now().UnixMilli())
 
@@ -417,10 +418,10 @@ func TestDebeziumUnvouchedReadsPrimary(t *testing.T) {
 	}
 	got := make(chan run, len(cases))
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		dec, _ := consume.DecisionFrom(ctx)
-		got <- run{dec, consume.DB(ctx, "main") == e.primary}
+		got <- run{dec, consume.DB(ctx, "main") == e.Primary}
 		return nil
 	})
 	w := newWriter(t, topic)
@@ -437,7 +438,7 @@ func TestDebeziumUnvouchedReadsPrimary(t *testing.T) {
 		require.Equal(t, tc.reason, r.dec.Reason, tc.name)
 		require.True(t, r.primary, "%s read elsewhere than the primary", tc.name)
 	}
-	primary := sumCounter(t, e.metrics, "caughtup.cdc.primary", "caughtup.reason")
+	primary := e.Sums(t, "caughtup.cdc.primary", "caughtup.reason")
 	require.Equal(t, map[string]int64{"snapshot": 1, "malformed": 1, "not_postgresql": 1, "missing_txid": 1, "aborted": 1}, primary)
 }
 
@@ -448,7 +449,7 @@ func TestDebeziumConfig(t *testing.T) {
 	e := setupDB(t, nil)
 	h := func(context.Context, kafka.Message) error { return nil }
 	base := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t",
-		Router: e.router, TokenFormat: caughtupkafka.TokenDebezium}
+		Router: e.Router, TokenFormat: caughtupkafka.TokenDebezium}
 	c, err := caughtupkafka.NewConsumer(base, h)
 	require.NoError(t, err)
 	require.Equal(t, "main", c.Config().Debezium.Database, "the router's only database")
@@ -464,7 +465,7 @@ func TestDebeziumConfig(t *testing.T) {
 	_, err = caughtupkafka.NewConsumer(bad, h)
 	require.ErrorIs(t, err, caughtupkafka.ErrInvalidConfig)
 
-	rc := e.router.Config()
+	rc := e.Router.Config()
 	rc.Databases["other"] = rc.Databases["main"]
 	two, err := consume.NewRouter(t.Context(), rc)
 	require.NoError(t, err)
@@ -490,13 +491,13 @@ func TestDebeziumUnknownEpochReadsPrimary(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(dead.Close)
 	router, err := consume.NewRouter(t.Context(), consume.Config{
-		Databases: map[string]replay.Database{"main": {Primary: dead, Replicas: replay.Replicas(e.replicas...)}},
-		Logger:    testLogger(t),
+		Databases: map[string]replay.Database{"main": {Primary: dead, Replicas: replay.Replicas(e.Replicas...)}},
+		Logger:    kafkasuite.Logger(t),
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = router.Close() })
 
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 	got := make(chan consume.Decision, 1)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
 		Topic: topic, TokenFormat: caughtupkafka.TokenDebezium, Router: router, Policy: consume.Delayed,

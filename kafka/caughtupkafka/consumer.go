@@ -44,7 +44,6 @@ type Consumer struct {
 	checker   *cdc.Checker
 	now       func() time.Time
 	staleness time.Duration
-
 }
 
 // enginePartition is a partition's worker in the engine.

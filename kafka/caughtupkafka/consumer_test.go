@@ -17,6 +17,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // messageCount is the size of the big runs: 10,000 unless
@@ -35,31 +36,31 @@ func messageCount(t testing.TB) int {
 // one or both replicas. Every message runs, every read finds its row, and
 // every key's messages run in order.
 func TestInPlaceFreshAndOrderedUnderPausedReplay(t *testing.T) {
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	n := messageCount(t)
-	topic := newTopics(t, 8, "")[0]
-	l := newLedger(t)
+	topic := kafkasuite.NewTopics(t, 8, "")[0]
+	l := kafkasuite.NewLedger()
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
-	}, l.handle)
+		Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
+	}, ledgerHandler(l))
 
 	pctx, stopPauses := context.WithCancel(t.Context())
 	paused := make(chan struct{})
-	go func() { defer close(paused); pauseRandomly(pctx, t, e.c.Replicas(), time.Second) }()
+	go func() { defer close(paused); kafkasuite.PauseRandomly(pctx, t, e.Cluster.Replicas(), time.Second) }()
 	start := time.Now()
 	produceKeyed(t, e, caughtupkafka.NewWriter(newWriter(t, topic)), n, 128, 64)
 	produced := time.Since(start)
 	stopPauses()
 	<-paused
-	l.waitDistinct(t, n, 2*time.Minute)
+	l.WaitDistinct(t, n, 2*time.Minute)
 
-	stale, lost, violations, dups := l.summary(n)
+	stale, lost, violations, dups := l.Summary(n)
 	t.Logf("messages=%d stale=%d lost=%d order_violations=%d duplicates=%d produced_in=%v total=%v",
 		n, stale, lost, violations, dups, produced.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	t.Logf("router outcomes %v; consumer results %v", e.outcomes(t), e.results(t))
-	require.Empty(t, l.stale, "stale reads")
+	t.Logf("router outcomes %v; consumer results %v", e.Outcomes(t), e.Results(t))
+	require.Empty(t, l.Stale(), "stale reads")
 	require.Zero(t, lost)
-	require.Empty(t, l.violations, "per-key order")
+	require.Empty(t, l.Violations(), "per-key order")
 }
 
 // TestInPlaceBatchesOfOneTokenUnderPausedReplay: batches of 50 rows, each
@@ -73,31 +74,34 @@ func TestInPlaceFreshAndOrderedUnderPausedReplay(t *testing.T) {
 // during a pause), nothing is lost, order holds, and most messages did run
 // on a repeated decision (fewer handler contexts than messages).
 func TestInPlaceBatchesOfOneTokenUnderPausedReplay(t *testing.T) {
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	const batch = 50
 	batches := max(1, messageCount(t)/batch)
 	n := batches * batch
-	topic := newTopics(t, 4, "")[0]
-	l := newLedger(t)
+	topic := kafkasuite.NewTopics(t, 4, "")[0]
+	l := kafkasuite.NewLedger()
 	var mu sync.Mutex
 	contexts := map[context.Context]int{}
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		mu.Lock()
 		contexts[ctx]++
 		mu.Unlock()
-		return l.handle(ctx, msg)
+		return ledgerHandler(l)(ctx, msg)
 	})
 
 	pctx, stopPauses := context.WithCancel(t.Context())
 	paused := make(chan struct{})
-	go func() { defer close(paused); pauseRandomly(pctx, t, e.c.Replicas(), 300*time.Millisecond) }()
+	go func() {
+		defer close(paused)
+		kafkasuite.PauseRandomly(pctx, t, e.Cluster.Replicas(), 300*time.Millisecond)
+	}()
 	w := caughtupkafka.NewWriter(newWriter(t, topic))
 	ctx := t.Context()
 	for b := range batches {
 		key, first := fmt.Sprintf("k%d", b%2), b/2*batch
-		tctx, err := enqueue.InTx(ctx, e.primary, func(tx pgx.Tx) error {
+		tctx, err := enqueue.InTx(ctx, e.Primary, func(tx pgx.Tx) error {
 			for i := range batch {
 				if _, err := tx.Exec(ctx, `INSERT INTO items (id, key, seq) VALUES ($1, $2, $3)`, int64(b*batch+i+1), key, first+i); err != nil {
 					return err
@@ -108,23 +112,23 @@ func TestInPlaceBatchesOfOneTokenUnderPausedReplay(t *testing.T) {
 		require.NoError(t, err)
 		msgs := make([]kafka.Message, batch)
 		for i := range msgs {
-			msgs[i] = kafka.Message{Key: []byte(key), Value: payload(int64(b*batch+i+1), key, first+i)}
+			msgs[i] = kafka.Message{Key: []byte(key), Value: kafkasuite.Payload(int64(b*batch+i+1), key, first+i)}
 		}
 		require.NoError(t, w.WriteMessages(tctx, msgs...))
 	}
 	stopPauses()
 	<-paused
-	l.waitDistinct(t, n, 2*time.Minute)
+	l.WaitDistinct(t, n, 2*time.Minute)
 
-	stale, lost, violations, dups := l.summary(n)
+	stale, lost, violations, dups := l.Summary(n)
 	mu.Lock()
 	distinct := len(contexts)
 	mu.Unlock()
 	t.Logf("messages=%d stale=%d lost=%d order_violations=%d duplicates=%d handler_contexts=%d", n, stale, lost, violations, dups, distinct)
-	t.Logf("router outcomes %v; consumer results %v", e.outcomes(t), e.results(t))
-	require.Empty(t, l.stale, "stale reads")
+	t.Logf("router outcomes %v; consumer results %v", e.Outcomes(t), e.Results(t))
+	require.Empty(t, l.Stale(), "stale reads")
 	require.Zero(t, lost)
-	require.Empty(t, l.violations, "per-key order")
+	require.Empty(t, l.Violations(), "per-key order")
 	require.Less(t, distinct, n/2, "messages with the last one's token mostly repeat its decision")
 }
 
@@ -134,50 +138,48 @@ func TestInPlaceBatchesOfOneTokenUnderPausedReplay(t *testing.T) {
 // expired the first: every message runs at least once, none is skipped,
 // per-key order holds throughout.
 func TestKillAndRestartLosesNothing(t *testing.T) {
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	const n = 3000
-	topic := newTopics(t, 4, "")[0]
-	group := newGroup(t)
-	l := newLedger(t)
-	cfg := killable(caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router, Policy: consume.Delayed})
-	first := startConsumer(t, cfg, l.handle)
+	topic := kafkasuite.NewTopics(t, 4, "")[0]
+	group := kafkasuite.NewGroup(t)
+	l := kafkasuite.NewLedger()
+	cfg := killable(caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.Router, Policy: consume.Delayed})
+	first := startConsumer(t, cfg, ledgerHandler(l))
 
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
 		produceKeyed(t, e, caughtupkafka.NewWriter(newWriter(t, topic)), n, 32, 8)
 	}()
-	l.waitDistinct(t, n/3, time.Minute)
+	l.WaitDistinct(t, n/3, time.Minute)
 	require.NoError(t, first.kill())
-	l.mu.Lock()
-	atKill := l.distinct
-	l.mu.Unlock()
+	atKill := l.Count()
 
-	startConsumer(t, cfg, l.handle)
+	startConsumer(t, cfg, ledgerHandler(l))
 	<-produced
-	l.waitDistinct(t, n, 2*time.Minute)
-	stale, lost, violations, dups := l.summary(n)
+	l.WaitDistinct(t, n, 2*time.Minute)
+	stale, lost, violations, dups := l.Summary(n)
 	t.Logf("killed after %d messages; messages=%d stale=%d lost=%d order_violations=%d duplicates=%d",
 		atKill, n, stale, lost, violations, dups)
-	require.Empty(t, l.stale)
+	require.Empty(t, l.Stale())
 	require.Zero(t, lost)
-	require.Empty(t, l.violations)
+	require.Empty(t, l.Violations())
 }
 
 // TestRebalanceKeepsOrder: a second member joins mid-run and the first
 // leaves later; partitions move twice, and nothing is lost or reordered.
 func TestRebalanceKeepsOrder(t *testing.T) {
 	t.Parallel()
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	const n = 3000
-	topic := newTopics(t, 6, "")[0]
-	group := newGroup(t)
-	l := newLedger(t)
-	cfg := caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router, Policy: consume.Delayed}
+	topic := kafkasuite.NewTopics(t, 6, "")[0]
+	group := kafkasuite.NewGroup(t)
+	l := kafkasuite.NewLedger()
+	cfg := caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.Router, Policy: consume.Delayed}
 	var byA, byB atomic.Int64
 	counted := func(n *atomic.Int64) caughtupkafka.Handler {
 		return func(ctx context.Context, msg kafka.Message) error {
-			err := l.handle(ctx, msg)
+			err := ledgerHandler(l)(ctx, msg)
 			if err == nil {
 				n.Add(1)
 			}
@@ -190,18 +192,18 @@ func TestRebalanceKeepsOrder(t *testing.T) {
 		defer close(produced)
 		produceKeyed(t, e, caughtupkafka.NewWriter(newWriter(t, topic)), n, 32, 8)
 	}()
-	l.waitDistinct(t, n/4, time.Minute)
+	l.WaitDistinct(t, n/4, time.Minute)
 	startConsumer(t, cfg, counted(&byB))
-	l.waitDistinct(t, n/2, time.Minute)
-	require.NoError(t, a.stop())
+	l.WaitDistinct(t, n/2, time.Minute)
+	require.NoError(t, a.Stop())
 	<-produced
-	l.waitDistinct(t, n, 2*time.Minute)
-	stale, lost, violations, dups := l.summary(n)
+	l.WaitDistinct(t, n, 2*time.Minute)
+	stale, lost, violations, dups := l.Summary(n)
 	t.Logf("messages=%d stale=%d lost=%d order_violations=%d duplicates=%d; first member ran %d, second %d",
 		n, stale, lost, violations, dups, byA.Load(), byB.Load())
-	require.Empty(t, l.stale)
+	require.Empty(t, l.Stale())
 	require.Zero(t, lost)
-	require.Empty(t, l.violations)
+	require.Empty(t, l.Violations())
 	require.Positive(t, byB.Load(), "the second member never got a partition")
 }
 
@@ -280,23 +282,23 @@ func wait[T any](t testing.TB, ch <-chan T, what string) T {
 // partitions drain while that partition waits in place, in order; once
 // replay resumes the blocker runs on a replica, then its followers.
 func TestWaitingPartitionDoesNotStallOthers(t *testing.T) {
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	const parts, others = 4, 300
-	topic := newTopics(t, parts, "")[0]
+	topic := kafkasuite.NewTopics(t, parts, "")[0]
 	w := caughtupkafka.NewWriter(newWriter(t, topic))
 	ctx := t.Context()
 	probe := newPartitionProbe(others)
-	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp}, probe.handle)
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP}, probe.handle)
 
 	// The group joins first (a real cluster delays the first join).
 	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte(keyFor(1, parts, "other")), Value: []byte("warm-up")}))
 	wait(t, probe.warm, "the warm-up message")
 
-	fresh, err := e.insert(ctx, 1, "fresh", 0)
+	fresh, err := e.Insert(ctx, 1, "fresh", 0)
 	require.NoError(t, err)
-	require.NoError(t, e.c.WaitReplicasCaughtUp(ctx))
-	e.pauseAll(t)
-	behind, err := e.insert(ctx, 2, "behind", 0)
+	require.NoError(t, e.Cluster.WaitReplicasCaughtUp(ctx))
+	e.PauseAll(t)
+	behind, err := e.Insert(ctx, 2, "behind", 0)
 	require.NoError(t, err)
 
 	blockedKey := keyFor(0, parts, "blocked")
@@ -314,10 +316,10 @@ func TestWaitingPartitionDoesNotStallOthers(t *testing.T) {
 	blockerRan, followers, _ := probe.state()
 	require.False(t, blockerRan, "the blocker ran while no replica had its write")
 	require.Zero(t, followers, "a message behind the waiting one ran first")
-	require.Eventually(t, func() bool { return e.results(t)["waited"] > 0 }, time.Minute, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return e.Results(t)["waited"] > 0 }, time.Minute, 10*time.Millisecond,
 		"the blocker never waited in place")
 
-	e.resumeAll(t)
+	e.ResumeAll(t)
 	dec := wait(t, probe.blocker, "the blocker's run after replay resumed")
 	wait(t, probe.followers, "the followers' runs")
 	require.Contains(t, []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited}, dec.Outcome)
@@ -335,19 +337,19 @@ func TestWaitingPartitionDoesNotStallOthers(t *testing.T) {
 func TestInPlaceWaitEndsOnThePrimaryAtMaxAge(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, func(c *consume.Config) {
-		fastRouter(c)
+		kafkasuite.FastRouter(c)
 		c.MaxAge = 3 * time.Second
 	})
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 	w := caughtupkafka.NewWriter(newWriter(t, topic))
 	ctx := t.Context()
 	probe := newPartitionProbe(0)
-	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp}, probe.handle)
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP}, probe.handle)
 	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("warm-up")}))
 	wait(t, probe.warm, "the warm-up message")
 
-	require.NoError(t, w.WriteMessages(enqueue.WithToken(ctx, e.farAhead(t)), kafka.Message{Key: []byte("k"), Value: []byte("blocker")}))
-	fresh, err := e.insert(ctx, 1, "fresh", 0)
+	require.NoError(t, w.WriteMessages(enqueue.WithToken(ctx, e.FarAhead(t)), kafka.Message{Key: []byte("k"), Value: []byte("blocker")}))
+	fresh, err := e.Insert(ctx, 1, "fresh", 0)
 	require.NoError(t, err)
 	require.NoError(t, w.WriteMessages(fresh,
 		kafka.Message{Key: []byte("k"), Value: []byte("follower")},
@@ -357,7 +359,7 @@ func TestInPlaceWaitEndsOnThePrimaryAtMaxAge(t *testing.T) {
 	wait(t, probe.followers, "the followers' runs")
 	require.Equal(t, consume.OutcomePrimary, dec.Outcome)
 	require.Equal(t, consume.ReasonDeadline, dec.Reason)
-	require.Eventually(t, func() bool { return e.results(t)["waited"] > 0 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return e.Results(t)["waited"] > 0 }, 30*time.Second, 10*time.Millisecond,
 		"the blocker never waited in place")
 	probe.mu.Lock()
 	defer probe.mu.Unlock()

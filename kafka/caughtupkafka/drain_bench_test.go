@@ -22,6 +22,7 @@ import (
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/catchup"
 	"github.com/caughtup/caughtup/testkit/drain"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -126,7 +127,7 @@ func drainTokens(b *testing.B, e *env, n int) []position.Token {
 	ctx := context.Background()
 	toks := make([]position.Token, (n+99)/100)
 	for k := range toks {
-		pctx, err := e.insert(ctx, stampedIDs.Add(1), "drain", k)
+		pctx, err := e.Insert(ctx, stampedIDs.Add(1), "drain", k)
 		require.NoError(b, err)
 		toks[k], _ = enqueue.TokenFrom(pctx)
 	}
@@ -136,7 +137,7 @@ func drainTokens(b *testing.B, e *env, n int) []position.Token {
 // drainTopic is a fresh topic of benchPartitions partitions and a writer
 // that spreads messages over them evenly.
 func drainTopic(b *testing.B) (string, *kafka.Writer) {
-	topic := newTopics(b, benchPartitions, "", ".dlt")[0]
+	topic := kafkasuite.NewTopics(b, benchPartitions, "", ".dlt")[0]
 	w := newWriter(b, topic)
 	w.Balancer = &kafka.RoundRobin{}
 	w.BatchSize = 1000
@@ -167,12 +168,12 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 	topic, w := drainTopic(b)
 	st := drain.NewStarts(n)
 	var stale atomic.Int64
-	group := newGroup(b)
+	group := kafkasuite.NewGroup(b)
 	warm := make(chan struct{})
 	var warmOnce sync.Once
 	c := startConsumer(b, caughtupkafka.ConsumerConfig{
-		Topic: topic, GroupID: group, Router: e.router, Policy: consume.Delayed, CommitInterval: time.Second,
-		Dialer: kafka.DefaultDialer, MeterProvider: e.mp,
+		Topic: topic, GroupID: group, Router: e.Router, Policy: consume.Delayed, CommitInterval: time.Second,
+		Dialer: kafka.DefaultDialer, MeterProvider: e.MP,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		at := time.Now()
 		if string(msg.Value) == "warm" {
@@ -192,7 +193,7 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 		}
 		return nil
 	})
-	defer func() { require.NoError(b, c.stop()) }()
+	defer func() { require.NoError(b, c.Stop()) }()
 	waitStable(b, group, 1)
 	// One message per partition first, so that every partition reader
 	// runs before the clock starts.
@@ -205,13 +206,13 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 		b.Fatal("the warm-up messages did not run within a minute")
 	}
 
-	for _, nd := range e.c.Replicas() {
+	for _, nd := range e.Cluster.Replicas() {
 		require.NoError(b, nd.PauseReplay(ctx))
 	}
 	resumed := false
 	defer func() {
 		if !resumed {
-			for _, nd := range e.c.Replicas() {
+			for _, nd := range e.Cluster.Replicas() {
 				_ = nd.ResumeReplay(context.Background())
 			}
 		}
@@ -225,14 +226,14 @@ func drainCaughtup(b *testing.B, e *env, n int, work time.Duration) (time.Durati
 		b.Fatalf("caughtup side: %d messages ran while every replica was paused", started)
 	}
 	runtime.GC()
-	stopFollow := latency.Follow(e.router.Snapshot)
-	for _, nd := range e.c.Replicas() {
+	stopFollow := latency.Follow(e.Router.Snapshot)
+	for _, nd := range e.Cluster.Replicas() {
 		require.NoError(b, nd.ResumeReplay(ctx))
 	}
 	resumed = true
 	st.Wait(b, "caughtup side")
 	recorded := stopFollow()
-	cfg := e.router.Config()
+	cfg := e.Router.Config()
 	caught, ok := catchup.FirstCaughtUp(newest, recorded, &cfg)
 	require.True(b, ok, "the recorded snapshots never show the newest token caught up")
 	bad := int(stale.Load())
@@ -251,13 +252,13 @@ func drainBare(b *testing.B, n int, work time.Duration, toks []position.Token) t
 	topic, w := drainTopic(b)
 	st := drain.NewStarts(n)
 	gate := make(chan struct{})
-	group := newGroup(b)
+	group := kafkasuite.NewGroup(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	readers := make([]*kafka.Reader, benchPartitions)
 	for i := range readers {
 		r := kafka.NewReader(kafka.ReaderConfig{
-			Brokers: brokers(b), GroupID: group, Topic: topic,
+			Brokers: kafkasuite.Brokers(b), GroupID: group, Topic: topic,
 			MaxWait: 100 * time.Millisecond, QueueCapacity: caughtupkafka.DefaultQueueCapacity,
 			CommitInterval: time.Second, HeartbeatInterval: 200 * time.Millisecond,
 		})

@@ -3,7 +3,6 @@ package caughtupkafka_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -14,16 +13,17 @@ import (
 
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/testkit/fault"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // testConfig fills in what every test consumer uses: quick fetches,
 // commits and rebalance detection. The caller gives the Router.
 func testConfig(t testing.TB, cfg caughtupkafka.ConsumerConfig) caughtupkafka.ConsumerConfig {
 	if cfg.Brokers == nil {
-		cfg.Brokers = brokers(t)
+		cfg.Brokers = kafkasuite.Brokers(t)
 	}
 	if cfg.GroupID == "" {
-		cfg.GroupID = newGroup(t)
+		cfg.GroupID = kafkasuite.NewGroup(t)
 	}
 	if cfg.CommitInterval == 0 {
 		cfg.CommitInterval = 100 * time.Millisecond
@@ -42,40 +42,25 @@ func testConfig(t testing.TB, cfg caughtupkafka.ConsumerConfig) caughtupkafka.Co
 		cfg.RetryBackoffMax = 100 * time.Millisecond
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = kafkasuite.Logger(t)
 	}
 	return cfg
-}
-
-// testLogger sends warnings and errors to the test log.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-type logWriter struct{ t testing.TB }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Logf("%s", p)
-	return len(p), nil
 }
 
 // running is a consumer started by startConsumer. Its connections go
 // through a fault dialer, so that kill can make it vanish the way a
 // crashed process does.
 type running struct {
+	*kafkasuite.Running
 	c      *caughtupkafka.Consumer
 	dialer *fault.Dialer
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
 }
 
-// startConsumer runs a consumer until stop, kill or the end of the test.
+// startConsumer runs a consumer until Stop, kill or the end of the test.
 // Unless cfg names a Dialer, it dials through a fault dialer.
 func startConsumer(t testing.TB, cfg caughtupkafka.ConsumerConfig, h caughtupkafka.Handler) *running {
 	t.Helper()
-	r := &running{done: make(chan error, 1)}
+	r := &running{}
 	if cfg.Dialer == nil {
 		r.dialer = fault.NewDialer(nil)
 		cfg.Dialer = &kafka.Dialer{DialFunc: r.dialer.DialContext, Timeout: 10 * time.Second}
@@ -83,24 +68,8 @@ func startConsumer(t testing.TB, cfg caughtupkafka.ConsumerConfig, h caughtupkaf
 	var err error
 	r.c, err = caughtupkafka.NewConsumer(testConfig(t, cfg), h)
 	require.NoError(t, err)
-	var ctx context.Context
-	ctx, r.cancel = context.WithCancel(context.Background())
-	go func() { r.done <- r.c.Run(ctx) }()
-	t.Cleanup(func() { require.NoError(t, r.stop()) })
+	r.Running = kafkasuite.Start(t, r.c.Run)
 	return r
-}
-
-// stop cancels the consumer and waits for Run to return.
-func (r *running) stop() error {
-	r.once.Do(func() {
-		r.cancel()
-		select {
-		case r.err = <-r.done:
-		case <-time.After(30 * time.Second):
-			r.err = fmt.Errorf("the consumer did not stop within 30s")
-		}
-	})
-	return r.err
 }
 
 // kill makes the consumer vanish as a crashed process would: every
@@ -111,7 +80,7 @@ func (r *running) stop() error {
 func (r *running) kill() error {
 	r.dialer.Refuse(true)
 	r.dialer.Cut()
-	return r.stop()
+	return r.Stop()
 }
 
 // killable shortens the group's session and rebalance timeouts so that
@@ -152,9 +121,9 @@ func produceKeyed(t testing.TB, e *env, w *caughtupkafka.Writer, n, keys, produc
 					continue
 				}
 				key, seq := fmt.Sprintf("k%d", k), (i-1)/keys
-				pctx, err := e.insert(ctx, int64(i), key, seq)
+				pctx, err := e.Insert(ctx, int64(i), key, seq)
 				if err == nil {
-					err = w.WriteMessages(pctx, kafka.Message{Key: []byte(key), Value: payload(int64(i), key, seq)})
+					err = w.WriteMessages(pctx, kafka.Message{Key: []byte(key), Value: kafkasuite.Payload(int64(i), key, seq)})
 				}
 				if err != nil {
 					errs <- fmt.Errorf("message %d: %w", i, err)

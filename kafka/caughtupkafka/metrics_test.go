@@ -11,6 +11,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // handledPoints returns the data points of caughtup.kafka.messages with
@@ -18,7 +19,7 @@ import (
 func handledPoints(t *testing.T, e *env, topic string) []metricdata.DataPoint[int64] {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
-	require.NoError(t, e.metrics.Collect(context.Background(), &rm))
+	require.NoError(t, e.Metrics.Collect(context.Background(), &rm))
 	var out []metricdata.DataPoint[int64]
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
@@ -50,14 +51,14 @@ func handledPoints(t *testing.T, e *env, topic string) []metricdata.DataPoint[in
 func TestMetricsOutliveRun(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, nil)
-	topic := newTopics(t, 2, "")[0]
-	group := newGroup(t)
+	topic := kafkasuite.NewTopics(t, 2, "")[0]
+	group := kafkasuite.NewGroup(t)
 	ran := make(chan struct{}, 16)
 	h := func(context.Context, kafka.Message) error {
 		ran <- struct{}{}
 		return nil
 	}
-	cfg := caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp}
+	cfg := caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP}
 	w := newWriter(t, topic)
 	write := func(from, to int) {
 		var msgs []kafka.Message
@@ -72,14 +73,14 @@ func TestMetricsOutliveRun(t *testing.T) {
 
 	first := startConsumer(t, cfg, h)
 	write(0, 5)
-	require.NoError(t, first.stop())
+	require.NoError(t, first.Stop())
 	dps := handledPoints(t, e, topic)
 	require.Len(t, dps, 1)
 	require.Equal(t, int64(5), dps[0].Value, "the counts are gone once Run returned")
 
 	second := startConsumer(t, cfg, h)
 	write(5, 8)
-	require.NoError(t, second.stop())
+	require.NoError(t, second.Stop())
 	dps = handledPoints(t, e, topic)
 	require.Len(t, dps, 1, "two consumers one after the other report one series")
 	require.Equal(t, int64(8), dps[0].Value)

@@ -17,6 +17,7 @@ import (
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/outbox"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -55,10 +56,10 @@ func TestOutboxPublisher(t *testing.T) {
 	defer primary.Close()
 	require.NoError(t, outbox.Migrate(ctx, primary))
 
-	topic := newTopics(t, 2, "")[0]
+	topic := kafkasuite.NewTopics(t, 2, "")[0]
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
-	w := &kafka.Writer{Addr: kafka.TCP(brokers(t)...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
+	w := &kafka.Writer{Addr: kafka.TCP(kafkasuite.Brokers(t)...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
 		BatchTimeout: time.Millisecond, Transport: transport}
 	defer func() { _ = w.Close() }()
 	pub, err := caughtupkafka.NewOutboxPublisher(w)
@@ -87,7 +88,7 @@ func TestOutboxPublisher(t *testing.T) {
 
 	seen := map[string]bool{}
 	for p := range 2 {
-		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers(t), Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond,
+		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: kafkasuite.Brokers(t), Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond,
 			Dialer: &kafka.Dialer{Timeout: 5 * time.Second}})
 		last, err := rd.ReadLag(ctx)
 		require.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/testkit/fault"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 func header(msg kafka.Message, key string) string {
@@ -39,7 +40,7 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 		c.DeferInitial = 300 * time.Millisecond
 		c.DeferMax = time.Second
 	})
-	names := newTopics(t, 3, "", ".retry", ".dlt")
+	names := kafkasuite.NewTopics(t, 3, "", ".retry", ".dlt")
 	type run struct {
 		topic   string
 		dec     consume.Decision
@@ -62,7 +63,7 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 		}
 	})
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 		Writer: republisher,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		r := run{topic: msg.Topic, due: header(msg, caughtupkafka.HeaderDue), at: time.Now(), attempt: caughtupkafka.Attempt(ctx)}
@@ -80,8 +81,8 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 	})
 	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
 
-	e.pauseAll(t)
-	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	e.PauseAll(t)
+	ctx, err := e.Insert(t.Context(), 1, "k", 0)
 	require.NoError(t, err)
 	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("stamped")}))
 	require.NoError(t, w.WriteMessages(t.Context(), kafka.Message{Key: []byte("k"), Value: []byte("unstamped")}))
@@ -98,9 +99,9 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 	wait(t, republished, "the second deferral, from the retry topic")
 	require.Empty(t, runs, "the stamped message ran while every replica was paused")
 	// Counted at the next commit (CommitInterval).
-	require.Eventually(t, func() bool { return e.results(t)["deferred"] >= 2 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return e.Results(t)["deferred"] >= 2 }, 30*time.Second, 10*time.Millisecond)
 
-	e.resumeAll(t)
+	e.ResumeAll(t)
 	var second run
 	select {
 	case second = <-runs:
@@ -114,11 +115,11 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 	require.NoError(t, err)
 	if second.at.Before(time.UnixMilli(due)) {
 		// Counts reach the MeterProvider at the next offset commit.
-		require.Eventually(t, func() bool { return e.results(t)["woken"] > 0 }, 30*time.Second, 10*time.Millisecond,
+		require.Eventually(t, func() bool { return e.Results(t)["woken"] > 0 }, 30*time.Second, 10*time.Millisecond,
 			"ran at %v, before its due time %v, without a catch-up", second.at, time.UnixMilli(due))
 	}
 	require.Zero(t, second.attempt, "a deferral counted as a failed attempt")
-	t.Logf("results %v; outcomes %v", e.results(t), e.outcomes(t))
+	t.Logf("results %v; outcomes %v", e.Results(t), e.Outcomes(t))
 }
 
 // TestRetryTopicCrashBetweenRepublishAndCommit: the consumer dies after a
@@ -128,9 +129,9 @@ func TestRetryTopicRunsDeferredMessageWhenDue(t *testing.T) {
 // the copy: the message runs (at least once), nothing is lost.
 func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
 	t.Parallel()
-	e := setupDB(t, fastRouter)
-	names := newTopics(t, 2, "", ".retry", ".dlt")
-	group := newGroup(t)
+	e := setupDB(t, kafkasuite.FastRouter)
+	names := kafkasuite.NewTopics(t, 2, "", ".retry", ".dlt")
+	group := kafkasuite.NewGroup(t)
 	var warm atomic.Int64
 	ran := make(chan kafka.Message, 16)
 	h := func(ctx context.Context, msg kafka.Message) error {
@@ -141,7 +142,7 @@ func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
 		ran <- msg
 		return nil
 	}
-	cfg := killable(caughtupkafka.ConsumerConfig{Topic: names[0], GroupID: group, Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed})
+	cfg := killable(caughtupkafka.ConsumerConfig{Topic: names[0], GroupID: group, Mode: caughtupkafka.RetryTopic, Router: e.Router, Policy: consume.Delayed})
 
 	// The first member dies right after its first republish was
 	// acknowledged: before the consumer learns that the write succeeded,
@@ -162,10 +163,10 @@ func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
 	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
 	require.NoError(t, w.WriteMessages(t.Context(), kafka.Message{Key: []byte("w"), Value: []byte("warm-up")}))
 	require.Eventually(t, func() bool { return warm.Load() == 1 }, 30*time.Second, 10*time.Millisecond)
-	require.NoError(t, w.WriteMessages(enqueue.WithToken(t.Context(), e.farAhead(t)),
+	require.NoError(t, w.WriteMessages(enqueue.WithToken(t.Context(), e.FarAhead(t)),
 		kafka.Message{Key: []byte("k"), Value: []byte("deferred")}))
 	wait(t, killed, "the republish of the deferred message")
-	require.NoError(t, firstRun.stop())
+	require.NoError(t, firstRun.Stop())
 	select {
 	case msg := <-ran:
 		t.Fatalf("the deferred message ran before any replica had its token (from %s)", msg.Topic)
@@ -200,11 +201,11 @@ func TestRetryTopicCrashBetweenRepublishAndCommit(t *testing.T) {
 func TestDeadLetterInPlace(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, nil)
-	names := newTopics(t, 2, "", ".dlt")
+	names := kafkasuite.NewTopics(t, 2, "", ".dlt")
 	var mu sync.Mutex
 	var attempts []int
 	var order []string
-	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[0], Router: e.router, MaxAttempts: 3},
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[0], Router: e.Router, MaxAttempts: 3},
 		func(ctx context.Context, msg kafka.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -216,7 +217,7 @@ func TestDeadLetterInPlace(t *testing.T) {
 			return nil
 		})
 	dead := make(chan kafka.Message, 4)
-	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[1], Router: e.router}, func(ctx context.Context, msg kafka.Message) error {
+	startConsumer(t, caughtupkafka.ConsumerConfig{Topic: names[1], Router: e.Router}, func(ctx context.Context, msg kafka.Message) error {
 		dead <- msg
 		return nil
 	})
@@ -251,13 +252,13 @@ func TestDeadLetterInPlace(t *testing.T) {
 func TestDeadLetterHookRetryTopic(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, nil)
-	names := newTopics(t, 2, "", ".retry")
+	names := kafkasuite.NewTopics(t, 2, "", ".retry")
 	var mu sync.Mutex
 	var attempts []int
 	var order []string
 	hooked := make(chan error, 2)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, MaxAttempts: 2,
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.Router, MaxAttempts: 2,
 		DeadLetter: func(ctx context.Context, msg kafka.Message, err error) error {
 			hooked <- err
 			return nil

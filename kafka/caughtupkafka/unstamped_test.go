@@ -12,6 +12,7 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // TestUnstampedAtLeastOnce: messages without a token (written by a plain
@@ -22,7 +23,7 @@ func TestUnstampedAtLeastOnce(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, nil)
 	const n, keys = 1000, 10
-	topic := newTopics(t, 4, "")[0]
+	topic := kafkasuite.NewTopics(t, 4, "")[0]
 	var msgs []kafka.Message
 	for i := range n {
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(i % keys)), Value: []byte(strconv.Itoa(i))})
@@ -39,7 +40,7 @@ func TestUnstampedAtLeastOnce(t *testing.T) {
 		dec, _ := consume.DecisionFrom(ctx)
 		mu.Lock()
 		defer mu.Unlock()
-		if dec.Outcome != consume.OutcomePrimaryNoToken || consume.DB(ctx, "main") != e.primary {
+		if dec.Outcome != consume.OutcomePrimaryNoToken || consume.DB(ctx, "main") != e.Primary {
 			notPrimary++
 		}
 		if p, ok := last[string(m.Key)]; ok && p >= i {
@@ -49,15 +50,15 @@ func TestUnstampedAtLeastOnce(t *testing.T) {
 		seen[i]++
 		return nil
 	}
-	group := newGroup(t)
-	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router}, handle)
+	group := kafkasuite.NewGroup(t)
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.Router}, handle)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
-	require.NoError(t, r.stop())
+	require.NoError(t, r.Stop())
 
-	again := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.router}, handle)
+	again := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, GroupID: group, Router: e.Router}, handle)
 	require.NoError(t, newWriter(t, topic).WriteMessages(t.Context(), kafka.Message{Key: []byte("0"), Value: []byte(strconv.Itoa(n))}))
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n+1 }, 30*time.Second, 10*time.Millisecond)
-	require.NoError(t, again.stop())
+	require.NoError(t, again.Stop())
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range n + 1 {

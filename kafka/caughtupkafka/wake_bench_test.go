@@ -17,6 +17,7 @@ import (
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/catchup"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
 
@@ -50,9 +51,9 @@ func BenchmarkRetryTopicWakeLatency(b *testing.B) {
 	var r retryLatencies
 	var woken int64
 	for b.Loop() {
-		w0 := e.results(b)["woken"]
+		w0 := e.Results(b)["woken"]
 		r = retryRound(b, e)
-		woken = e.results(b)["woken"] - w0
+		woken = e.Results(b)["woken"] - w0
 	}
 	p := func(s []time.Duration, q float64) time.Duration {
 		return latency.Percentile(s, q).Round(100 * time.Microsecond)
@@ -72,7 +73,7 @@ type retryLatencies struct{ resume, catch, due, main []time.Duration }
 func retryRound(b *testing.B, e *env) retryLatencies {
 	const messages = 200
 	ctx := context.Background()
-	names := newTopics(b, 4, "", ".retry", ".dlt")
+	names := kafkasuite.NewTopics(b, 4, "", ".retry", ".dlt")
 	type run struct {
 		at    time.Time
 		due   time.Time
@@ -86,7 +87,7 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 		warmID = stampedIDs.Add(1)
 	)
 	c := startConsumer(b, caughtupkafka.ConsumerConfig{
-		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 	}, func(ctx context.Context, msg kafka.Message) error {
 		rn := run{at: time.Now(), retry: msg.Topic == names[1]}
 		if ms, err := strconv.ParseInt(header(msg, caughtupkafka.HeaderDue), 10, 64); err == nil {
@@ -114,16 +115,16 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 		}
 		return nil
 	})
-	defer func() { require.NoError(b, c.stop()) }()
+	defer func() { require.NoError(b, c.Stop()) }()
 	w := caughtupkafka.NewWriter(newWriter(b, names[0]))
 	// The group owns the partitions before the clock starts.
-	wctx, err := e.insert(ctx, warmID, "warm", 0)
+	wctx, err := e.Insert(ctx, warmID, "warm", 0)
 	require.NoError(b, err)
 	require.NoError(b, w.WriteMessages(wctx, kafka.Message{Key: []byte("warm"), Value: []byte(strconv.FormatInt(warmID, 10))}))
 	wait(b, warmed, "the warm-up message")
 
-	stopFollow := latency.Follow(e.router.Snapshot)
-	for _, n := range e.c.Replicas() {
+	stopFollow := latency.Follow(e.Router.Snapshot)
+	for _, n := range e.Cluster.Replicas() {
 		require.NoError(b, n.PauseReplay(ctx))
 	}
 	paused := time.Now()
@@ -131,7 +132,7 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 	toks := map[int64]position.Token{}
 	for i := range int64(messages) {
 		id := base + i + 1
-		pctx, err := e.insert(ctx, id, "k"+strconv.FormatInt(i%16, 10), int(i))
+		pctx, err := e.Insert(ctx, id, "k"+strconv.FormatInt(i%16, 10), int(i))
 		require.NoError(b, err)
 		toks[id], _ = enqueue.TokenFrom(pctx)
 		require.NoError(b, w.WriteMessages(pctx, kafka.Message{Key: []byte(strconv.FormatInt(i%16, 10)), Value: []byte(strconv.FormatInt(id, 10))}))
@@ -139,7 +140,7 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 	}
 	time.Sleep(time.Until(paused.Add(3 * time.Second)))
 	resumed := time.Now()
-	for _, n := range e.c.Replicas() {
+	for _, n := range e.Cluster.Replicas() {
 		require.NoError(b, n.ResumeReplay(ctx))
 	}
 	select {
@@ -148,7 +149,7 @@ func retryRound(b *testing.B, e *env) retryLatencies {
 		b.Fatalf("not every message ran within 2 minutes of the resume")
 	}
 	recorded := stopFollow()
-	cfg := e.router.Config()
+	cfg := e.Router.Config()
 	var out retryLatencies
 	mu.Lock()
 	defer mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/testkit/fault"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // retryRun is one handler run as the wake tests see it.
@@ -56,7 +57,7 @@ func retryRecorder(runs chan<- retryRun, fail func(attempt int) error) caughtupk
 func resumeAndRun(t *testing.T, e *env, runs <-chan retryRun) (retryRun, time.Duration) {
 	t.Helper()
 	resumed := time.Now()
-	e.resumeAll(t)
+	e.ResumeAll(t)
 	select {
 	case r := <-runs:
 		return r, r.at.Sub(resumed)
@@ -78,7 +79,7 @@ func TestRetryTopicWakesOnCatchUp(t *testing.T) {
 		c.DeferMax = time.Minute
 		c.MaxAge = 10 * time.Minute
 	})
-	names := newTopics(t, 1, "", ".retry", ".dlt")
+	names := kafkasuite.NewTopics(t, 1, "", ".retry", ".dlt")
 	republisher := fault.NewWriter(newRepublisher(t))
 	republished := make(chan struct{}, 16)
 	republisher.AfterWrite(func(_ context.Context, msgs []kafka.Message) {
@@ -90,13 +91,13 @@ func TestRetryTopicWakesOnCatchUp(t *testing.T) {
 	})
 	runs := make(chan retryRun, 16)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 		Writer: republisher,
 	}, retryRecorder(runs, nil))
 	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
 
-	e.pauseAll(t)
-	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	e.PauseAll(t)
+	ctx, err := e.Insert(t.Context(), 1, "k", 0)
 	require.NoError(t, err)
 	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("stamped")}))
 	wait(t, republished, "the deferral to the retry topic")
@@ -109,8 +110,8 @@ func TestRetryTopicWakesOnCatchUp(t *testing.T) {
 	require.True(t, r.at.Before(r.due), "ran at %v, not before its due time %v", r.at, r.due)
 	require.Zero(t, r.attempt, "a deferral counted as a failed attempt")
 	// Counts reach the MeterProvider at the next offset commit.
-	require.Eventually(t, func() bool { return e.results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.results(t))
-	require.Equal(t, int64(1), e.results(t)["deferred"], "deferred once, not again from the retry topic")
+	require.Eventually(t, func() bool { return e.Results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.Results(t))
+	require.Equal(t, int64(1), e.Results(t)["deferred"], "deferred once, not again from the retry topic")
 	t.Logf("resume → handler start %v (%v before its due time)", latency, r.due.Sub(r.at))
 }
 
@@ -118,12 +119,12 @@ func TestRetryTopicWakesOnCatchUp(t *testing.T) {
 // after a handler error is not a deferral: its token is caught up, yet it
 // runs again only at its due time.
 func TestRetryTopicHandlerErrorWaitsOutItsBackoff(t *testing.T) {
-	e := setupDB(t, fastRouter)
-	names := newTopics(t, 1, "", ".retry", ".dlt")
+	e := setupDB(t, kafkasuite.FastRouter)
+	names := kafkasuite.NewTopics(t, 1, "", ".retry", ".dlt")
 	runs := make(chan retryRun, 16)
 	boom := errors.New("boom")
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: names[0], Mode: caughtupkafka.RetryTopic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 		RetryBackoffInitial: time.Second, RetryBackoffMax: time.Second,
 	}, retryRecorder(runs, func(attempt int) error {
 		if attempt == 0 {
@@ -132,7 +133,7 @@ func TestRetryTopicHandlerErrorWaitsOutItsBackoff(t *testing.T) {
 		return nil
 	}))
 	w := caughtupkafka.NewWriter(newWriter(t, names[0]))
-	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	ctx, err := e.Insert(t.Context(), 1, "k", 0)
 	require.NoError(t, err)
 	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("stamped")}))
 
@@ -141,8 +142,8 @@ func TestRetryTopicHandlerErrorWaitsOutItsBackoff(t *testing.T) {
 	require.Equal(t, 1, r.attempt)
 	require.True(t, r.found)
 	require.False(t, r.at.Before(r.due), "ran at %v, before its due time %v", r.at, r.due)
-	require.Zero(t, e.results(t)["woken"], "a retry after a handler error was woken")
-	require.Equal(t, int64(1), e.results(t)["retried"])
+	require.Zero(t, e.Results(t)["woken"], "a retry after a handler error was woken")
+	require.Equal(t, int64(1), e.Results(t)["retried"])
 }
 
 // TestInPlaceDeferralWakesOnCatchUp: with waiting disabled, Route defers
@@ -156,20 +157,20 @@ func TestInPlaceDeferralWakesOnCatchUp(t *testing.T) {
 		c.DeferMax = time.Minute
 		c.MaxAge = 10 * time.Minute
 	})
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 	runs := make(chan retryRun, 16)
 	startConsumer(t, caughtupkafka.ConsumerConfig{
-		Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 	}, retryRecorder(runs, nil))
 	w := caughtupkafka.NewWriter(newWriter(t, topic))
 
-	e.pauseAll(t)
-	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	e.PauseAll(t)
+	ctx, err := e.Insert(t.Context(), 1, "k", 0)
 	require.NoError(t, err)
 	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("stamped")}))
 	// Counts reach the MeterProvider at the next offset commit.
-	require.Eventually(t, func() bool { return e.results(t)["waited"] >= 1 }, 30*time.Second, 10*time.Millisecond,
-		"the message was never deferred: results %v", e.results(t))
+	require.Eventually(t, func() bool { return e.Results(t)["waited"] >= 1 }, 30*time.Second, 10*time.Millisecond,
+		"the message was never deferred: results %v", e.Results(t))
 	require.Empty(t, runs, "the message ran while every replica was paused")
 
 	r, latency := resumeAndRun(t, e, runs)
@@ -177,7 +178,7 @@ func TestInPlaceDeferralWakesOnCatchUp(t *testing.T) {
 	require.True(t, r.found, "the message did not find its row")
 	require.NotEmpty(t, func() string { dd, _ := r.dec.Database("main"); return dd.Replica }(), "outcome %s", r.dec.Outcome)
 	require.Zero(t, r.attempt, "a deferral counted as a failed attempt")
-	require.Eventually(t, func() bool { return e.results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.results(t))
-	require.Equal(t, int64(1), e.results(t)["waited"], "held once")
+	require.Eventually(t, func() bool { return e.Results(t)["woken"] == 1 }, 30*time.Second, 10*time.Millisecond, "results %v", e.Results(t))
+	require.Equal(t, int64(1), e.Results(t)["waited"], "held once")
 	t.Logf("resume → handler start %v", latency)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // captureWriter records what it is asked to write.
@@ -227,7 +228,7 @@ func TestConsumerConfigValidation(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, nil)
 	h := func(context.Context, kafka.Message) error { return nil }
-	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t", Router: e.router}
+	ok := caughtupkafka.ConsumerConfig{Brokers: []string{"localhost:9092"}, GroupID: "g", Topic: "t", Router: e.Router}
 	_, err := caughtupkafka.NewConsumer(ok, h)
 	require.NoError(t, err)
 	_, err = caughtupkafka.NewConsumer(ok, nil)
@@ -267,10 +268,10 @@ func TestConsumerConfigValidation(t *testing.T) {
 
 func TestRunTwiceAtOnce(t *testing.T) {
 	t.Parallel()
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 	ran := make(chan struct{}, 1)
 	e := setupDB(t, nil)
-	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.router}, func(context.Context, kafka.Message) error {
+	r := startConsumer(t, caughtupkafka.ConsumerConfig{Topic: topic, Router: e.Router}, func(context.Context, kafka.Message) error {
 		ran <- struct{}{}
 		return nil
 	})
@@ -284,14 +285,14 @@ func TestRunTwiceAtOnce(t *testing.T) {
 func TestMiddlewareRoutesAndDefers(t *testing.T) {
 	t.Parallel()
 	e := setupDB(t, func(c *consume.Config) { c.WaitBudget = -1 })
-	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	ctx, err := e.Insert(t.Context(), 1, "k", 0)
 	require.NoError(t, err)
 	msg := kafka.Message{Value: []byte("x")}
 	require.NoError(t, caughtupkafka.Stamp(ctx, &msg))
-	require.NoError(t, e.c.WaitReplicasCaughtUp(t.Context()))
+	require.NoError(t, e.Cluster.WaitReplicasCaughtUp(t.Context()))
 
 	var got consume.Decision
-	h := caughtupkafka.Middleware(e.router, consume.Delayed)(func(ctx context.Context, m kafka.Message) error {
+	h := caughtupkafka.Middleware(e.Router, consume.Delayed)(func(ctx context.Context, m kafka.Message) error {
 		got, _ = consume.DecisionFrom(ctx)
 		require.NotNil(t, consume.DB(ctx, "main"))
 		return nil
@@ -300,7 +301,7 @@ func TestMiddlewareRoutesAndDefers(t *testing.T) {
 	require.Equal(t, consume.OutcomeReplica, got.Outcome)
 
 	far := kafka.Message{Value: []byte("x")}
-	require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(t.Context(), e.farAhead(t)), &far))
+	require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(t.Context(), e.FarAhead(t)), &far))
 	err = h(t.Context(), far)
 	var de *consume.DeferError
 	require.ErrorAs(t, err, &de, "a message no replica can serve is returned as a deferral")

@@ -19,6 +19,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // Throughput is measured here, never asserted in tests:
@@ -41,9 +42,9 @@ var stampedIDs atomic.Int64
 // waiting, so the comparison measures the consumer's and the router's
 // cost, not replication lag.
 func stampedCtx(t testing.TB, e *env) context.Context {
-	ctx, err := e.insert(context.Background(), 1_000_000_000+stampedIDs.Add(1), "k", 0)
+	ctx, err := e.Insert(context.Background(), 1_000_000_000+stampedIDs.Add(1), "k", 0)
 	require.NoError(t, err)
-	require.NoError(t, e.c.WaitReplicasCaughtUp(context.Background()))
+	require.NoError(t, e.Cluster.WaitReplicasCaughtUp(context.Background()))
 	return ctx
 }
 
@@ -53,7 +54,7 @@ func stampedCtx(t testing.TB, e *env) context.Context {
 // the replicas have it), so that every record's token is decoded. Each
 // value is the record's index.
 func throughputTopic(t testing.TB, ctx context.Context, n int) string {
-	topic := newTopics(t, benchPartitions, "")[0]
+	topic := kafkasuite.NewTopics(t, benchPartitions, "")[0]
 	cl := newClient(t, kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
 	base, ok := enqueue.TokenFrom(ctx)
 	require.True(t, ok)
@@ -142,7 +143,7 @@ func (sd *side) wait(t testing.TB) float64 {
 
 // fetchOpts are both sides' client settings.
 func fetchOpts(t testing.TB, topic string) []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(brokers(t)...), kgo.FetchMaxWait(100 * time.Millisecond),
+	return []kgo.Opt{kgo.SeedBrokers(kafkasuite.Brokers(t)...), kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
 }
 
@@ -152,11 +153,11 @@ func fetchOpts(t testing.TB, topic string) []kgo.Opt {
 // whether they have caught up.
 func runPlain(t testing.TB, e *env, topic string, n int) float64 {
 	sd := newSide(n, false)
-	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(newGroup(t)), kgo.ConsumeTopics(topic))...)
+	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
 	require.NoError(t, err)
 	var turn atomic.Uint32
 	pool := func(context.Context) (*pgxpool.Pool, error) {
-		return e.replicas[int(turn.Add(1))%len(e.replicas)], nil
+		return e.Replicas[int(turn.Add(1))%len(e.Replicas)], nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -187,8 +188,8 @@ func runPlain(t testing.TB, e *env, topic string, n int) float64 {
 func runRouted(t testing.TB, e *env, topic string, n int, query bool) float64 {
 	sd := newSide(n, query)
 	c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
-		ClientOpts: fetchOpts(t, topic), GroupID: newGroup(t), Topic: topic,
-		Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp, Logger: testLogger(t),
+		ClientOpts: fetchOpts(t, topic), GroupID: kafkasuite.NewGroup(t), Topic: topic,
+		Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP, Logger: kafkasuite.Logger(t),
 	}, func(ctx context.Context, r *kgo.Record) error {
 		return sd.handle(ctx, r, func(ctx context.Context) (*pgxpool.Pool, error) { return consume.Pool(ctx, "main") })
 	})
@@ -261,11 +262,11 @@ func BenchmarkThroughput(b *testing.B) {
 // up.
 func runPlainPerPartition(t testing.TB, e *env, topic string, n int) float64 {
 	sd := newSide(n, true)
-	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(newGroup(t)), kgo.ConsumeTopics(topic))...)
+	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
 	require.NoError(t, err)
 	var turn atomic.Uint32
 	pool := func(context.Context) (*pgxpool.Pool, error) {
-		return e.replicas[int(turn.Add(1))%len(e.replicas)], nil
+		return e.Replicas[int(turn.Add(1))%len(e.Replicas)], nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var workers sync.WaitGroup
@@ -355,7 +356,7 @@ func BenchmarkRouteRecord(b *testing.B) {
 	e := setupDB(b, nil)
 	r := &kgo.Record{Value: []byte("x")}
 	require.NoError(b, caughtupkgo.Stamp(stampedCtx(b, e), r))
-	tally := e.router.NewTally()
+	tally := e.Router.NewTally()
 	route := func() error {
 		tok, err := caughtupkgo.TokenOf(r)
 		_, _, err = tally.Route(context.Background(), consume.Job{Token: tok, TokenErr: err, Policy: consume.Delayed})

@@ -31,7 +31,7 @@ func TestConfigDefaults(t *testing.T) {
 // above all, without which a handler has no pool.
 func TestConfigRefused(t *testing.T) {
 	e := setupDB(t, nil)
-	ok := caughtupkgo.ConsumerConfig{ClientOpts: []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, GroupID: "g", Topic: "t", Router: e.router}
+	ok := caughtupkgo.ConsumerConfig{ClientOpts: []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, GroupID: "g", Topic: "t", Router: e.Router}
 	h := func(context.Context, *kgo.Record) error { return nil }
 	_, err := caughtupkgo.NewConsumer(ok, h)
 	require.NoError(t, err)

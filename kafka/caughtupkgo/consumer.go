@@ -52,7 +52,7 @@ type Consumer struct {
 	eng *kafka.Engine[*kgo.Record, kgo.RecordHeader]
 	log *slog.Logger
 
-	client  atomic.Pointer[kgo.Client]
+	client atomic.Pointer[kgo.Client]
 
 	// runCtx is the context of the current Run; partitions' workers derive
 	// theirs from it. Set before the client exists.

@@ -3,7 +3,6 @@ package caughtupkgo_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,7 +18,7 @@ import (
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/fault"
-	"github.com/caughtup/caughtup/testkit/pgtest"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 // manualProducer returns a stamping producer whose records go to the
@@ -44,65 +43,61 @@ func pausedOf(c *caughtupkgo.Consumer, topic string) []int32 {
 // the replicas had) flows; once replay resumes, partition 0's records run
 // on a replica, in order, none stale, none skipped.
 func TestPausedReplayWaitsPausedThenReplica(t *testing.T) {
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	ctx := t.Context()
-	topic := newTopics(t, 2, "")[0]
+	topic := kafkasuite.NewTopics(t, 2, "")[0]
 	p := manualProducer(t, topic)
 
 	const n = 50 // per partition
 	// Partition 1: rows the replicas have before the pause.
 	var early []context.Context
 	for i := range n {
-		wctx, err := e.insert(ctx, int64(n+1+i), "b", i)
+		wctx, err := e.Insert(ctx, int64(n+1+i), "b", i)
 		require.NoError(t, err)
 		early = append(early, wctx)
 	}
-	require.NoError(t, e.c.WaitReplicasCaughtUp(ctx))
-	e.pauseAll(t)
+	require.NoError(t, e.Cluster.WaitReplicasCaughtUp(ctx))
+	e.PauseAll(t)
 	// Partition 0: rows the replicas do not have, all produced before the
 	// consumer starts, so that most are fetched while the head waits.
 	for i := range n {
-		wctx, err := e.insert(ctx, int64(1+i), "a", i)
+		wctx, err := e.Insert(ctx, int64(1+i), "a", i)
 		require.NoError(t, err)
-		require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Partition: 0, Key: []byte("a"), Value: payload(int64(1+i), "a", i)}).FirstErr())
+		require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Partition: 0, Key: []byte("a"), Value: kafkasuite.Payload(int64(1+i), "a", i)}).FirstErr())
 	}
 	for i, wctx := range early {
-		require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Partition: 1, Key: []byte("b"), Value: payload(int64(n+1+i), "b", i)}).FirstErr())
+		require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Partition: 1, Key: []byte("b"), Value: kafkasuite.Payload(int64(n+1+i), "b", i)}).FirstErr())
 	}
 
-	l := newLedger()
+	l := kafkasuite.NewLedger()
 	r := startConsumer(t, caughtupkgo.ConsumerConfig{
-		Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp,
+		Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP,
 		QueueCapacity: 10, // partition 0's fetched records exceed it: they queue behind the head, paused
-	}, l.handle)
+	}, ledgerHandler(l))
 
 	// Partition 1 flows while partition 0 waits.
-	l.waitDistinct(t, n, 60*time.Second)
+	l.WaitDistinct(t, n, 60*time.Second)
 	require.Eventually(t, func() bool { return slices.Contains(pausedOf(r.c, topic), 0) }, 10*time.Second, 10*time.Millisecond,
 		"partition 0 was never paused while its head waited")
-	l.mu.Lock()
-	for id, part := range l.partitions {
+	for id, part := range l.Partitions() {
 		require.Equal(t, int32(1), part, "record %d of partition 0 ran while no replica had it", id)
 	}
-	l.mu.Unlock()
 	require.NotContains(t, pausedOf(r.c, topic), int32(1), "partition 1 was left paused")
 
-	e.resumeAll(t)
-	l.waitDistinct(t, 2*n, 60*time.Second)
-	stale, lost, violations, _ := l.summary(2 * n)
-	require.Zero(t, stale, "stale: %v", l.stale)
+	e.ResumeAll(t)
+	l.WaitDistinct(t, 2*n, 60*time.Second)
+	stale, lost, violations, _ := l.Summary(2 * n)
+	require.Zero(t, stale, "stale: %v", l.Stale())
 	require.Zero(t, lost)
-	require.Zero(t, violations, "violations: %v", l.violations)
-	l.mu.Lock()
-	for o, k := range l.outcomes {
+	require.Zero(t, violations, "violations: %v", l.Violations())
+	for o, k := range l.Outcomes() {
 		require.Contains(t, []consume.Outcome{consume.OutcomeReplica, consume.OutcomeReplicaWaited}, o,
 			"%d records ran with outcome %s; every one should have run on a replica", k, o)
 	}
-	l.mu.Unlock()
 	require.Eventually(t, func() bool { return len(pausedOf(r.c, topic)) == 0 }, 10*time.Second, 10*time.Millisecond,
 		"partition 0 stayed paused after it drained")
-	require.NoError(t, r.stop())
-	res := e.sums(t, "caughtup.kafka.messages", "caughtup.kafka.result")
+	require.NoError(t, r.Stop())
+	res := e.Sums(t, "caughtup.kafka.messages", "caughtup.kafka.result")
 	require.Positive(t, res["waited"], "results %v", res)
 	require.GreaterOrEqual(t, res["handled"], int64(2*n), "results %v", res)
 }
@@ -111,11 +106,11 @@ func TestPausedReplayWaitsPausedThenReplica(t *testing.T) {
 // does not decode, or with a good and a bad one, read the primary, are
 // counted by reason, and never stop the partition.
 func TestBadTokensReadPrimary(t *testing.T) {
-	e := setupDB(t, fastRouter)
+	e := setupDB(t, kafkasuite.FastRouter)
 	ctx := t.Context()
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 	cl := newClient(t, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0))
-	good, err := e.insert(ctx, 1, "k", 0)
+	good, err := e.Insert(ctx, 1, "k", 0)
 	require.NoError(t, err)
 	for i, hs := range [][]kgo.RecordHeader{
 		nil,
@@ -123,14 +118,14 @@ func TestBadTokensReadPrimary(t *testing.T) {
 		{{Key: position.HeaderName, Value: []byte("\x00\xff garbage")}},
 	} {
 		id := int64(2 + i)
-		_, err := e.insert(ctx, id, "k", i+1)
+		_, err := e.Insert(ctx, id, "k", i+1)
 		require.NoError(t, err)
-		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Key: []byte("k"), Value: payload(id, "k", i+1), Headers: hs}).FirstErr())
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{Key: []byte("k"), Value: kafkasuite.Payload(id, "k", i+1), Headers: hs}).FirstErr())
 	}
 	// A good token merged with a bad one is unknown as a whole.
-	rec := &kgo.Record{Key: []byte("k"), Value: payload(5, "k", 4),
+	rec := &kgo.Record{Key: []byte("k"), Value: kafkasuite.Payload(5, "k", 4),
 		Headers: []kgo.RecordHeader{{Key: position.HeaderName, Value: []byte("not a token")}}}
-	_, err = e.insert(ctx, 5, "k", 4)
+	_, err = e.Insert(ctx, 5, "k", 4)
 	require.NoError(t, err)
 	require.NoError(t, caughtupkgo.Stamp(good, rec))
 	require.Len(t, rec.Headers, 1)
@@ -138,16 +133,14 @@ func TestBadTokensReadPrimary(t *testing.T) {
 	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: position.HeaderName, Value: []byte(mustEncode(t, good))})
 	require.NoError(t, cl.ProduceSync(ctx, rec).FirstErr())
 
-	l := newLedger()
-	r := startConsumer(t, caughtupkgo.ConsumerConfig{Topic: topic, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp}, l.handle)
-	l.waitDistinct(t, 4, 60*time.Second)
-	require.NoError(t, r.stop())
-	l.mu.Lock()
-	require.Empty(t, l.stale)
-	require.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1, 5: 1}, l.runs, "each bad record runs once, none is dropped")
-	require.Equal(t, 4, l.outcomes[consume.OutcomePrimaryNoToken], "outcomes %v", l.outcomes)
-	l.mu.Unlock()
-	reasons := e.sums(t, "caughtup.consume.decisions", "caughtup.reason")
+	l := kafkasuite.NewLedger()
+	r := startConsumer(t, caughtupkgo.ConsumerConfig{Topic: topic, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP}, ledgerHandler(l))
+	l.WaitDistinct(t, 4, 60*time.Second)
+	require.NoError(t, r.Stop())
+	require.Empty(t, l.Stale())
+	require.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1, 5: 1}, l.Runs(), "each bad record runs once, none is dropped")
+	require.Equal(t, 4, l.Outcomes()[consume.OutcomePrimaryNoToken], "outcomes %v", l.Outcomes())
+	reasons := e.Sums(t, "caughtup.consume.decisions", "caughtup.reason")
 	require.Equal(t, int64(1), reasons[consume.ReasonNoToken.String()], "reasons %v", reasons)
 	require.Equal(t, int64(3), reasons[consume.ReasonMalformedToken.String()], "reasons %v", reasons)
 }
@@ -164,9 +157,9 @@ type member struct {
 	runs atomic.Int64
 }
 
-func (m *member) handler(l *ledger) caughtupkgo.Handler {
+func (m *member) handler(l *kafkasuite.Ledger) caughtupkgo.Handler {
 	return func(ctx context.Context, r *kgo.Record) error {
-		err := l.handle(ctx, r)
+		err := ledgerHandler(l)(ctx, r)
 		if err == nil {
 			m.runs.Add(1)
 		}
@@ -194,9 +187,9 @@ func (kp *keyedProducer) produce(t testing.TB, from, to int) {
 					continue
 				}
 				seq := (i - 1) / kp.keys
-				wctx, err := kp.e.insert(context.Background(), int64(i), key, seq)
+				wctx, err := kp.e.Insert(context.Background(), int64(i), key, seq)
 				if err == nil {
-					err = kp.p.ProduceSync(wctx, &kgo.Record{Key: []byte(key), Value: payload(int64(i), key, seq)}).FirstErr()
+					err = kp.p.ProduceSync(wctx, &kgo.Record{Key: []byte(key), Value: kafkasuite.Payload(int64(i), key, seq)}).FirstErr()
 				}
 				if err != nil {
 					errs <- fmt.Errorf("record %d: %w", i, err)
@@ -214,37 +207,37 @@ func (kp *keyedProducer) produce(t testing.TB, from, to int) {
 
 // rebalanceSetup is a topic of 4 partitions, a group config for it, a
 // producer and random replay pauses until the test ends.
-func rebalanceSetup(t *testing.T) (*env, caughtupkgo.ConsumerConfig, *keyedProducer, *ledger) {
-	e := setupDB(t, fastRouter)
-	topic := newTopics(t, 4, "")[0]
+func rebalanceSetup(t *testing.T) (*env, caughtupkgo.ConsumerConfig, *keyedProducer, *kafkasuite.Ledger) {
+	e := setupDB(t, kafkasuite.FastRouter)
+	topic := kafkasuite.NewTopics(t, 4, "")[0]
 	kp := &keyedProducer{e: e, p: caughtupkgo.NewProducer(newClient(t, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0))), keys: 16}
 	pctx, stopPauses := context.WithCancel(context.Background())
 	var pauses sync.WaitGroup
-	pauses.Go(func() { pauseRandomly(pctx, t, e.c.Replicas(), 800*time.Millisecond) })
+	pauses.Go(func() { kafkasuite.PauseRandomly(pctx, t, e.Cluster.Replicas(), 800*time.Millisecond) })
 	t.Cleanup(func() {
 		stopPauses()
 		pauses.Wait()
 	})
-	cfg := caughtupkgo.ConsumerConfig{Topic: topic, GroupID: newGroup(t), Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp}
-	return e, cfg, kp, newLedger()
+	cfg := caughtupkgo.ConsumerConfig{Topic: topic, GroupID: kafkasuite.NewGroup(t), Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP}
+	return e, cfg, kp, kafkasuite.NewLedger()
 }
 
 // withSession gives the group a short session and rebalance timeout, so
 // that a vanished member's partitions move on within seconds (the test
 // binary's broker allows 1s, see TestMain).
 func withSession(cfg caughtupkgo.ConsumerConfig, t testing.TB, extra ...kgo.Opt) caughtupkgo.ConsumerConfig {
-	cfg.ClientOpts = append([]kgo.Opt{kgo.SeedBrokers(brokers(t)...),
+	cfg.ClientOpts = append([]kgo.Opt{kgo.SeedBrokers(kafkasuite.Brokers(t)...),
 		kgo.SessionTimeout(2 * time.Second), kgo.RebalanceTimeout(5 * time.Second)}, extra...)
 	return cfg
 }
 
-func checkLedger(t *testing.T, l *ledger, n int) {
+func checkLedger(t *testing.T, l *kafkasuite.Ledger, n int) {
 	t.Helper()
-	stale, lost, violations, dups := l.summary(n)
-	t.Logf("records=%d stale=%d lost=%d order_violations=%d duplicate_runs=%d outcomes=%v", n, stale, lost, violations, dups, l.outcomes)
-	require.Zero(t, stale, "stale: %v", l.stale)
+	stale, lost, violations, dups := l.Summary(n)
+	t.Logf("records=%d stale=%d lost=%d order_violations=%d duplicate_runs=%d outcomes=%v", n, stale, lost, violations, dups, l.Outcomes())
+	require.Zero(t, stale, "stale: %v", l.Stale())
 	require.Zero(t, lost)
-	require.Zero(t, violations, "violations: %v", l.violations)
+	require.Zero(t, violations, "violations: %v", l.Violations())
 }
 
 // TestRebalanceLosesNothing: records produced while replay pauses at
@@ -259,15 +252,15 @@ func TestRebalanceLosesNothing(t *testing.T) {
 	a := startConsumer(t, cfg, ma.handler(l))
 	n := 600
 	kp.produce(t, 1, n)
-	l.waitDistinct(t, n, 120*time.Second)
+	l.WaitDistinct(t, n, 120*time.Second)
 
 	b := startConsumer(t, cfg, mb.handler(l))
 	n = produceUntil(t, kp, n, func() bool { return mb.runs.Load() > 0 })
-	require.NoError(t, a.stop())
+	require.NoError(t, a.Stop())
 	kp.produce(t, n+1, n+600)
 	n += 600
-	l.waitDistinct(t, n, 120*time.Second)
-	require.NoError(t, b.stop())
+	l.WaitDistinct(t, n, 120*time.Second)
+	require.NoError(t, b.Stop())
 	require.Positive(t, ma.runs.Load())
 	checkLedger(t, l, n)
 }
@@ -297,7 +290,7 @@ func TestKilledMemberLosesNothing(t *testing.T) {
 	a := startConsumer(t, withSession(cfg, t, kgo.Dialer(dialer.DialContext)), ma.handler(l))
 	n := 600
 	kp.produce(t, 1, n)
-	l.waitDistinct(t, n/2, 120*time.Second)
+	l.WaitDistinct(t, n/2, 120*time.Second)
 
 	b := startConsumer(t, withSession(cfg, t), mb.handler(l))
 	n = produceUntil(t, kp, n, func() bool { return mb.runs.Load() > 0 })
@@ -305,41 +298,10 @@ func TestKilledMemberLosesNothing(t *testing.T) {
 	dialer.Cut()
 	kp.produce(t, n+1, n+600)
 	n += 600
-	l.waitDistinct(t, n, 180*time.Second)
-	require.NoError(t, b.stop())
-	require.NoError(t, a.stop())
+	l.WaitDistinct(t, n, 180*time.Second)
+	require.NoError(t, b.Stop())
+	require.NoError(t, a.Stop())
 	checkLedger(t, l, n)
-}
-
-// pauseRandomly pauses replay on one or both replicas for random spells of
-// up to maxPause until ctx ends, and leaves every replica resumed.
-func pauseRandomly(ctx context.Context, t *testing.T, replicas []*pgtest.Node, maxPause time.Duration) {
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	bg := context.Background()
-	for ctx.Err() == nil {
-		paused := replicas
-		if rng.IntN(3) != 0 {
-			paused = []*pgtest.Node{replicas[rng.IntN(len(replicas))]}
-		}
-		for _, n := range paused {
-			if err := n.PauseReplay(bg); err != nil {
-				t.Errorf("pause %s: %v", n.Name(), err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(rng.Int64N(int64(maxPause) + 1))):
-		}
-		for _, n := range paused {
-			if err := n.ResumeReplay(bg); err != nil {
-				t.Errorf("resume %s: %v", n.Name(), err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(rng.Int64N(int64(300 * time.Millisecond)))):
-		}
-	}
 }
 
 // TestHandlerErrorsDeadLetter: a record whose handler keeps failing runs
@@ -349,21 +311,21 @@ func pauseRandomly(ctx context.Context, t *testing.T, replicas []*pgtest.Node, m
 func TestHandlerErrorsDeadLetter(t *testing.T) {
 	for _, mode := range []caughtupkgo.Mode{caughtupkgo.InPlace, caughtupkgo.RetryTopic} {
 		t.Run(mode.String(), func(t *testing.T) {
-			e := setupDB(t, fastRouter)
-			names := newTopics(t, 1, "", ".retry", ".dlt")
+			e := setupDB(t, kafkasuite.FastRouter)
+			names := kafkasuite.NewTopics(t, 1, "", ".retry", ".dlt")
 			p := caughtupkgo.NewProducer(newClient(t, kgo.DefaultProduceTopic(names[0]), kgo.ProducerLinger(0)))
 			for i := 1; i <= 3; i++ {
-				wctx, err := e.insert(t.Context(), int64(i), "k", i-1)
+				wctx, err := e.Insert(t.Context(), int64(i), "k", i-1)
 				require.NoError(t, err)
-				require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Key: []byte("k"), Value: payload(int64(i), "k", i-1)}).FirstErr())
+				require.NoError(t, p.ProduceSync(wctx, &kgo.Record{Key: []byte("k"), Value: kafkasuite.Payload(int64(i), "k", i-1)}).FirstErr())
 			}
-			l := newLedger()
+			l := kafkasuite.NewLedger()
 			var mu sync.Mutex
 			var attempts []int
 			r := startConsumer(t, caughtupkgo.ConsumerConfig{
-				Topic: names[0], Mode: mode, Router: e.router, Policy: consume.Delayed, MeterProvider: e.mp, MaxAttempts: 3,
+				Topic: names[0], Mode: mode, Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP, MaxAttempts: 3,
 			}, func(ctx context.Context, rec *kgo.Record) error {
-				id, _, _, err := parsePayload(rec.Value)
+				id, _, _, err := kafkasuite.ParsePayload(rec.Value)
 				if err != nil {
 					return err
 				}
@@ -373,9 +335,9 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 					mu.Unlock()
 					return fmt.Errorf("record %d always fails", id)
 				}
-				return l.handle(ctx, rec)
+				return ledgerHandler(l)(ctx, rec)
 			})
-			l.waitDistinct(t, 2, 60*time.Second)
+			l.WaitDistinct(t, 2, 60*time.Second)
 			cl := newClient(t, kgo.ConsumeTopics(names[2]), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 			fctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
@@ -383,7 +345,7 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 			for len(dead) == 0 && fctx.Err() == nil {
 				dead = append(dead, cl.PollFetches(fctx).Records()...)
 			}
-			require.NoError(t, r.stop())
+			require.NoError(t, r.Stop())
 			require.Len(t, dead, 1)
 			hs := map[string]string{}
 			for _, h := range dead[0].Headers {
@@ -406,7 +368,7 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 // flows to its end long before the slow one is done. Nothing is skipped.
 func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	e := setupDB(t, nil)
-	topic := newTopics(t, 2, "")[0]
+	topic := kafkasuite.NewTopics(t, 2, "")[0]
 	p := manualProducer(t, topic)
 	const n = 200
 	for part := range int32(2) {
@@ -419,7 +381,7 @@ func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	var skipped []string
 	fastDone := make(chan [2]int, 1)
 	r := startConsumer(t, caughtupkgo.ConsumerConfig{
-		Topic: topic, Router: e.router, Policy: consume.Always, MeterProvider: e.mp,
+		Topic: topic, Router: e.Router, Policy: consume.Always, MeterProvider: e.MP,
 		QueueCapacity: 10, MaxPollRecords: 5,
 	}, func(ctx context.Context, rec *kgo.Record) error {
 		if rec.Partition == 0 {
@@ -457,7 +419,7 @@ func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 		defer mu.Unlock()
 		return next[0] == n
 	}, 60*time.Second, 10*time.Millisecond, "the slow partition did not finish")
-	require.NoError(t, r.stop())
+	require.NoError(t, r.Stop())
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, skipped)

@@ -12,6 +12,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 )
 
 func testToken(db string, lsn position.LSN) position.Token {
@@ -85,9 +86,9 @@ func TestStampRefusesUncarriable(t *testing.T) {
 // sees the token the producer's commit captured.
 func TestProducerStampsOnTheWire(t *testing.T) {
 	e := setupDB(t, nil)
-	topic := newTopics(t, 1, "")[0]
+	topic := kafkasuite.NewTopics(t, 1, "")[0]
 	p := caughtupkgo.NewProducer(newClient(t, kgo.DefaultProduceTopic(topic)))
-	ctx, err := e.insert(t.Context(), 1, "k", 0)
+	ctx, err := e.Insert(t.Context(), 1, "k", 0)
 	require.NoError(t, err)
 	want, _ := enqueue.TokenFrom(ctx)
 	require.NoError(t, p.ProduceSync(ctx, &kgo.Record{Value: []byte("v")}).FirstErr())
