@@ -75,7 +75,7 @@ func (d *deployment) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.redisURL, "redis", "", "Redis URL (redis:// or rediss://); default $CAUGHTUP_REDIS_URL, else redis://127.0.0.1:6379/0")
 	fs.StringVar(&d.redisMode, "redis-mode", "single", "single (one server or a managed endpoint), cluster (Redis Cluster) or sentinel (Sentinel-managed master)")
 	fs.StringVar(&d.redisCA, "redis-ca", "", "PEM file of the CA that signed Redis's certificate (rediss://); default the system's")
-	fs.StringVar(&d.feedName, "feed", feed.DefaultFeed, "the feed's name, as the routers' FeedConfig.Name")
+	fs.StringVar(&d.feedName, "feed", feed.DefaultFeed, "the feed's name, as the routers' feed.SubscriberConfig.Feed")
 	fs.StringVar(&d.name, "name", "", "this publisher's name, unique among the feed's publishers (default the host name)")
 	fs.StringVar(&d.keysFile, "keys-file", "", "file with the keys, \"id:base64secret,…\"; default $CAUGHTUP_FEED_KEYS")
 	fs.StringVar(&d.keyID, "key-id", "", "ID of the key to sign with (default the first key)")
