@@ -93,12 +93,13 @@ fleet: deps
 # Connect with Debezium, for the examples that need them), replay paused at
 # random for up to EXAMPLE_MAX_PAUSE at a time:
 #   make example EXAMPLE=kafka-consumer EXAMPLE_ARGS='-messages 1000'
-# make examples runs them all, one after another.
+# make examples runs them all, one after another (kafka-consumer with each
+# Kafka client).
 EXAMPLE           ?= asynq-worker
 EXAMPLE_ARGS      ?=
 EXAMPLE_MAX_PAUSE ?= 1s
-EXAMPLES          := asynq-worker river-worker kafka-consumer kgo-consumer outbox-relay debezium-consumer web-session
-example_services   = $(if $(filter debezium-consumer,$(1)),-debezium,$(if $(filter kafka-consumer kgo-consumer outbox-relay,$(1)),-kafka))
+EXAMPLES          := asynq-worker river-worker kafka-consumer outbox-relay debezium-consumer web-session
+example_services   = $(if $(filter debezium-consumer,$(1)),-debezium,$(if $(filter kafka-consumer outbox-relay,$(1)),-kafka))
 
 .PHONY: example examples
 example: deps
@@ -106,3 +107,5 @@ example: deps
 
 examples: deps
 	@set -e; for e in $(EXAMPLES); do $(MAKE) --no-print-directory example EXAMPLE=$$e; done
+	@$(MAKE) --no-print-directory example EXAMPLE=kafka-consumer EXAMPLE_ARGS='-client franz-go'
+

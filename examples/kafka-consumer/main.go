@@ -1,8 +1,12 @@
-// Command kafka-consumer is caughtup's Kafka adapter end to end: a producer
-// inserts rows on the primary and, right after each commit, writes one
-// keyed message stamped with the commit's position; a consumer group reads
-// the topic, and each handler reads its row from the pool caughtup chose
-// for the message. It prints
+// Command kafka-consumer is caughtup's Kafka adapters end to end, on
+// kafka-go (caughtupkafka, the default) or franz-go (caughtupkgo, with
+// -client franz-go): a producer inserts rows on the primary and, right
+// after each commit, writes one keyed message stamped with the commit's
+// position; a consumer group reads the topic, and each handler reads its
+// row from the pool caughtup chose for the message. A message no replica
+// has yet waits at the head of its partition (kafka-go: its partition's
+// reader is not read; franz-go: the partition's fetches are paused),
+// while the other partitions flow. It prints
 //
 //	messages=100 stale=0 lost=0 order_violations=0
 //
@@ -12,14 +16,18 @@
 // ran and what the consumer's caughtup.kafka.messages counter says once
 // it has stopped.
 //
+// The two clients differ only in kafkago.go and franzgo.go: how each
+// creates topics, produces through its stamper and configures its
+// consumer.
+//
 // One command runs it on the demo's cluster (a primary with two streaming
 // replicas and a Kafka broker, replay paused at random on the replicas):
 //
-//	make example EXAMPLE=kafka-consumer
+//	make example EXAMPLE=kafka-consumer EXAMPLE_ARGS='-client franz-go'
 //
 // that is,
 //
-//	go run ./cmd/caughtup-demo cluster -kafka -max-pause 1s -- go run ./examples/kafka-consumer
+//	go run ./cmd/caughtup-demo cluster -kafka -max-pause 1s -- go run ./examples/kafka-consumer -client franz-go
 //
 // On your own services:
 //
@@ -50,14 +58,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/replay"
 )
 
@@ -74,14 +81,38 @@ func main() {
 const table = "caughtup_kafka_example_items"
 
 type options struct {
+	client                     string
 	messages, keys, partitions int
 	timeout                    time.Duration
+}
+
+// A client is one Kafka client library with its caughtup adapter:
+// kafka-go (kafkago.go) or franz-go (franzgo.go).
+type client interface {
+	// createTopics creates the topics and waits until every partition
+	// has a leader: a consumer group that joins before that is assigned
+	// none.
+	createTopics(ctx context.Context, partitions int, topics ...string) error
+	// consumer returns the Run of a consumer group on topic whose handler
+	// is st's.
+	consumer(topic string, router *consume.Router, st *stats, logger *slog.Logger, mp metric.MeterProvider) (func(context.Context) error, error)
+	// produce writes a message through the adapter's stamper, which puts
+	// the position ctx carries on it, and waits for the broker.
+	produce(ctx context.Context, topic, key string, value []byte) error
+	close()
+}
+
+// clients are the -client values.
+var clients = map[string]func(brokers []string) (client, error){
+	"kafka-go": newKafkaGo,
+	"franz-go": newFranzGo,
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	var o options
 	fs := flag.NewFlagSet("kafka-consumer", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.StringVar(&o.client, "client", "kafka-go", "the Kafka client: kafka-go (caughtupkafka) or franz-go (caughtupkgo)")
 	fs.IntVar(&o.messages, "messages", 100, "messages to produce")
 	fs.IntVar(&o.keys, "keys", 8, "distinct message keys")
 	fs.IntVar(&o.partitions, "partitions", 4, "partitions of the topic")
@@ -91,6 +122,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if o.messages < 1 || o.keys < 1 || o.partitions < 1 {
 		return errors.New("-messages, -keys and -partitions must be positive")
+	}
+	newClient, ok := clients[o.client]
+	if !ok {
+		return fmt.Errorf("-client %q: use kafka-go or franz-go", o.client)
 	}
 	primaryURL, err := need(getenv, "CAUGHTUP_PRIMARY_URL", "the primary's URL")
 	if err != nil {
@@ -123,11 +158,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if _, err := primary.Exec(ctx, `DROP TABLE IF EXISTS `+table+`; CREATE TABLE `+table+` (id bigint PRIMARY KEY, key text NOT NULL, seq int NOT NULL)`); err != nil {
 		return err
 	}
+	kc, err := newClient(brokers)
+	if err != nil {
+		return err
+	}
+	defer kc.close()
 	topic := fmt.Sprintf("caughtup-kafka-example-%d", time.Now().UnixNano())
-	for _, t := range []string{topic, topic + ".dlt"} {
-		if err := createTopic(ctx, brokers, t, o.partitions); err != nil {
-			return err
-		}
+	if err := kc.createTopics(ctx, o.partitions, topic, topic+".dlt"); err != nil {
+		return err
 	}
 
 	// Metrics: an application hands its MeterProvider (with an exporter)
@@ -150,29 +188,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer router.Close()
 
 	st := newStats(o.messages)
-	consumer, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
-		Brokers:        brokers,
-		GroupID:        topic + "-group",
-		Topic:          topic,
-		Router:         router, // required: it gives each message its pool
-		Policy:         consume.Delayed,
-		Mode:           caughtupkafka.InPlace, // keep per-key order
-		CommitInterval: 200 * time.Millisecond,
-		MaxWait:        100 * time.Millisecond,
-		Logger:         logger,
-		MeterProvider:  mp,
-	}, st.handle)
+	runConsumer, err := kc.consumer(topic, router, st, logger, mp)
 	if err != nil {
 		return err
 	}
 	consumerCtx, stopConsumer := context.WithCancel(ctx)
 	defer stopConsumer()
 	consumerDone := make(chan error, 1)
-	go func() { consumerDone <- consumer.Run(consumerCtx) }()
+	go func() { consumerDone <- runConsumer(consumerCtx) }()
 
 	// The producer side: commit, then write the message with the context
-	// the commit returned; the writer stamps the position on it.
-	if err := produce(ctx, primary, brokers, topic, o); err != nil {
+	// the commit returned; the adapter's stamper puts the position on it.
+	if err := produce(ctx, primary, kc, topic, o); err != nil {
 		return err
 	}
 
@@ -215,54 +242,10 @@ func need(getenv func(string) string, name, what string) (string, error) {
 	return "", fmt.Errorf("%s is not set: it names %s (`make example EXAMPLE=kafka-consumer` starts the demo's cluster and sets it)", name, what)
 }
 
-// createTopic creates topic and waits until every partition has a leader:
-// a consumer group that joins before that is assigned no partitions.
-func createTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	tr := &kafkago.Transport{}
-	defer tr.CloseIdleConnections()
-	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Transport: tr}
-	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{
-		{Topic: topic, NumPartitions: partitions, ReplicationFactor: -1}, // -1: the brokers' default
-	}})
-	if err == nil {
-		err = resp.Errors[topic]
-	}
-	if err != nil {
-		return fmt.Errorf("create topic %s: %w", topic, err)
-	}
-	for {
-		md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
-		if err == nil && len(md.Topics) == 1 && len(md.Topics[0].Partitions) == partitions &&
-			!slices.ContainsFunc(md.Topics[0].Partitions, func(p kafkago.Partition) bool { return p.Leader.Host == "" }) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("topic %s has partitions without a leader: %w", topic, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // produce inserts rows 1..messages one transaction each and writes each
 // row's message right after its commit. One goroutine per key keeps each
 // key's messages in order.
-func produce(ctx context.Context, primary *pgxpool.Pool, brokers []string, topic string, o options) error {
-	tr := &kafkago.Transport{}
-	kw := &kafkago.Writer{
-		Addr:         kafkago.TCP(brokers...),
-		Topic:        topic,
-		Balancer:     &kafkago.Hash{},      // one key, one partition: per-key order
-		RequiredAcks: kafkago.RequireAll,   // an acknowledged message survives a leader change
-		BatchTimeout: 5 * time.Millisecond, // synchronous writes; the default waits 1s
-		Transport:    tr,
-	}
-	defer func() {
-		_ = kw.Close()
-		tr.CloseIdleConnections()
-	}()
-	w := caughtupkafka.NewWriter(kw)
-
+func produce(ctx context.Context, primary *pgxpool.Pool, kc client, topic string, o options) error {
 	errs := make(chan error, o.keys)
 	var wg sync.WaitGroup
 	for k := range o.keys {
@@ -274,7 +257,7 @@ func produce(ctx context.Context, primary *pgxpool.Pool, brokers []string, topic
 					return err
 				})
 				if err == nil {
-					err = w.WriteMessages(mctx, kafkago.Message{Key: []byte(key), Value: []byte(fmt.Sprintf("%d,%d", id, seq))})
+					err = kc.produce(mctx, topic, key, []byte(fmt.Sprintf("%d,%d", id, seq)))
 				}
 				if err != nil {
 					errs <- fmt.Errorf("message %d: %w", id, err)
@@ -308,10 +291,11 @@ func newStats(want int) *stats {
 	return &stats{want: want, ran: map[int64]bool{}, next: map[string]int{}, where: map[string]int{}, all: make(chan struct{})}
 }
 
-// handle is the message handler: it reads the message's row from the pool
-// caughtup chose and records what it found.
-func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
-	idText, seqText, _ := strings.Cut(string(msg.Value), ",")
+// handle is the message handler, the same for both clients: it reads the
+// row of the message (key, value) from the pool caughtup chose and records
+// what it found.
+func (s *stats) handle(ctx context.Context, msgKey, value []byte) error {
+	idText, seqText, _ := strings.Cut(string(value), ",")
 	id, err := strconv.ParseInt(idText, 10, 64)
 	if err != nil {
 		return err
@@ -322,7 +306,7 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	}
 	var key string
 	err = consume.DB(ctx, "main").QueryRow(ctx, `SELECT key FROM `+table+` WHERE id = $1`, id).Scan(&key)
-	stale := errors.Is(err, pgx.ErrNoRows) || (err == nil && key != string(msg.Key))
+	stale := errors.Is(err, pgx.ErrNoRows) || (err == nil && key != string(msgKey))
 	if err != nil && !stale {
 		return err // a real error: the consumer retries
 	}
@@ -339,9 +323,9 @@ func (s *stats) handle(ctx context.Context, msg kafkago.Message) error {
 	if stale {
 		s.stale++
 	}
-	switch n := s.next[string(msg.Key)]; {
+	switch n := s.next[string(msgKey)]; {
 	case seq == n:
-		s.next[string(msg.Key)] = n + 1
+		s.next[string(msgKey)] = n + 1
 	case seq > n: // an earlier message of the key has not run yet
 		s.violations++
 	} // seq < n: a redelivery, no violation
