@@ -25,15 +25,20 @@ type Client[R any, H Header] interface {
 	// Headers returns r's headers, by pointer so that a trace carrier
 	// over them costs no allocation. The Engine never writes them.
 	Headers(r R) *[]H
-	// SpanContext returns the span the library itself put on r (franz-go's
-	// kotel plugin, in Record.Context), or the zero SpanContext. It wins
-	// over the trace context in r's headers.
-	SpanContext(r R) trace.SpanContext
 	// Produce writes a record with r's key and value and the headers hs to
 	// topic, and returns once the broker has acknowledged it. After an
 	// error the Engine calls it again, after a backoff, until it succeeds
 	// or ctx ends.
 	Produce(ctx context.Context, topic string, r R, hs []H) error
+}
+
+// SpanContexter is implemented by a Client whose library can put a span
+// on a record itself (franz-go's kotel plugin, in Record.Context): that
+// span wins over the trace context in the record's headers.
+type SpanContexter[R any] interface {
+	// SpanContext returns the span the library put on r, or the zero
+	// SpanContext.
+	SpanContext(r R) trace.SpanContext
 }
 
 // Place is where a record was read: its topic, partition and offset, and
@@ -83,6 +88,7 @@ type Adapter[R any, H Header] struct {
 type Engine[R any, H Header] struct {
 	cfg     Config[R]
 	lib     Client[R, H]
+	spans   SpanContexter[R] // lib's, if it has them
 	handler func(context.Context, R) error
 	token   func(context.Context, R) RecordToken
 	name    string
@@ -107,6 +113,7 @@ func New[R any, H Header](cfg Config[R], a Adapter[R, H]) (*Engine[R, H], error)
 	}
 	e := &Engine[R, H]{cfg: cfg, lib: a.Client, handler: a.Handler, token: a.Token, name: a.Name,
 		log: cfg.Logger, prop: cfg.Propagators}
+	e.spans, _ = a.Client.(SpanContexter[R])
 	if e.log == nil {
 		e.log = slog.Default()
 	}

@@ -67,8 +67,9 @@ type Partition[R any, H Header] struct {
 
 	// The worker's alone. The token dec returns is valid until the next
 	// record's: the Router keeps nothing of the tokens it routes.
-	dec  position.HeaderDecoder
-	held bool // src is paused for the record at hand
+	dec   position.HeaderDecoder
+	held  bool  // src is paused for the record at hand
+	epoch int32 // doneEpoch as last stored
 }
 
 // NewPartition returns the worker of partition id of topic, reading src.
@@ -83,6 +84,8 @@ func (e *Engine[R, H]) NewPartition(topic string, id int32, src Source[R]) *Part
 		p.topicCounter = e.met[e.cfg.Topic]
 	}
 	p.done.Store(-1)
+	p.doneEpoch.Store(-1)
+	p.epoch = -1
 	p.committed.Store(-1)
 	return p
 }
@@ -109,7 +112,12 @@ func (p *Partition[R, H]) Run(ctx context.Context) {
 			return
 		}
 		pl := p.e.lib.Place(r)
-		p.doneEpoch.Store(pl.LeaderEpoch)
+		if pl.LeaderEpoch != p.epoch {
+			// Epochs change at leader elections: storing one per record
+			// would cost an atomic write to say nothing new.
+			p.epoch = pl.LeaderEpoch
+			p.doneEpoch.Store(pl.LeaderEpoch)
+		}
 		p.done.Store(pl.Offset + 1)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/retry"
@@ -123,19 +122,6 @@ func (e *Engine[R, H]) run(ctx context.Context, r R, p *Partition[R, H]) bool {
 			return false
 		}
 	}
-}
-
-// traceContext returns ctx in r's trace: unless ctx has a span already,
-// the span the client library put on r, else the trace context of r's
-// headers.
-func (e *Engine[R, H]) traceContext(ctx context.Context, r R, hs *[]H) context.Context {
-	if trace.SpanContextFromContext(ctx).IsValid() {
-		return ctx
-	}
-	if sc := e.lib.SpanContext(r); sc.IsValid() {
-		return trace.ContextWithSpanContext(ctx, sc)
-	}
-	return e.prop.Extract(ctx, HeaderCarrier[H]{Headers: hs})
 }
 
 // readToken reads r's token: the adapter's Token, else the

@@ -24,6 +24,21 @@ const (
 
 var systemKafka = attribute.String("messaging.system", "kafka")
 
+// traceContext returns ctx in r's trace: unless ctx has a span already,
+// the span the client library put on r (SpanContexter), else the trace
+// context of r's headers.
+func (e *Engine[R, H]) traceContext(ctx context.Context, r R, hs *[]H) context.Context {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
+	}
+	if e.spans != nil {
+		if sc := e.spans.SpanContext(r); sc.IsValid() {
+			return trace.ContextWithSpanContext(ctx, sc)
+		}
+	}
+	return e.prop.Extract(ctx, HeaderCarrier[H]{Headers: hs})
+}
+
 // recordAttributes names r on a span.
 func (e *Engine[R, H]) recordAttributes(r R) []attribute.KeyValue {
 	pl := e.lib.Place(r)

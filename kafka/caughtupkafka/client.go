@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/internal/retry"
 	engine "github.com/caughtup/caughtup/kafka"
@@ -15,7 +14,9 @@ import (
 
 // client is kafka-go as the engine uses it. A message is a pointer: a
 // kafka-go Message is 150 bytes and the engine's path to the handler is
-// several calls long; the handler gets its own copy.
+// several calls long; the handler gets its own copy. A message carries its
+// trace context in its headers only, so client is no
+// engine.SpanContexter.
 type client struct{ c *Consumer }
 
 var _ engine.Client[*kafka.Message, kafka.Header] = client{}
@@ -25,10 +26,6 @@ func (client) Place(m *kafka.Message) engine.Place {
 }
 
 func (client) Headers(m *kafka.Message) *[]kafka.Header { return &m.Headers }
-
-// SpanContext is the zero SpanContext: a kafka-go message carries its
-// trace context only in its headers.
-func (client) SpanContext(*kafka.Message) trace.SpanContext { return trace.SpanContext{} }
 
 // errNotRunning is Produce's error outside Run.
 var errNotRunning = errors.New("caughtup/kafka: the consumer is not running")

@@ -14,7 +14,10 @@ import (
 // Run's client, and produces through it.
 type client struct{ c *Consumer }
 
-var _ kafka.Client[*kgo.Record, kgo.RecordHeader] = client{}
+var (
+	_ kafka.Client[*kgo.Record, kgo.RecordHeader] = client{}
+	_ kafka.SpanContexter[*kgo.Record]            = client{}
+)
 
 func (client) Place(r *kgo.Record) kafka.Place {
 	return kafka.Place{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, LeaderEpoch: r.LeaderEpoch}
