@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -54,6 +55,11 @@ const (
 	// (postmaster and startup process start times). It costs the server
 	// a scan of its backend status array.
 	Status
+	// Backend adds pg_backend_pid(), the server process that ran the
+	// query. Beside the process ID the connection's BackendKeyData gave
+	// (pgconn.PgConn.PID) it tells a connection through a pooler, which
+	// makes up its own key data for its clients, from a direct one.
+	Backend
 )
 
 // The control-file columns.
@@ -191,6 +197,9 @@ type Replica struct {
 	RecoveryStart time.Time
 	// Control is zero unless the read asked for it.
 	Control ControlFile
+	// BackendPID is pg_backend_pid(); zero unless the read asked for it
+	// (Backend).
+	BackendPID uint32
 }
 
 // Replayed is the position with its epoch; the epoch is zero in part when
@@ -221,75 +230,196 @@ FROM pg_is_in_recovery() AS r
  LEFT JOIN LATERAL (SELECT received_tli, pid FROM pg_stat_wal_receiver) w ON true`
 )
 
+const backendColumns = `,
+ pg_backend_pid()`
+
 // replicaQueries by Fields.
-var replicaQueries = [4]string{
-	0:                replicaColumns + replicaFrom,
-	Control:          replicaColumns + controlColumns + replicaFrom + ", " + controlFrom,
-	Status:           replicaColumns + statusColumns + replicaFrom,
-	Control | Status: replicaColumns + statusColumns + controlColumns + replicaFrom + ", " + controlFrom,
-}
+var replicaQueries = func() (q [8]string) {
+	for f := range Fields(len(q)) {
+		cols, from := replicaColumns, replicaFrom
+		if f&Status != 0 {
+			cols += statusColumns
+		}
+		if f&Control != 0 {
+			cols += controlColumns
+			from += ", " + controlFrom
+		}
+		if f&Backend != 0 {
+			cols += backendColumns
+		}
+		q[f] = cols + from
+	}
+	return q
+}()
 
 // ReadReplica reads what a standby has replayed, with its timeline, in one
-// round trip; fields adds its control file (Control) and its replay lag
-// and incarnation (Status). Read it after the reads it stands for, on the
-// same connection: replay only moves forward within an incarnation.
+// round trip; fields adds its control file (Control), its replay lag and
+// incarnation (Status) and the server process (Backend). Read it after the
+// reads it stands for, on the same connection: replay only moves forward
+// within an incarnation.
 func ReadReplica(ctx context.Context, q Querier, fields Fields) (Replica, error) {
-	fields &= Control | Status
-	var (
-		r                                     Replica
-		lsnText, tliText                      *string
-		replayTS, lag, pmStart, recoveryStart *int64
-		cs                                    controlScan
-	)
-	dest := []any{&r.InRecovery, &lsnText, &tliText, &r.ReceiverRunning}
-	if fields&Status != 0 {
-		dest = append(dest, &replayTS, &lag, &pmStart, &recoveryStart)
-	}
-	if fields&Control != 0 {
-		dest = append(dest, cs.dest()...)
-	}
+	fields &= Control | Status | Backend
+	var s replicaScan
+	dest := s.dest(fields)
 	if err := q.QueryRow(ctx, replicaQueries[fields], pgx.QueryExecModeSimpleProtocol).Scan(dest...); err != nil {
 		return Replica{}, queryError(err)
 	}
+	return s.parse(fields)
+}
+
+// BeginReadReplica opens a transaction on c and reads, as its first
+// statement, what ReadReplica reads, in one round trip (one simple-protocol
+// message, so a transaction-mode pooler binds both to one server
+// connection and keeps it bound until the transaction ends). Reads made
+// later in the transaction run on the server whose position it returns.
+// The transaction stays open whatever the outcome, unless the connection
+// broke: the caller ends it (ROLLBACK) or closes the connection.
+//
+// The transaction is READ COMMITTED, so that each later statement takes
+// a snapshot of its own, after the position was read: a snapshot taken
+// before the read (the first statement's, under REPEATABLE READ) could
+// miss what was replayed between the two.
+func BeginReadReplica(ctx context.Context, c *pgconn.PgConn, fields Fields) (Replica, error) {
+	fields &= Control | Status | Backend
+	results, err := c.Exec(ctx, "BEGIN ISOLATION LEVEL READ COMMITTED;\n"+replicaQueries[fields]).ReadAll()
+	if err != nil {
+		return Replica{}, queryError(err)
+	}
+	if len(results) != 2 || len(results[1].Rows) != 1 {
+		return Replica{}, fmt.Errorf("caughtup: the replica query in a transaction returned %d results", len(results))
+	}
+	var s replicaScan
+	dest := s.dest(fields)
+	if err := scanText(results[1].Rows[0], dest); err != nil {
+		return Replica{}, err
+	}
+	return s.parse(fields)
+}
+
+// replicaScan holds the scan targets of a replica query.
+type replicaScan struct {
+	r                                     Replica
+	lsnText, tliText                      *string
+	replayTS, lag, pmStart, recoveryStart *int64
+	backend                               int64
+	cs                                    controlScan
+}
+
+// dest is the scan targets of replicaQueries[fields], in column order.
+func (s *replicaScan) dest(fields Fields) []any {
+	dest := []any{&s.r.InRecovery, &s.lsnText, &s.tliText, &s.r.ReceiverRunning}
+	if fields&Status != 0 {
+		dest = append(dest, &s.replayTS, &s.lag, &s.pmStart, &s.recoveryStart)
+	}
+	if fields&Control != 0 {
+		dest = append(dest, s.cs.dest()...)
+	}
+	if fields&Backend != 0 {
+		dest = append(dest, &s.backend)
+	}
+	return dest
+}
+
+// parse checks and converts what was scanned.
+func (s *replicaScan) parse(fields Fields) (Replica, error) {
+	r := s.r
 	var err error
-	if lsnText != nil {
-		if r.LSN, err = position.ParseLSN(*lsnText); err != nil {
+	if s.lsnText != nil {
+		if r.LSN, err = position.ParseLSN(*s.lsnText); err != nil {
 			return Replica{}, err
 		}
 	} else if !r.InRecovery {
 		return Replica{}, errors.New("caughtup: pg_current_wal_insert_lsn() returned NULL")
 	}
 	switch {
-	case tliText == nil && !r.InRecovery:
+	case s.tliText == nil && !r.InRecovery:
 		return Replica{}, errors.New("caughtup: pg_walfile_name returned NULL")
-	case tliText == nil:
+	case s.tliText == nil:
 	case r.InRecovery:
-		if r.Timeline, err = ParseTimeline(*tliText); err != nil {
+		if r.Timeline, err = ParseTimeline(*s.tliText); err != nil {
 			return Replica{}, err
 		}
 	default:
-		if r.Timeline, err = position.TimelineFromWALFileName(*tliText); err != nil {
+		if r.Timeline, err = position.TimelineFromWALFileName(*s.tliText); err != nil {
 			return Replica{}, err
 		}
 	}
-	if replayTS != nil {
-		r.ReplayTimestamp = time.UnixMicro(*replayTS)
+	if s.replayTS != nil {
+		r.ReplayTimestamp = time.UnixMicro(*s.replayTS)
 	}
-	if lag != nil {
-		r.TimeLag, r.TimeLagKnown = time.Duration(*lag)*time.Microsecond, true
+	if s.lag != nil {
+		r.TimeLag, r.TimeLagKnown = time.Duration(*s.lag)*time.Microsecond, true
 	}
-	if pmStart != nil {
-		r.PostmasterStart = time.UnixMicro(*pmStart)
+	if s.pmStart != nil {
+		r.PostmasterStart = time.UnixMicro(*s.pmStart)
 	}
-	if recoveryStart != nil {
-		r.RecoveryStart = time.UnixMicro(*recoveryStart)
+	if s.recoveryStart != nil {
+		r.RecoveryStart = time.UnixMicro(*s.recoveryStart)
 	}
 	if fields&Control != 0 {
-		if r.Control, err = cs.parse(); err != nil {
+		if r.Control, err = s.cs.parse(); err != nil {
 			return Replica{}, err
 		}
 	}
+	if fields&Backend != 0 {
+		if s.backend <= 0 || s.backend > math.MaxUint32 {
+			return Replica{}, fmt.Errorf("caughtup: unexpected pg_backend_pid() %d", s.backend)
+		}
+		r.BackendPID = uint32(s.backend)
+	}
 	return r, nil
+}
+
+// scanText scans one row of text-format values, as the simple protocol
+// returns them, into the kinds of targets replicaScan uses: *bool, *int64,
+// *string and, for columns that may be NULL, **string and **int64.
+func scanText(row [][]byte, dest []any) error {
+	if len(row) != len(dest) {
+		return fmt.Errorf("caughtup: the replica query returned %d columns, want %d", len(row), len(dest))
+	}
+	for i, v := range row {
+		var err error
+		switch d := dest[i].(type) {
+		case *bool:
+			switch string(v) {
+			case "t":
+				*d = true
+			case "f":
+				*d = false
+			default:
+				err = fmt.Errorf("caughtup: column %d: %q is not a boolean", i+1, v)
+			}
+		case *int64:
+			if v == nil {
+				return fmt.Errorf("caughtup: column %d is NULL", i+1)
+			}
+			*d, err = strconv.ParseInt(string(v), 10, 64)
+		case *string:
+			if v == nil {
+				return fmt.Errorf("caughtup: column %d is NULL", i+1)
+			}
+			*d = string(v)
+		case **string:
+			*d = nil
+			if v != nil {
+				s := string(v)
+				*d = &s
+			}
+		case **int64:
+			*d = nil
+			if v != nil {
+				var n int64
+				n, err = strconv.ParseInt(string(v), 10, 64)
+				*d = &n
+			}
+		default:
+			return fmt.Errorf("caughtup: column %d: cannot scan into %T", i+1, d)
+		}
+		if err != nil {
+			return fmt.Errorf("caughtup: column %d: %w", i+1, err)
+		}
+	}
+	return nil
 }
 
 // ParseTimeline reads a timeline ID printed in decimal, as

@@ -232,3 +232,43 @@ func TestReplicaTimeLag(t *testing.T) {
 	require.True(t, r.TimeLagKnown)
 	require.GreaterOrEqual(t, r.TimeLag, idle)
 }
+
+// BeginReadReplica reads what ReadReplica reads as the first statement of
+// a transaction it leaves open, and Backend names the server process,
+// which on a direct connection is the one the key data named.
+func TestBeginReadReplica(t *testing.T) {
+	t.Parallel()
+	c := pgtest.Shared(t)
+	ctx := ctxT(t)
+	conn := connect(t, c.Replicas()[0].DSN(""))
+	all := pgwal.Control | pgwal.Status | pgwal.Backend
+
+	plain, err := pgwal.ReadReplica(ctx, conn, all)
+	require.NoError(t, err)
+	require.Equal(t, conn.PgConn().PID(), plain.BackendPID)
+	require.Equal(t, byte('I'), conn.PgConn().TxStatus())
+
+	in, err := pgwal.BeginReadReplica(ctx, conn.PgConn(), all)
+	require.NoError(t, err)
+	require.Equal(t, byte('T'), conn.PgConn().TxStatus(), "the transaction stays open")
+	require.Equal(t, plain.Replayed().Epoch, in.Replayed().Epoch)
+	require.GreaterOrEqual(t, in.LSN, plain.LSN)
+	require.Equal(t, plain.PostmasterStart, in.PostmasterStart)
+	require.Equal(t, plain.RecoveryStart, in.RecoveryStart)
+	require.Equal(t, plain.Control, in.Control)
+	require.Equal(t, plain.BackendPID, in.BackendPID)
+	require.Equal(t, plain.ReceiverRunning, in.ReceiverRunning)
+	var iso string
+	require.NoError(t, conn.QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso))
+	require.Equal(t, "read committed", iso)
+	_, err = conn.Exec(ctx, "ROLLBACK")
+	require.NoError(t, err)
+
+	// Fewer fields scan as well; on a primary the row is ReadPrimary's.
+	p, err := pgwal.BeginReadReplica(ctx, connect(t, c.Primary().DSN("")).PgConn(), 0)
+	require.NoError(t, err)
+	require.False(t, p.InRecovery)
+	require.Equal(t, uint32(1), p.Timeline)
+	require.NotZero(t, p.LSN)
+	require.Zero(t, p.BackendPID)
+}
