@@ -50,6 +50,23 @@ func (s *Snapshot) WithReplicaErr(db, idx int, err error) *Snapshot {
 	return &out
 }
 
+// WithReplica returns a copy of s in which replica idx of database db
+// (indexes of Databases and Replicas) has state st, sharing s's Changed
+// channel: for a router that knows better than its tracker which server
+// behind a replica pool it would read (consume's balanced endpoints). s is
+// not modified; an index out of range returns s.
+func (s *Snapshot) WithReplica(db, idx int, st ReplicaState) *Snapshot {
+	if s == nil || db < 0 || db >= len(s.Databases) || idx < 0 || idx >= len(s.Databases[db].Replicas) {
+		return s
+	}
+	out := *s
+	out.Databases = slices.Clone(s.Databases)
+	ds := &out.Databases[db]
+	ds.Replicas = slices.Clone(ds.Replicas)
+	ds.Replicas[idx] = st
+	return &out
+}
+
 // Database returns the state of one database, or nil.
 func (s *Snapshot) Database(name string) *DatabaseState {
 	if s == nil {
