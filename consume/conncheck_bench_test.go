@@ -2,7 +2,6 @@ package consume
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,13 +13,17 @@ import (
 	"github.com/caughtup/caughtup/testkit/proxytest"
 )
 
-// BenchmarkConnCheck measures what tying each handler connection to the
-// server the decision judged costs a routed job: a point query on the
-// application's own pool (bare), the same through a routed context on a
-// pool pinned to one standby (pinned: no query added, the connection's
-// server is the one judged), and through HAProxy over two caught-up
-// standbys (balanced: a connection to the standby the tracker does not
-// watch costs one query). It reports the check's queries per job.
+// BenchmarkConnCheck measures what tying each handler connection to a
+// server known to have replayed the job's token costs a routed job: a
+// point query on the application's own pool (bare), the same through a
+// routed context on a pool pinned to one standby (pinned: no query added),
+// through HAProxy over two caught-up standbys (balanced: a connection to
+// the standby the tracker does not watch costs one query until the pool
+// has seen that server replay the token), with every new connection on the
+// standby the tracker does not watch (other-server), and through
+// PgBouncer in transaction pooling over that HAProxy (pooled-multiplexed:
+// every acquire checked in the transaction its read runs in, two round
+// trips). It reports the check queries per job.
 //
 //	go test -run '^$' -bench ConnCheck -benchtime 2000x ./consume/
 func BenchmarkConnCheck(b *testing.B) {
@@ -30,9 +33,13 @@ func BenchmarkConnCheck(b *testing.B) {
 	e := setup(b, c)
 	id, tok := e.write(b)
 	h := proxytest.StartHAProxy(b, proxytest.HAProxyConfig{Backends: proxytest.Addrs(c.Replicas()...)})
-	lb, err := pgxpool.New(context.Background(), fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", h.Addr(), e.db))
+	lb, err := pgxpool.New(context.Background(), haproxyDSN(h, e.db))
 	require.NoError(b, err)
 	b.Cleanup(lb.Close)
+	bo := proxytest.StartPgBouncer(b, proxytest.PgBouncerConfig{Backends: []string{h.Addr()}})
+	pooled, err := pgxpool.New(context.Background(), bo.DSN(e.db)+"&default_query_exec_mode=simple_protocol")
+	require.NoError(b, err)
+	b.Cleanup(pooled.Close)
 	ctx := context.Background()
 
 	query := func(b *testing.B, pool *pgxpool.Pool, ctx context.Context) {
@@ -52,7 +59,7 @@ func BenchmarkConnCheck(b *testing.B) {
 		// other: after the tracker connected, every new connection reaches
 		// the standby it does not watch.
 		other bool
-	}{{"pinned", e.replicas[0], false}, {"balanced", lb, false}, {"other-server", lb, true}} {
+	}{{"pinned", e.replicas[0], false}, {"balanced", lb, false}, {"other-server", lb, true}, {"pooled-multiplexed", pooled, false}} {
 		b.Run(tc.name, func(b *testing.B) {
 			reader := sdkmetric.NewManualReader()
 			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -70,14 +77,13 @@ func BenchmarkConnCheck(b *testing.B) {
 						b.Cleanup(func() { _ = h.SetState(h.Server(i), proxytest.Ready) })
 					}
 				}
-				for _, p := range r.owned {
-					p.Reset()
-				}
+				(&balancedEnv{r: r}).resetHandlers()
 			}
-			verified := func() int64 {
-				return sums(b, reader)["caughtup.consume.replica.connections"]["caughtup.result=verified,db.system.name=postgresql"]
+			checks := func() int64 {
+				sets := sums(b, reader)["caughtup.consume.replica.connections"]
+				return sets["caughtup.result=verified,db.system.name=postgresql"] + sets["caughtup.result=in_transaction,db.system.name=postgresql"]
 			}
-			v0 := verified()
+			v0 := checks()
 			for b.Loop() {
 				hctx, d, err := r.Route(ctx, Job{Token: tok, Policy: Sticky})
 				if err != nil || d.Databases[0].Replica == "" {
@@ -85,7 +91,7 @@ func BenchmarkConnCheck(b *testing.B) {
 				}
 				query(b, DB(hctx, "main"), hctx)
 			}
-			b.ReportMetric(float64(verified()-v0)/float64(b.N), "check-queries/op")
+			b.ReportMetric(float64(checks()-v0)/float64(b.N), "check-queries/op")
 		})
 	}
 }

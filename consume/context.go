@@ -9,6 +9,7 @@ import (
 
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replicapool"
 )
 
 // routing is what Route puts in the handler's context under routingKey:
@@ -25,9 +26,9 @@ type routing struct {
 	// captured is the job token's CapturedAt; now is the decision time.
 	captured time.Time
 	now      time.Time
-	// refusals counts the replica connections the job's acquires dropped
-	// (connCheck.admit).
-	refusals atomic.Int32
+	// attempt is what the job's acquires met on the replica pools
+	// (connections.go).
+	attempt replicapool.Attempt
 }
 
 type routingKey struct{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/replicapool"
 )
 
 // ScopeName is the instrumentation scope of every instrument and span this
@@ -54,7 +55,7 @@ type metrics struct {
 	wait       metric.Float64Histogram
 
 	connections    metric.Int64Counter
-	connectionSets [numConnResults]metric.AddOption
+	connectionSets [replicapool.NumChecks]metric.AddOption
 	exclusions     metric.Int64Counter
 
 	decisionSets attrSets // policy × outcome × reason
@@ -221,13 +222,13 @@ func newMetrics(mp metric.MeterProvider, databases map[string]replay.Database) (
 
 	if m.connections, err = meter.Int64Counter("caughtup.consume.replica.connections",
 		metric.WithUnit("{acquire}"),
-		metric.WithDescription("Routed handlers' acquires of replica connections, by caughtup.result: same_server (the server the decision judged, no query), verified (another server that had replayed the token, one query), behind (another server behind the token, or one that could not tell: the connection was dropped).")); err != nil {
+		metric.WithDescription("Routed handlers' acquires of replica connections, by caughtup.result: same_server (a direct connection to a server known to have replayed the token, no query), verified (a direct connection to another server that had replayed it, one query), in_transaction (a connection through a pooler, checked in the transaction its reads run in), behind (a server behind the token, or one that could not tell: the connection was given back).")); err != nil {
 		return nil, err
 	}
 	m.connectionSets = newConnectionSets()
 	if m.exclusions, err = meter.Int64Counter("caughtup.consume.replica.exclusions",
 		metric.WithUnit("{exclusion}"),
-		metric.WithDescription("Times this process's handlers could not use a replica (it refused or timed out their connections, or they kept reaching a server behind the job) and the router left it out of its decisions for a second.")); err != nil {
+		metric.WithDescription("Times this process's handlers could not use a replica (it refused or timed out their connections, or they kept reaching a server behind the job) and the router left it out of its decisions, by caughtup.reason unreachable or behind: once per exclusion, however long failures in a row make it.")); err != nil {
 		return nil, err
 	}
 

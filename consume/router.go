@@ -17,6 +17,7 @@ import (
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/replicapool"
 )
 
 // Router routes jobs: one per process, shared by every worker goroutine.
@@ -33,10 +34,12 @@ type Router struct {
 	pools  map[string]*replay.Database
 	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
 	sqlDBs map[*pgxpool.Pool]*sql.DB
-	// owned are the replica pools the router built for its handlers.
-	owned []*pgxpool.Pool
-	// excluded are replicas this process's handlers could not use lately.
-	excluded exclusions
+	// handlers are the replica pools the router built for its handlers
+	// (connections.go); poolGen changes whenever what the overlay derives
+	// from them may have (overlay.go), whose latest result is overlaid.
+	handlers handlerPools
+	poolGen  atomic.Uint64
+	overlaid atomic.Pointer[overlay]
 
 	warns warnings
 
@@ -106,9 +109,6 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	if r.gate, err = newFallbackGate(&r.cfg, r.log); err != nil {
 		return fail(fmt.Errorf("caughtup/consume: creating instruments: %w", err))
 	}
-	if err := r.probe(ctx); err != nil {
-		return fail(err)
-	}
 	if r.tr, err = replay.NewTracker(ctx, r.cfg.Databases, r.cfg.Tracker); err != nil {
 		return fail(err)
 	}
@@ -117,18 +117,20 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 
 // newRouter is a Router for cfg (defaults applied) without its metrics
 // and tracker, with the pools it hands handlers for each replica
-// (connections.go) built from the configured ones' configs.
+// (connections.go) built from the configured ones' configs. They connect
+// nothing until a handler needs a connection.
 func newRouter(cfg Config) (*Router, error) {
 	// Copy what the tracker and DB read, so the caller's map and slices
 	// may change afterwards.
 	cfg.Databases = maps.Clone(cfg.Databases)
 	pools := make(map[string]*replay.Database, len(cfg.Databases))
 	r := &Router{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		tracer: newTracer(cfg.TracerProvider),
-		pools:  pools,
-		sqlDBs: make(map[*pgxpool.Pool]*sql.DB),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		tracer:   newTracer(cfg.TracerProvider),
+		pools:    pools,
+		sqlDBs:   make(map[*pgxpool.Pool]*sql.DB),
+		handlers: make(handlerPools, len(cfg.Databases)),
 	}
 	if r.log == nil {
 		r.log = slog.Default()
@@ -136,9 +138,10 @@ func newRouter(cfg Config) (*Router, error) {
 	for name, db := range cfg.Databases {
 		db.Replicas = slices.Clone(db.Replicas)
 		cfg.Databases[name] = db
-		handed := db
-		handed.Replicas = slices.Clone(db.Replicas)
-		for i, rep := range handed.Replicas {
+		given := db
+		given.Replicas = slices.Clone(db.Replicas)
+		hps := make([]*replicapool.Pool, len(given.Replicas))
+		for i, rep := range given.Replicas {
 			if rep.Pool == nil {
 				continue // a unit test's router over a fixed snapshot
 			}
@@ -147,10 +150,11 @@ func newRouter(cfg Config) (*Router, error) {
 				r.closePools()
 				return nil, fmt.Errorf("caughtup/consume: database %q replica %q: the handlers' pool: %w", name, rep.Name, err)
 			}
-			handed.Replicas[i].Pool = hp
-			r.owned = append(r.owned, hp)
+			given.Replicas[i].Pool = handed(hp)
+			hps[i] = hp
 		}
-		pools[name] = &handed
+		r.handlers[name] = hps
+		pools[name] = &given
 	}
 	r.cfg.Databases = cfg.Databases
 	for _, db := range pools {
@@ -166,9 +170,7 @@ func newRouter(cfg Config) (*Router, error) {
 // pools the router built; not the application's pools.
 func (r *Router) closePools() error {
 	err := r.closeSQL()
-	for _, p := range r.owned {
-		p.Close()
-	}
+	r.handlers.closeAll()
 	return err
 }
 
@@ -302,6 +304,10 @@ func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally, repeatab
 	// The decision is made in the handler's context's allocation.
 	d := &rc.d
 	decide(&in, d)
+	if r.probeBehind(sctx, d) {
+		in.Snapshot = r.snapshotAt(now)
+		decide(&in, d)
+	}
 	waited := false
 	var verifyErr error
 	if verify != nil {

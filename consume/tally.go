@@ -190,7 +190,8 @@ func (t *Tally) remember(snap *replay.Snapshot, rc *routed, parent context.Conte
 // context, the same snapshot, and the chosen replica still fresh at now
 // (Decide's ReplicaState.Usable), which is all that a decision to run on
 // a caught-up replica depends on that can change. It was not waited for
-// and no connection of it was refused (connCheck.admit).
+// and no replica connection of it was given back or failed
+// (replicapool.Attempt).
 func (t *Tally) repeat(ctx context.Context, job *Job) (*routed, bool) {
 	if job.TokenErr != nil || job.Verify != nil || len(job.Token.Entries) != 1 {
 		return nil, false
@@ -200,7 +201,7 @@ func (t *Tally) repeat(ctx context.Context, job *Job) (*routed, bool) {
 		return nil, false
 	}
 	rc := l.rc.Load()
-	if rc == nil || rc.SourceContext.Context != ctx || rc.refusals.Load() != 0 {
+	if rc == nil || rc.SourceContext.Context != ctx || rc.attempt.Refused() || rc.attempt.Failed() {
 		return nil, false
 	}
 	dd := &rc.d.Databases[0]

@@ -2,7 +2,6 @@ package consume
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -124,18 +123,9 @@ func TestTallyRepeatOnlyWhatHolds(t *testing.T) {
 			},
 			want: OutcomePrimary,
 		},
-		"replica excluded": {
+		"replica failed the job": {
 			step: func(t *testing.T, r *Router, tr *switchable, now *atomic.Int64, first context.Context) context.Context {
-				for _, name := range []string{"r1", "r2"} {
-					r.excluded.exclude("main", name, t0, errors.New("unreachable"))
-				}
-				return ctx
-			},
-			want: OutcomePrimary,
-		},
-		"connection refused": {
-			step: func(t *testing.T, r *Router, tr *switchable, now *atomic.Int64, first context.Context) context.Context {
-				routingFrom(first).refusals.Add(1)
+				routingFrom(first).attempt.Fail()
 				return ctx
 			},
 			want: OutcomeReplica,
