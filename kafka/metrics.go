@@ -36,11 +36,15 @@ const (
 	// Route made without waiting (the cap, waiting disabled, no healthy
 	// replica). The record is then routed again and counted again.
 	resultWoken
+	// resultRerouted: the handler failed because a replica the router
+	// chose failed it (consume.ReplicaFailed): the record read nothing and
+	// is routed again without spending an attempt.
+	resultRerouted
 
 	numResults
 )
 
-var resultNames = [numResults]string{"handled", "waited", "deferred", "retried", "dead_lettered", "dropped", "woken"}
+var resultNames = [numResults]string{"handled", "waited", "deferred", "retried", "dead_lettered", "dropped", "woken", "rerouted"}
 
 // String returns the attribute value.
 func (r result) String() string {

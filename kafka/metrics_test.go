@@ -16,6 +16,7 @@ func TestResultString(t *testing.T) {
 		resultDeadLettered: "dead_lettered",
 		resultDropped:      "dropped",
 		resultWoken:        "woken",
+		resultRerouted:     "rerouted",
 		result(200):        "result(200)",
 	} {
 		require.Equal(t, want, r.String())

@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"time"
 
-
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/internal/retry"
 )
@@ -47,12 +46,12 @@ func (e *Engine[R, H]) run(ctx context.Context, r R, p *Partition[R, H]) bool {
 			}
 		}
 	}
-	for {
+	for failedReplicas := 0; ; {
 		hctx := ctx
 		if attempts > 0 {
 			hctx = context.WithValue(ctx, attemptKey{}, attempts)
 		}
-		_, err := e.attempt(hctx, r, &rt, p)
+		rctx, err := e.attempt(hctx, r, &rt, p)
 		if err == nil {
 			p.add(resultHandled)
 			return true
@@ -62,48 +61,41 @@ func (e *Engine[R, H]) run(ctx context.Context, r R, p *Partition[R, H]) bool {
 		}
 		var de *consume.DeferError
 		if errors.As(err, &de) {
-			delay := max(de.Delay, minDeferDelay)
 			if e.cfg.Mode == RetryTopic {
-				sctx, span := e.startDefer(ctx, de, RetryTopic, r)
-				ok := e.republish(sctx, r, *hs, time.Now().Add(delay), attempts, true)
-				span.End()
-				if !ok {
-					return false
-				}
-				p.add(resultDeferred)
-				return true
+				return e.deferToRetryTopic(ctx, r, *hs, de, attempts, p)
 			}
-			// InPlace: hold the record at the head of its partition. Route
-			// bounds this loop: once the token is older than the router's
-			// MaxAge it sends the record to the primary. When Route has
-			// just waited for a replica, that wait woke on the tracker's
-			// observations; asking again at once keeps waking within
-			// milliseconds of the catch-up rather than sleeping out a
-			// deferral step that may be seconds long. Otherwise (the cap,
-			// waiting disabled, no healthy replica, a tiny budget) hold
-			// the delay, or less if a replica can serve the token first
-			// (holdDeferred), so the loop never spins.
-			p.add(resultWaited)
-			p.hold()
-			if de.Decision.Waited >= minDeferDelay {
-				continue
-			}
-			sctx, span := e.startDefer(ctx, de, InPlace, r)
-			held, woken := false, false
-			if rt.Verify != nil {
-				// The position alone does not say a Verifier will vouch
-				// for the token: waking on it could route again at once,
-				// again and again.
-				held = retry.Sleep(sctx, delay)
-			} else {
-				held, woken = e.holdDeferred(sctx, time.Now().Add(delay), &rt, p)
-			}
-			endHold(span, woken)
-			if !held {
+			if !e.holdInPlace(ctx, r, de, &rt, p, rt.Verify == nil) {
 				return false
 			}
 			continue
 		}
+		// The handler failed. A replica the router chose failing the
+		// record (it could not be reached, or its connections kept
+		// reaching servers behind the token: consume.ReplicaFailed) is the
+		// router's failure, not the record's: the router has left that
+		// replica out, so route the record again without spending an
+		// attempt. A record that keeps meeting failing replicas is
+		// deferred, still without one, by the router's first deferral
+		// step; in place it sleeps that out rather than waiting for the
+		// catch-up, which its token may have had already.
+		if consume.ReplicaFailed(rctx) {
+			p.add(resultRerouted)
+			if failedReplicas++; failedReplicas <= consume.MaxReroutes {
+				continue
+			}
+			failedReplicas = 0
+			d, _ := consume.DecisionFrom(rctx)
+			d.Waited = 0 // hold the delay: no route has just waited for this
+			de := &consume.DeferError{Delay: e.cfg.Router.Config().DeferInitial, Decision: d}
+			if e.cfg.Mode == RetryTopic {
+				return e.deferToRetryTopic(ctx, r, *hs, de, attempts, p)
+			}
+			if !e.holdInPlace(ctx, r, de, &rt, p, false) {
+				return false
+			}
+			continue
+		}
+		failedReplicas = 0
 		attempts++
 		if attempts >= e.cfg.MaxAttempts {
 			return e.deadLetter(ctx, r, *hs, attempts, err, p)
@@ -122,6 +114,50 @@ func (e *Engine[R, H]) run(ctx context.Context, r R, p *Partition[R, H]) bool {
 			return false
 		}
 	}
+}
+
+// deferToRetryTopic republishes r, deferred by de, to the retry topic
+// (RetryTopic mode), where it runs at its due time or at its catch-up.
+// It returns whether r is done.
+func (e *Engine[R, H]) deferToRetryTopic(ctx context.Context, r R, hs []H, de *consume.DeferError, attempts int, p *Partition[R, H]) bool {
+	sctx, span := e.startDefer(ctx, de, RetryTopic, r)
+	ok := e.republish(sctx, r, hs, time.Now().Add(max(de.Delay, minDeferDelay)), attempts, true)
+	span.End()
+	if ok {
+		p.add(resultDeferred)
+	}
+	return ok
+}
+
+// holdInPlace holds r, deferred by de, at the head of its partition
+// (InPlace mode) before it is routed again; false if ctx ended first.
+// Route bounds the loop around it: once the token is older than the
+// router's MaxAge it sends the record to the primary. When Route has just
+// waited for a replica, that wait woke on the tracker's observations;
+// asking again at once keeps waking within milliseconds of the catch-up
+// rather than sleeping out a deferral step that may be seconds long.
+// Otherwise (the cap, waiting disabled, no healthy replica, a tiny
+// budget) it holds the delay, or with wake less if a replica can serve
+// the token first (holdDeferred), so the loop never spins. Without wake it
+// sleeps the delay: the position alone does not say a Verifier will vouch
+// for the token, so waking on it could route again at once, again and
+// again.
+func (e *Engine[R, H]) holdInPlace(ctx context.Context, r R, de *consume.DeferError, rt *RecordToken, p *Partition[R, H], wake bool) bool {
+	p.add(resultWaited)
+	p.hold()
+	if de.Decision.Waited >= minDeferDelay {
+		return true
+	}
+	delay := max(de.Delay, minDeferDelay)
+	sctx, span := e.startDefer(ctx, de, InPlace, r)
+	held, woken := false, false
+	if wake {
+		held, woken = e.holdDeferred(sctx, time.Now().Add(delay), rt, p)
+	} else {
+		held = retry.Sleep(sctx, delay)
+	}
+	endHold(span, woken)
+	return held
 }
 
 // readToken reads r's token: the adapter's Token, else the

@@ -94,9 +94,9 @@
 //
 // caughtup.kafka.messages ({message}) counts what happened to messages by
 // topic (messaging.destination.name) and caughtup.kafka.result (handled,
-// waited, deferred, retried, dead_lettered, dropped, woken), on the
-// MeterProvider in
-// ConsumerConfig; routing decisions are counted by the router. It is a
+// waited, deferred, retried, dead_lettered, dropped, woken, rerouted), on
+// the MeterProvider in ConsumerConfig; routing decisions are counted by
+// the router. It is a
 // synchronous counter: its sums outlive Run, and consumers made one after
 // the other on one MeterProvider add to the same series.
 //

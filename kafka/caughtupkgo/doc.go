@@ -88,7 +88,7 @@
 //
 // caughtup.kafka.messages ({message}) counts what happened to records by
 // topic (messaging.destination.name) and caughtup.kafka.result (handled,
-// waited, deferred, retried, dead_lettered, dropped, woken): package
+// waited, deferred, retried, dead_lettered, dropped, woken, rerouted): package
 // kafka's instrument, attributes and values, caughtupkafka's too, under
 // this package's ScopeName, on the
 // MeterProvider in ConsumerConfig (default the global one). Each worker
