@@ -22,8 +22,9 @@ import (
 // of them, the handlers' connections reach either: every job must still
 // find its row, complete, and stay out of the queue's dead letters. Jobs
 // whose connections kept reaching the paused standby fail without reading
-// (consume.ErrReplicaBehind) and the queue retries them; Report.Failed
-// counts them.
+// (consume.ErrReplicaBehind, consume.ReplicaFailed) and the adapter routes
+// them again without counting an attempt; Report.ReplicaFailed counts
+// them.
 //
 // The driver must implement DeadLetterCounter.
 func Balanced(t *testing.T, cfg Config) Report {

@@ -45,9 +45,17 @@ type Config struct {
 	// router's replica pool reaches both standbys through an HAProxy round
 	// robin. Default 1000.
 	BalancedJobs int
-	// OnReport receives the fresh-reads and the balanced-pool scenarios'
-	// figures (Report.Scenario says which), for closing notes and
-	// benchmarks. Optional.
+	// UnreachableFor is how long, in the unreachable-replica scenario,
+	// new connections to replica 1 are reset while the tracker calls it
+	// healthy. Default 60s: long enough for the replica's exclusion to
+	// grow to its bound and be re-probed.
+	UnreachableFor time.Duration
+	// UnreachableJobs is the size of the unreachable-replica scenario,
+	// produced evenly over UnreachableFor. Default 200.
+	UnreachableJobs int
+	// OnReport receives the fresh-reads, the balanced-pool and the
+	// unreachable-replica scenarios' figures (Report.Scenario says
+	// which), for closing notes and benchmarks. Optional.
 	OnReport func(Report)
 }
 
@@ -64,6 +72,12 @@ func (c Config) withDefaults() Config {
 	if c.BalancedJobs == 0 {
 		c.BalancedJobs = 1000
 	}
+	if c.UnreachableFor == 0 {
+		c.UnreachableFor = time.Minute
+	}
+	if c.UnreachableJobs == 0 {
+		c.UnreachableJobs = 200
+	}
 	return c
 }
 
@@ -79,13 +93,15 @@ type Report struct {
 	// attempt (asynq archives, Kafka's dead-letter topic), for drivers
 	// that implement DeadLetterCounter; -1 for the others.
 	DeadLettered int
-	// Failed counts handler runs whose read failed and that the queue
-	// retried (in the balanced scenario: connections that kept reaching
-	// the standby behind the job, consume.ErrReplicaBehind).
-	Failed int
+	// Failed counts handler runs whose read failed, the queue retried
+	// them; ReplicaFailed counts those a replica of the router's failed
+	// (consume.ReplicaFailed: unreachable, or only servers behind the job
+	// behind it), which the adapter must route again without counting an
+	// attempt.
+	Failed, ReplicaFailed int
 	// Connections counts routed acquires of replica connections by
 	// result (caughtup.consume.replica.connections: same_server,
-	// verified, behind).
+	// verified, in_transaction, behind).
 	Connections map[string]int64
 	Elapsed     time.Duration
 }
@@ -99,8 +115,8 @@ func (r Report) ReplicaShare() float64 {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("jobs=%d stale=%d lost=%d dead_lettered=%d runs=%d failed_runs=%d replica_share=%.3f primary_runs=%d deferrals=%d retried_by_deferral=%d connections=%v elapsed=%s",
-		r.Jobs, r.Stale, r.Lost, r.DeadLettered, r.Runs, r.Failed, r.ReplicaShare(), r.PrimaryRuns, r.Deferrals, r.Retried, r.Connections, r.Elapsed.Round(time.Millisecond))
+	return fmt.Sprintf("jobs=%d stale=%d lost=%d dead_lettered=%d runs=%d failed_runs=%d replica_failed_runs=%d replica_share=%.3f primary_runs=%d deferrals=%d retried_without_failure=%d connections=%v elapsed=%s",
+		r.Jobs, r.Stale, r.Lost, r.DeadLettered, r.Runs, r.Failed, r.ReplicaFailed, r.ReplicaShare(), r.PrimaryRuns, r.Deferrals, r.Retried, r.Connections, r.Elapsed.Round(time.Millisecond))
 }
 
 // Run runs every scenario against the adapter. Scenarios run one after
@@ -117,6 +133,12 @@ func Run(t *testing.T, cfg Config) {
 	})
 	t.Run("BalancedPoolUnderRandomPauses", func(t *testing.T) {
 		rep := Balanced(t, cfg)
+		if cfg.OnReport != nil {
+			cfg.OnReport(rep)
+		}
+	})
+	t.Run("UnreachableReplica", func(t *testing.T) {
+		rep := Unreachable(t, cfg)
 		if cfg.OnReport != nil {
 			cfg.OnReport(rep)
 		}
@@ -207,6 +229,11 @@ type checker struct {
 	failed   map[int64]bool // jobs whose handler returned a real error
 	// failedRuns counts those errors; the queue retries each.
 	failedRuns int
+	// replicaFailedRuns counts failed reads that a replica of the
+	// router's caused (consume.ReplicaFailed): the adapter routes those
+	// again without counting an attempt, so they do not mark the job
+	// failed.
+	replicaFailedRuns int
 	done       chan struct{}
 	want       int
 	finished   int
@@ -232,6 +259,11 @@ func (c *checker) handler(d Driver) Handler {
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			c.fail(fmt.Sprintf("job %d: row not found (outcome %s, replica %q)", job.ID, dec.Outcome, replicaOf(dec)))
+		case err != nil && consume.ReplicaFailed(ctx):
+			c.mu.Lock()
+			c.replicaFailedRuns++
+			c.mu.Unlock()
+			return err // the router's failure: the adapter routes the job again, not counting an attempt
 		case err != nil:
 			c.mu.Lock()
 			c.failed[job.ID] = true
@@ -244,7 +276,8 @@ func (c *checker) handler(d Driver) Handler {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		// A retry after a real handler error is the queue's business; a
-		// retry count that grew without one came from a deferral.
+		// retry count that grew without one came from a deferral or a
+		// replica's failure.
 		if rc != nil && rc.RetryCount(ctx) > 0 && !c.failed[job.ID] {
 			c.retried.Add(1)
 		}
@@ -366,7 +399,7 @@ func routed(t *testing.T, cfg Config, e *env, d Driver, jobs int, perSecond rate
 	}
 	chk.mu.Lock()
 	defer chk.mu.Unlock()
-	rep.Stale, rep.Elapsed, rep.Retried, rep.Failed = len(chk.stale), time.Since(start), chk.retried.Load(), chk.failedRuns
+	rep.Stale, rep.Elapsed, rep.Retried, rep.Failed, rep.ReplicaFailed = len(chk.stale), time.Since(start), chk.retried.Load(), chk.failedRuns, chk.replicaFailedRuns
 	for id := int64(1); id <= int64(jobs); id++ {
 		if chk.runs[id] == 0 {
 			rep.Lost++
@@ -384,7 +417,7 @@ func routed(t *testing.T, cfg Config, e *env, d Driver, jobs int, perSecond rate
 	rep.Deferrals = e.outcomeCount(t, consume.OutcomeDeferred)
 	rep.Waits = int64(chk.outcomes[consume.OutcomeReplicaWaited])
 	rep.Connections = map[string]int64{}
-	for _, res := range []string{"same_server", "verified", "behind"} {
+	for _, res := range []string{"same_server", "verified", "in_transaction", "behind"} {
 		rep.Connections[res] = metrictest.Sum(t, e.reader, "caughtup.consume.replica.connections", attribute.String("caughtup.result", res))
 	}
 	t.Logf("%s: %s outcomes=%v", t.Name(), rep, chk.outcomes)
@@ -394,7 +427,7 @@ func routed(t *testing.T, cfg Config, e *env, d Driver, jobs int, perSecond rate
 	}
 	require.True(t, completed, "not every job completed: %d of %d", chk.finished, jobs)
 	require.Zero(t, rep.Lost, "lost jobs")
-	require.Zero(t, rep.Retried, "a deferral counted as a failed attempt")
+	require.Zero(t, rep.Retried, "a deferral or a replica's failure counted as a failed attempt")
 	require.LessOrEqual(t, rep.DeadLettered, 0, "jobs the queue set aside after their last attempt (archived, dead-lettered)")
 	// Delayed never promotes to the primary for lag while the token is
 	// younger than MaxAge: paused replicas are reachable and known, so a
