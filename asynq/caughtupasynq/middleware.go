@@ -275,7 +275,8 @@ type middleware struct {
 
 	// deferMax is the router's longest deferral (consume.Config.DeferMax):
 	// a deadline further than it plus deadlineSlack cannot be missed.
-	deferMax time.Duration
+	// deferInitial is its first (consume.Config.DeferInitial).
+	deferMax, deferInitial time.Duration
 
 	warnDedup, warnDeadline *rate.Sometimes
 }
@@ -301,6 +302,7 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 		prop:         cfg.Propagators,
 		log:          cfg.Logger,
 		deferMax:     rc.DeferMax,
+		deferInitial: rc.DeferInitial,
 		warnDedup:    sometimes(),
 		warnDeadline: sometimes(),
 	}
@@ -452,8 +454,19 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if why != overrideNone && (d.Reason == consume.ReasonCannotDefer || d.Held) {
 		m.met.override(ctx, why)
 	}
-	if err == nil {
-		return next.ProcessTask(rctx, task)
+	// A replica the router chose that fails the handler (unreachable, or
+	// reaching only servers behind the task) is the router's failure, not
+	// the task's: the task is routed again, elsewhere, without spending
+	// an attempt, and deferred, still without one, if that keeps failing.
+	for reroutes := 0; err == nil; reroutes++ {
+		herr := next.ProcessTask(rctx, task)
+		if herr == nil || !consume.ReplicaFailed(rctx) {
+			return herr
+		}
+		if reroutes == consume.MaxReroutes {
+			return m.deferred(ctx, task, &consume.DeferError{Delay: m.deferInitial, Decision: d}, job.Token)
+		}
+		rctx, d, err = m.router.Route(ctx, job)
 	}
 	var de *consume.DeferError
 	if !errors.As(err, &de) || de.Refused() {

@@ -76,6 +76,8 @@ type metrics struct {
 	readFailed  metric.AddOption
 	overrides   metric.Int64Counter
 	lastAttempt metric.AddOption
+	// replicaFailed: snoozed after replica failures.
+	replicaFailed metric.AddOption
 }
 
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
@@ -100,10 +102,11 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	m.readFailed = metric.WithAttributeSet(attribute.NewSet(system, attribute.String(attrResult, "failed")))
 	if m.overrides, err = meter.Int64Counter("caughtup.river.overrides",
 		metric.WithUnit("{job}"),
-		metric.WithDescription("River jobs whose routing the middleware limited so that River would not discard them (last_attempt: held in the worker rather than refused by the fallback cap).")); err != nil {
+		metric.WithDescription("River jobs whose routing the middleware limited so that River would not discard them (last_attempt: held in the worker rather than refused by the fallback cap; replica_failed: snoozed after replicas failed the worker consume.MaxReroutes times in a row, rather than failing an attempt).")); err != nil {
 		return nil, fmt.Errorf("caughtup/river: creating caughtup.river.overrides: %w", err)
 	}
 	m.lastAttempt = metric.WithAttributeSet(attribute.NewSet(system, attribute.String(attrOverride, "last_attempt")))
+	m.replicaFailed = metric.WithAttributeSet(attribute.NewSet(system, attribute.String(attrOverride, "replica_failed")))
 	return m, nil
 }
 

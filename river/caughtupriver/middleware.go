@@ -84,6 +84,9 @@ type Middleware struct {
 	tracer   trace.Tracer
 	log      *slog.Logger
 	warn     *rate.Sometimes
+	// deferInitial is the router's first deferral delay, a snooze's
+	// after replica failures (consume.Config.DeferInitial).
+	deferInitial time.Duration
 }
 
 var _ rivertype.WorkerMiddleware = (*Middleware)(nil)
@@ -107,6 +110,8 @@ func NewMiddleware(router *consume.Router, cfg Config) (*Middleware, error) {
 		tracer:   cfg.TracerProvider.Tracer(ScopeName),
 		log:      cfg.Logger,
 		warn:     &rate.Sometimes{First: 1, Interval: 10 * time.Second},
+
+		deferInitial: rc.DeferInitial,
 	}
 	var err error
 	if m.met, err = newMetrics(cfg.MeterProvider); err != nil {
@@ -158,8 +163,20 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 	if last && d.Held {
 		m.met.overrides.Add(ctx, 1, m.met.lastAttempt)
 	}
-	if err == nil {
-		return doInner(rctx)
+	// A replica the router chose that fails the worker (unreachable, or
+	// reaching only servers behind the job) is the router's failure, not
+	// the job's: the job is routed again, elsewhere, without spending an
+	// attempt, and snoozed (still free) if that keeps failing.
+	for reroutes := 0; err == nil; reroutes++ {
+		werr := doInner(rctx)
+		if werr == nil || !consume.ReplicaFailed(rctx) {
+			return werr
+		}
+		if reroutes == consume.MaxReroutes {
+			m.met.overrides.Add(ctx, 1, m.met.replicaFailed)
+			return river.JobSnooze(m.deferInitial)
+		}
+		rctx, d, err = m.router.Route(ctx, rj)
 	}
 	var de *consume.DeferError
 	if !errors.As(err, &de) || de.Refused() {
