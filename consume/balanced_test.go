@@ -17,6 +17,7 @@ import (
 
 	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/replicapool"
+	"github.com/caughtup/caughtup/testkit/fault"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 	"github.com/caughtup/caughtup/testkit/proxytest"
 )
@@ -363,4 +364,45 @@ func TestPgBouncerSessionPoolingOverBalancer(t *testing.T) {
 			run+1, n, st.onReplica, st.rerouted, b.connections(t))
 		require.GreaterOrEqual(t, st.onReplica, n*9/10)
 	}
+}
+
+// TestReplicaFailedRoutesElsewhere (issue 36 §2): the tracker calls a
+// replica healthy (its own connection was made before), but new
+// connections to it are reset. A handler that meets that learns it
+// through ReplicaFailed; the replica is left out, and the job routed
+// again reads elsewhere, never stale.
+func TestReplicaFailedRoutesElsewhere(t *testing.T) {
+	t.Parallel()
+	c := privateCluster(t)
+	e := setup(t, c)
+	proxy, err := fault.NewProxy(proxytest.Addrs(c.Replicas()[0])[0])
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	far, err := pgxpool.New(ctxT(t), fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", proxy.Addr(), e.db))
+	require.NoError(t, err)
+	t.Cleanup(far.Close)
+	r := e.router(t, func(cfg *Config) {
+		cfg.Databases = map[string]replay.Database{"main": {Primary: e.primary, Replicas: []replay.Replica{{Name: "far", Pool: far}}}}
+		cfg.PrimaryRate = rate.Inf
+	})
+	id, tok := e.write(t)
+	seen(t, r, tok)
+	proxy.Refuse()
+
+	h, d, err := r.Route(ctxT(t), Job{Token: tok, Policy: Sticky})
+	require.NoError(t, err)
+	require.Equal(t, "far", d.Databases[0].Replica, "the tracker still calls it caught up")
+	_, err = readRow(h, DB(h, "main"), id)
+	require.Error(t, err)
+	require.True(t, ReplicaFailed(h), "the handler's failure is the replica's: %v", err)
+
+	h, d, err = r.Route(ctxT(t), Job{Token: tok, Policy: Sticky})
+	require.NoError(t, err)
+	require.Equal(t, OutcomePrimary, d.Outcome, "the replica is left out")
+	require.False(t, ReplicaFailed(h))
+	ok, err := readRow(h, DB(h, "main"), id)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.ErrorIs(t, r.Snapshot().Database("main").Replicas[0].Err, ErrUnreachable)
+	require.NoError(t, r.Tracker().Snapshot().Database("main").Replicas[0].Err, "the tracker's own connection still works")
 }

@@ -193,8 +193,9 @@ type conn struct {
 }
 
 // New builds the handler pool of one replica from template's config (the
-// application's pool: hooks, TLS and credentials included). It connects
-// nothing until a handler acquires.
+// application's pool: hooks, TLS and credentials included; MinConns and
+// MinIdleConns are not kept). It connects nothing until a handler
+// acquires.
 func New(template *pgxpool.Pool, cfg Config) (*Pool, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -220,6 +221,9 @@ func New(template *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p.servers.gen = cfg.Gen
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	pc := template.Config()
+	// Nothing before a job needs it: a fleet that restarts at once must
+	// not open MinConns connections to every replica from every process.
+	pc.MinConns, pc.MinIdleConns = 0, 0
 	after, prepare, beforeClose := pc.AfterConnect, pc.PrepareConn, pc.BeforeClose
 	if prepare == nil && pc.BeforeAcquire != nil { //nolint:staticcheck // the application's hook, kept
 		before := pc.BeforeAcquire //nolint:staticcheck

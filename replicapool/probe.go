@@ -44,10 +44,11 @@ type Found struct {
 // next, up to MaxRefusals connections. Whatever it reads goes into the
 // server table, where Lift finds it for every job. It reports false
 // without taking a connection when the pool's probe budget (20 a second,
-// whatever the number of jobs that wait) is spent.
+// whatever the number of jobs that wait) is spent, or while the replica is
+// excluded.
 func (p *Pool) Probe(ctx context.Context, need position.Entry) (Found, bool) {
-	if !p.probes.Allow() {
-		return Found{}, false
+	if !p.health.excludedUntil().IsZero() || !p.probes.Allow() {
+		return Found{}, false // out of this process's reach: the re-probe tells when it is back
 	}
 	ctx = context.WithValue(ctx, probeKey{}, true)
 	cutoff := p.cfg.Now().Add(-SeenWindow)
