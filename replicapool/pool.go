@@ -337,12 +337,12 @@ func (p *Pool) markPooled(moved bool) {
 	p.cfg.Gen.Add(1)
 	if moved {
 		p.warnMoved.Do(func() {
-			p.logAt(slog.LevelError, "caughtup: a connection of the replica pool reached another server process between two checks: something between the pool and its servers multiplexes connections without saying so; every routed read is now checked in its own transaction (two round trips per job)")
+			p.logAt(slog.LevelError, "caughtup: a connection of the replica pool reached another server process between two checks: something between the pool and its servers multiplexes connections without saying so; from now on: "+TopologyPooled.Cost())
 		})
 		return
 	}
 	p.warnPooled.Do(func() {
-		p.logAt(slog.LevelInfo, "caughtup: the replica pool reaches its servers through a pooler (PgBouncer or the like), which may run each transaction on another server; every routed read is checked in the transaction it runs in (two round trips per job)")
+		p.logAt(slog.LevelInfo, "caughtup: the replica pool reaches its servers through a pooler (PgBouncer or the like), which may run each transaction on another server: "+TopologyPooled.Cost())
 	})
 }
 
@@ -410,7 +410,7 @@ func (p *Pool) checkDirect(ctx context.Context, c *pgx.Conn, ci *conn, t Target)
 		return CheckBehind
 	}
 	p.warnOther.Do(func() {
-		p.logAt(slog.LevelWarn, "caughtup: the replica pool reaches a server other than the one the decision judged (a balanced endpoint, a DNS move or a restart); each such connection costs a query per job (logged at most once a minute)")
+		p.logAt(slog.LevelWarn, "caughtup: the replica pool reaches a server other than the one the decision judged (a balanced endpoint, a DNS move or a restart): "+TopologyBalanced.Cost()+" (logged at most once a minute)")
 	})
 	return CheckVerified
 }

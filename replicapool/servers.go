@@ -53,6 +53,37 @@ func (t Topology) String() string {
 	return "unknown"
 }
 
+// Cost says what routing reads through a pool of topology t costs, in the
+// words the router's logs, caughtup doctor and docs/deployments.md share.
+func (t Topology) Cost() string {
+	switch t {
+	case TopologySingle:
+		return "one server: supported, a routed read costs no check query"
+	case TopologyBalanced:
+		return "several servers behind one endpoint: supported, a routed read on a connection to a server not yet seen to have replayed the job's token costs one check query"
+	case TopologyPooled:
+		return "a pooler between the pool and its servers: supported, every routed read is checked in the transaction it runs in (two round trips per job)"
+	}
+	return "not known yet: each connection is checked as it is first used"
+}
+
+// TopologyOf is the topology of a pool whose connections reached servers
+// distinct server runs, pooled when any connection went through a pooler
+// (its server process, pg_backend_pid(), was not the one the protocol's
+// key data named): the rule a Pool applies to its own connections and
+// caughtup doctor to its sample.
+func TopologyOf(servers int, pooled bool) Topology {
+	switch {
+	case pooled:
+		return TopologyPooled
+	case servers > 1:
+		return TopologyBalanced
+	case servers == 1:
+		return TopologySingle
+	}
+	return TopologyUnknown
+}
+
 // Parameters of the server table.
 const (
 	// SeenWindow is how long a server run counts as reachable behind the
@@ -206,13 +237,10 @@ func (s *servers) topology(now time.Time) Topology {
 			runs++
 		}
 	}
-	switch {
-	case runs > 1:
-		return TopologyBalanced
-	case s.identified >= discoverConns:
-		return TopologySingle
+	if runs == 1 && s.identified < discoverConns {
+		return TopologyUnknown // too few connections to tell one server from a balancer
 	}
-	return TopologyUnknown
+	return TopologyOf(runs, false)
 }
 
 // best is the fact of the run other than except that has replayed the

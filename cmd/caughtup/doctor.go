@@ -19,6 +19,7 @@ import (
 
 	"github.com/caughtup/caughtup/feed"
 	"github.com/caughtup/caughtup/internal/pgwal"
+	"github.com/caughtup/caughtup/replicapool"
 )
 
 const doctorSynopsis = `doctor --primary URL --replica [NAME=]URL [--replica ...] [--database main]
@@ -58,16 +59,16 @@ Checks:
               primary's timeline (pg_stat_wal_receiver.received_tli), its
               WAL receiver streaming. A standby of another cluster, a
               promoted one, or one whose receiver stopped fails.
-  one server  --connections fresh connections to each replica URL (not a
-              pool), each holding a transaction open until all have read,
-              reach one server: the same system identifier,
-              inet_server_addr()/inet_server_port() and
-              pg_postmaster_start_time() (the replay position may differ).
-              A load balancer, a multi-host DSN or PgBouncer over several
-              standbys fails: caughtup compares one server's replay
-              position with a token and cannot tell which server a pooled
-              connection then reads. A pass is a sample: it cannot see a
-              DNS name that moves later.
+  topology    --connections fresh connections to each replica URL (not a
+              pool), each holding a transaction open until all have read:
+              which servers they reach (system identifier,
+              inet_server_addr()/inet_server_port(),
+              pg_postmaster_start_time()) and whether a pooler answers for
+              them (pg_backend_pid() is not the connection's own). One
+              server passes; several behind a balancer, and a pooler (i),
+              are supported and say what they cost per job, in the words
+              the router logs. It is a sample: the router checks every
+              connection it hands out whatever the sample showed.
   grants      the role of each URL may run every function caughtup's
               queries call (has_function_privilege) and has the privileges
               of pg_read_all_stats (as a member of it or of pg_monitor),
@@ -289,7 +290,7 @@ func (doc *doctor) run(ctx context.Context) {
 		doc.checkStandby(ctx, r)
 	}
 	for _, r := range doc.replicas {
-		doc.checkOneServer(ctx, r)
+		doc.checkTopology(ctx, r)
 	}
 	for _, n := range doc.nodes() {
 		doc.checkGrants(n)
@@ -461,8 +462,11 @@ func joinHost(host string, port int) string {
 
 // sample is what one fresh connection reached.
 type sample struct {
-	id  pgwal.Identity
-	err error
+	id pgwal.Identity
+	// pooled: the server process that answered is not the one the
+	// connection's key data named (a pooler answers for the server).
+	pooled bool
+	err    error
 }
 
 // maxHold bounds how long a sampling connection keeps its transaction
@@ -495,6 +499,11 @@ func (doc *doctor) sampleServers(ctx context.Context, n *doctorNode) []sample {
 			if err == nil {
 				out[i].id, err = pgwal.ReadIdentity(ctx, tx)
 			}
+			if err == nil {
+				var pid uint32
+				err = tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid)
+				out[i].pooled = pid != conn.PgConn().PID()
+			}
 			out[i].err = err
 			read.Done()
 			if conn == nil {
@@ -522,8 +531,12 @@ func (doc *doctor) sampleServers(ctx context.Context, n *doctorNode) []sample {
 	return out
 }
 
-func (doc *doctor) checkOneServer(ctx context.Context, n *doctorNode) {
-	const check = "one server"
+// checkTopology samples fresh connections to a replica URL and says what
+// routing through it costs, with the router's own rule
+// (replicapool.TopologyOf) and words (Topology.Cost): one server, several
+// behind a balancer, or a pooler in between are all supported.
+func (doc *doctor) checkTopology(ctx context.Context, n *doctorNode) {
+	const check = "topology"
 	if doc.unreachable(check, n, nil) {
 		return
 	}
@@ -533,11 +546,13 @@ func (doc *doctor) checkOneServer(ctx context.Context, n *doctorNode) {
 	}
 	var servers []*server
 	var failed []error
+	pooled := false
 	for _, s := range doc.sampleServers(ctx, n) {
 		if s.err != nil {
 			failed = append(failed, s.err)
 			continue
 		}
+		pooled = pooled || s.pooled
 		found := false
 		for _, sv := range servers {
 			if sv.id.Same(s.id) {
@@ -554,19 +569,27 @@ func (doc *doctor) checkOneServer(ctx context.Context, n *doctorNode) {
 	for i, sv := range servers {
 		names[i] = fmt.Sprintf("%s ×%d", sv.id.Server(), sv.count)
 	}
+	topo := replicapool.TopologyOf(len(servers), pooled)
+	reached := fmt.Sprintf("%d fresh connections, %d server", doc.samples, len(servers))
+	if len(servers) != 1 {
+		reached += "s"
+	}
+	reached += ": " + strings.Join(names, "; ")
+	if pooled {
+		reached += ", through a pooler"
+	}
 	switch {
-	case len(servers) > 1:
-		doc.add(row{mark: markFail, check: check, node: n.name,
-			found: fmt.Sprintf("%d fresh connections reached %d servers: %s", doc.samples, len(servers), strings.Join(names, "; ")),
-			fix: []string{"give caughtup one URL per standby (its own address, not a balancer's, a multi-host DSN's or a PgBouncer's over several),",
-				"here and in the routers' replica pools: caughtup cannot tell which server a pooled connection reads"}})
 	case len(failed) > 0:
 		doc.add(row{mark: markFail, check: check, node: n.name,
 			found: fmt.Sprintf("%d of %d fresh connections failed: %s", len(failed), doc.samples, oneLine(failed[0].Error())),
-			fix:   []string{"every connection must reach the standby: a balancer with a dead server behind it, or max_connections reached?"}})
+			fix:   []string{"every connection must reach a standby: a balancer with a dead server behind it, or max_connections reached?"}})
+	case topo == replicapool.TopologySingle:
+		doc.add(row{mark: markPass, check: check, node: n.name, found: reached + "; " + topo.Cost()})
 	default:
-		doc.add(row{mark: markPass, check: check, node: n.name,
-			found: fmt.Sprintf("%d fresh connections, one server: %s", doc.samples, servers[0].id.Server())})
+		// Supported, at a cost per job the operator should know of; a
+		// sample of one server cannot rule a balancer out (the router
+		// checks every connection anyway).
+		doc.add(row{mark: markInfo, check: check, node: n.name, found: reached + "; " + topo.Cost()})
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caughtup/caughtup/feed"
+	"github.com/caughtup/caughtup/replicapool"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 	"github.com/caughtup/caughtup/testkit/proxytest"
 )
@@ -132,7 +133,7 @@ func requireHealthy(t *testing.T, code int, out, errOut string, replicas int) []
 		count[r.check]++
 	}
 	n := replicas + 1
-	require.Equal(t, map[string]int{"reachable": n, "replication": n, "one server": replicas, "grants": n, "history": 1, "clock": 1,
+	require.Equal(t, map[string]int{"reachable": n, "replication": n, "topology": replicas, "grants": n, "history": 1, "clock": 1,
 		"redis": 1, "feed keys": 1, "redis ACL": 1, "settings": 1 + 2*replicas}, count)
 	return rows
 }
@@ -169,7 +170,8 @@ func TestDoctorHealthy(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, findRow(t, rows, "replication r1").found,
 		fmt.Sprintf("system %d, in recovery, timeline 1, streaming from 127.0.0.1:%d", sys, c.Primary().Port()))
-	require.Contains(t, findRow(t, rows, "one server r2").found, fmt.Sprintf("8 fresh connections, one server: 127.0.0.1:%d", r[1].Port()))
+	require.Contains(t, findRow(t, rows, "topology r2").found, fmt.Sprintf("8 fresh connections, 1 server: 127.0.0.1:%d", r[1].Port()))
+	require.Contains(t, findRow(t, rows, "topology r2").found, replicapool.TopologySingle.Cost())
 	require.Contains(t, findRow(t, rows, "grants primary").found, `role "postgres": superuser`)
 	require.Contains(t, findRow(t, rows, "settings primary").found, "synchronous_commit = on")
 
@@ -196,9 +198,10 @@ func TestDoctorHealthy(t *testing.T) {
 }
 
 // TestDoctorBalancedEndpoint: a replica URL that reaches two standbys,
-// through HAProxy round robin or PgBouncer over a host list, fails the
-// one-server row (only it) and names both servers; PgBouncer in front of
-// one standby passes.
+// through HAProxy round robin or PgBouncer over a host list, or one
+// standby through PgBouncer, is supported: the topology row names the
+// servers and says, in the router's words, what each costs per job; no
+// row fails.
 func TestDoctorBalancedEndpoint(t *testing.T) {
 	t.Parallel()
 	c := pgtest.Shared(t)
@@ -206,36 +209,44 @@ func TestDoctorBalancedEndpoint(t *testing.T) {
 	r := c.Replicas()
 	h := proxytest.StartHAProxy(t, proxytest.HAProxyConfig{Backends: proxytest.Addrs(r...)})
 	lb := "postgres://postgres@" + h.Addr() + "/postgres?sslmode=disable"
-	code, out, _ := runCLI(t, e.args(c.Primary().DSN(""), "", "lb="+lb)...)
+	code, out, errOut := runCLI(t, e.args(c.Primary().DSN(""), "", "lb="+lb)...)
 	t.Logf("HAProxy round robin over two standbys as one replica, exit %d:\n%s", code, out)
-	rows := requireFailing(t, code, out, []string{"one server lb"}, nil)
-	row := findRow(t, rows, "one server lb")
-	require.Contains(t, row.found, "8 fresh connections reached 2 servers")
+	rows := requireHealthy(t, code, out, errOut, 1)
+	row := findRow(t, rows, "topology lb")
+	require.Equal(t, "i", row.mark)
+	require.Contains(t, row.found, "8 fresh connections, 2 servers")
 	for _, n := range r {
 		require.Contains(t, row.found, fmt.Sprintf("127.0.0.1:%d (system ", n.Port()))
 	}
-	require.Contains(t, strings.Join(row.fix, " "), "one URL per standby")
+	require.Contains(t, row.found, replicapool.TopologyBalanced.Cost())
 
 	both := proxytest.StartPgBouncer(t, proxytest.PgBouncerConfig{Backends: proxytest.Addrs(r...)})
-	code, out, _ = runCLI(t, e.args(c.Primary().DSN(""), "", "pgb="+both.DSN("postgres"))...)
+	code, out, errOut = runCLI(t, e.args(c.Primary().DSN(""), "", "pgb="+both.DSN("postgres"))...)
 	t.Logf("PgBouncer (transaction pooling) over two standbys as one replica, exit %d:\n%s", code, out)
-	rows = requireFailing(t, code, out, []string{"one server pgb"}, nil)
-	require.Contains(t, findRow(t, rows, "one server pgb").found, "reached 2 servers")
+	rows = requireHealthy(t, code, out, errOut, 1)
+	row = findRow(t, rows, "topology pgb")
+	require.Contains(t, row.found, "2 servers")
+	require.Contains(t, row.found, "through a pooler")
+	require.Contains(t, row.found, replicapool.TopologyPooled.Cost())
 
 	// A pool smaller than the sample: the later transactions wait for
 	// server connections until the first ones give theirs back (maxHold),
 	// and the check still ends and still sees both servers.
 	small := proxytest.StartPgBouncer(t, proxytest.PgBouncerConfig{Backends: proxytest.Addrs(r...), PoolSize: 2})
 	began := time.Now()
-	code, out, _ = runCLI(t, e.args(c.Primary().DSN(""), "", "pgb="+small.DSN("postgres"))...)
+	code, out, errOut = runCLI(t, e.args(c.Primary().DSN(""), "", "pgb="+small.DSN("postgres"))...)
 	require.Less(t, time.Since(began), 8*time.Second)
-	rows = requireFailing(t, code, out, []string{"one server pgb"}, nil)
-	require.Contains(t, findRow(t, rows, "one server pgb").found, "reached 2 servers")
-
-	one := proxytest.StartPgBouncer(t, proxytest.PgBouncerConfig{Backends: proxytest.Addrs(r[0])})
-	code, out, errOut := runCLI(t, e.args(c.Primary().DSN(""), "", "pgb1="+one.DSN("postgres"))...)
 	rows = requireHealthy(t, code, out, errOut, 1)
-	require.Contains(t, findRow(t, rows, "one server pgb1").found, fmt.Sprintf("one server: 127.0.0.1:%d", r[0].Port()))
+	require.Contains(t, findRow(t, rows, "topology pgb").found, "2 servers")
+
+	// One standby behind PgBouncer: one server, but a pooler still
+	// answers for it, so the router checks each transaction.
+	one := proxytest.StartPgBouncer(t, proxytest.PgBouncerConfig{Backends: proxytest.Addrs(r[0])})
+	code, out, errOut = runCLI(t, e.args(c.Primary().DSN(""), "", "pgb1="+one.DSN("postgres"))...)
+	rows = requireHealthy(t, code, out, errOut, 1)
+	row = findRow(t, rows, "topology pgb1")
+	require.Contains(t, row.found, fmt.Sprintf("1 server: 127.0.0.1:%d", r[0].Port()))
+	require.Contains(t, row.found, replicapool.TopologyPooled.Cost())
 }
 
 // TestDoctorMissingGrants: on a hardened cluster (the control functions
@@ -476,7 +487,7 @@ func TestDoctorWithoutFeed(t *testing.T) {
 			require.Contains(t, []string{"✓", "i"}, row.mark, "row %s: %s", row.key(), row.found)
 			count[row.check]++
 		}
-		require.Equal(t, map[string]int{"reachable": 3, "replication": 3, "one server": 2, "grants": 3, "history": 1, "clock": 1,
+		require.Equal(t, map[string]int{"reachable": 3, "replication": 3, "topology": 2, "grants": 3, "history": 1, "clock": 1,
 			"redis": 1, "feed": 1, "settings": 5}, count)
 		f := findRow(t, rows, "feed ")
 		require.Equal(t, "i", f.mark)
@@ -539,7 +550,7 @@ func TestDoctorUnreachable(t *testing.T) {
 	code, out, _ := runCLI(t, "doctor", "--primary", c.Primary().DSN(""), "--replica", "r1="+c.Replicas()[0].DSN(""),
 		"--replica", "gone=postgres://postgres@127.0.0.1:1/postgres?sslmode=disable", "--timeout", "5s")
 	t.Logf("a replica URL nothing listens on, exit %d:\n%s", code, out)
-	rows := requireFailing(t, code, out, []string{"reachable gone"}, []string{"replication gone", "one server gone", "grants gone"})
+	rows := requireFailing(t, code, out, []string{"reachable gone"}, []string{"replication gone", "topology gone", "grants gone"})
 	require.Contains(t, findRow(t, rows, "reachable gone").found, "connection refused")
 }
 
