@@ -23,7 +23,8 @@ import (
 // standby the tracker does not watch (other-server), and through
 // PgBouncer in transaction pooling over that HAProxy (pooled-multiplexed:
 // every acquire checked in the transaction its read runs in, two round
-// trips). It reports the check queries per job.
+// trips; bare-pooled is the same read on the PgBouncer pool without
+// caughtup). It reports the check queries per job.
 //
 //	go test -run '^$' -bench ConnCheck -benchtime 2000x ./consume/
 func BenchmarkConnCheck(b *testing.B) {
@@ -51,6 +52,13 @@ func BenchmarkConnCheck(b *testing.B) {
 	b.Run("bare", func(b *testing.B) {
 		for b.Loop() {
 			query(b, e.replicas[0], ctx)
+		}
+	})
+	// The pooler's own cost, without caughtup: the side pooled-multiplexed
+	// compares with.
+	b.Run("bare-pooled", func(b *testing.B) {
+		for b.Loop() {
+			query(b, pooled, ctx)
 		}
 	})
 	for _, tc := range []struct {
