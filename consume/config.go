@@ -8,6 +8,7 @@ import (
 
 	"github.com/caughtup/caughtup/internal/typednil"
 	"github.com/caughtup/caughtup/replay"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
@@ -130,9 +131,10 @@ func (c *Config) policy(p Policy) Policy {
 	return p
 }
 
-// WithDefaults returns c with every zero field set to its default. It does
-// not fill MeterProvider, TracerProvider and Logger with globals; NewRouter does, when it
-// starts.
+// WithDefaults returns c with every zero field set to its default, the
+// global OpenTelemetry providers and slog's default logger included, and
+// the tracker's with this config's MeterProvider, Logger and Now where it
+// has none. NewRouter calls it; it is the one place defaults are filled.
 func (c Config) WithDefaults() Config {
 	if c.DefaultPolicy == PolicyDefault {
 		c.DefaultPolicy = Delayed
@@ -164,8 +166,23 @@ func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	if c.Tracker.Now == nil {
 		c.Tracker.Now = c.Now
+	}
+	if c.Tracker.MeterProvider == nil {
+		c.Tracker.MeterProvider = c.MeterProvider
+	}
+	if c.Tracker.Logger == nil {
+		c.Tracker.Logger = c.Logger
 	}
 	c.Tracker = c.Tracker.WithDefaults()
 	return c

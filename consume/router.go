@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/position"
@@ -79,21 +78,6 @@ func NewRouter(ctx context.Context, cfg Config) (*Router, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.MeterProvider == nil {
-		cfg.MeterProvider = otel.GetMeterProvider()
-	}
-	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Tracker.MeterProvider == nil {
-		cfg.Tracker.MeterProvider = cfg.MeterProvider
-	}
-	if cfg.Tracker.Logger == nil {
-		cfg.Tracker.Logger = cfg.Logger
 	}
 	r, err := newRouter(cfg)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/caughtup/caughtup/position"
@@ -175,8 +176,9 @@ const ApplicationName = "caughtup-tracker"
 // package.
 var ErrInvalidConfig = errors.New("caughtup/replay: invalid config")
 
-// WithDefaults returns c with every zero field set to its default. It does
-// not fill MeterProvider and Logger with globals; NewTracker does.
+// WithDefaults returns c with every zero field set to its default, the
+// global MeterProvider and slog's default logger included. NewTracker
+// calls it; it is the one place defaults are filled.
 func (c TrackerConfig) WithDefaults() TrackerConfig {
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
@@ -195,6 +197,12 @@ func (c TrackerConfig) WithDefaults() TrackerConfig {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	if c.Feed != nil {
 		f := c.Feed.withDefaults(c.StalenessBound)

@@ -13,7 +13,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric/noop"
 	"golang.org/x/time/rate"
 
@@ -131,12 +130,6 @@ func NewTracker(ctx context.Context, dbs map[string]Database, cfg TrackerConfig)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.MeterProvider == nil {
-		cfg.MeterProvider = otel.GetMeterProvider()
 	}
 	t, err := newTracker(dbs, &cfg, trackerOptions{})
 	if err != nil {
