@@ -198,7 +198,9 @@ const behindSet = "caughtup.result=behind,db.system.name=postgresql"
 func TestHAProxyRoundRobin(t *testing.T) {
 	t.Parallel()
 	b := newBalanced(t, func(c *pgtest.Cluster, db string) string {
-		return haproxyDSN(proxytest.StartHAProxy(t, proxytest.HAProxyConfig{Backends: proxytest.Addrs(c.Replicas()...)}), db)
+		// Connections live briefly, so that the handlers' pool keeps
+		// reconnecting through the balancer and reaches both standbys.
+		return haproxyDSN(proxytest.StartHAProxy(t, proxytest.HAProxyConfig{Backends: proxytest.Addrs(c.Replicas()...)}), db) + "&pool_max_conn_lifetime=100ms"
 	})
 	_, other := b.watched(t)
 	pause(t, other)

@@ -162,6 +162,10 @@ type Pool struct {
 	health  health
 	log     *slog.Logger // through logAt, which names the replica
 
+	// maxRefusals is MaxRefusals within what pgxpool tries per acquire
+	// (MaxConns+1, expired connections included).
+	maxRefusals int32
+
 	// probes limits Probe's connections: each costs a query, and a
 	// lagging replica meets many waiting jobs.
 	probes *rate.Limiter
@@ -221,6 +225,7 @@ func New(template *pgxpool.Pool, cfg Config) (*Pool, error) {
 	p.servers.gen = cfg.Gen
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	pc := template.Config()
+	p.maxRefusals = min(MaxRefusals, max(pc.MaxConns, 1))
 	// Nothing before a job needs it: a fleet that restarts at once must
 	// not open MinConns connections to every replica from every process.
 	pc.MinConns, pc.MinIdleConns = 0, 0
@@ -379,7 +384,7 @@ func (p *Pool) admit(ctx context.Context, c *pgx.Conn) (bool, error) {
 	if t.Attempt == nil {
 		return false, nil
 	}
-	if t.Attempt.refusals.Add(1) >= MaxRefusals {
+	if t.Attempt.refusals.Add(1) >= p.maxRefusals {
 		t.Attempt.Fail()
 		return false, fmt.Errorf("%w (database %q, replica %q)", ErrReplicaBehind, p.cfg.Database, p.cfg.Replica)
 	}
@@ -509,15 +514,21 @@ func (p *Pool) failed(ctx context.Context, failure error) {
 	var ne net.Error
 	var err error
 	reason := ReasonBehind
+	t, routed := p.cfg.Target(ctx)
 	switch {
 	case errors.Is(failure, ErrReplicaBehind):
 		err = failure
+	case routed && t.Attempt.Refused():
+		// pgxpool gives up after MaxConns+1 tries of its own (refusals,
+		// expired or failed-ping connections alike), with an error of its
+		// own: the connections this job was given back say why.
+		err = fmt.Errorf("%w (database %q, replica %q): %w", ErrReplicaBehind, p.cfg.Database, p.cfg.Replica, failure)
 	case errors.As(failure, &ce), errors.As(failure, &ne), errors.Is(failure, io.ErrUnexpectedEOF), errors.Is(failure, io.EOF), errors.Is(failure, net.ErrClosed):
 		err, reason = fmt.Errorf("%w: %w", ErrUnreachable, failure), ReasonUnreachable
 	default:
 		return // the application's hook refused, or the like
 	}
-	if t, ok := p.cfg.Target(ctx); ok {
+	if routed {
 		t.Attempt.Fail()
 	}
 	p.fail(reason, err)
