@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -161,9 +162,22 @@ type Config[R any] struct {
 }
 
 // WithDefaults returns c with every zero optional field set to its
-// default. Logger, MeterProvider, TracerProvider and Propagators stay nil;
-// New fills them with the globals.
+// default, the global OpenTelemetry providers and propagators and slog's
+// default logger included. New calls it; it is the one place defaults are
+// filled.
 func (c Config[R]) WithDefaults() Config[R] {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagators == nil {
+		c.Propagators = otel.GetTextMapPropagator()
+	}
 	if c.RetryTopic == "" && c.Topic != "" {
 		c.RetryTopic = c.Topic + ".retry"
 	}

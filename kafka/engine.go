@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"sync/atomic"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -114,23 +113,9 @@ func New[R any, H Header](cfg Config[R], a Adapter[R, H]) (*Engine[R, H], error)
 	e := &Engine[R, H]{cfg: cfg, lib: a.Client, handler: a.Handler, token: a.Token, name: a.Name,
 		log: cfg.Logger, prop: cfg.Propagators}
 	e.spans, _ = a.Client.(SpanContexter[R])
-	if e.log == nil {
-		e.log = slog.Default()
-	}
-	if e.prop == nil {
-		e.prop = otel.GetTextMapPropagator()
-	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	e.tracer = tp.Tracer(a.Scope)
-	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
+	e.tracer = cfg.TracerProvider.Tracer(a.Scope)
 	var err error
-	if e.met, err = newTopics(mp, a.Scope, cfg.Topics()); err != nil {
+	if e.met, err = newTopics(cfg.MeterProvider, a.Scope, cfg.Topics()); err != nil {
 		return nil, fmt.Errorf("%s: creating instruments: %w", a.Name, err)
 	}
 	return e, nil

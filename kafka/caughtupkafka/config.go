@@ -182,13 +182,14 @@ func (c *ConsumerConfig) shared() engine.Config[*kafka.Message] {
 }
 
 // WithDefaults returns c with every zero optional field set to its
-// default (engine.Config.WithDefaults for the shared fields). Logger,
-// MeterProvider, TracerProvider and Propagators stay nil; NewConsumer
-// fills them with the globals.
+// default (engine.Config.WithDefaults for the shared fields, the global
+// OpenTelemetry providers and slog's default logger among them).
+// NewConsumer calls it; it is the one place defaults are filled.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	ec := c.shared().WithDefaults()
 	c.RetryTopic, c.DeadLetterTopic, c.MaxAttempts = ec.RetryTopic, ec.DeadLetterTopic, ec.MaxAttempts
 	c.RetryBackoffInitial, c.RetryBackoffMax, c.CommitInterval = ec.RetryBackoffInitial, ec.RetryBackoffMax, ec.CommitInterval
+	c.Logger, c.MeterProvider, c.TracerProvider, c.Propagators = ec.Logger, ec.MeterProvider, ec.TracerProvider, ec.Propagators
 	if c.StartOffset == 0 {
 		c.StartOffset = kafka.FirstOffset
 	}

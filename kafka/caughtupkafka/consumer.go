@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"go.opentelemetry.io/otel"
 
 	"github.com/caughtup/caughtup/cdc"
 	engine "github.com/caughtup/caughtup/kafka"
@@ -64,13 +63,9 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		Handler: h.engine(),
 	}
 	if cfg.TokenFormat == TokenDebezium {
-		mp := cfg.MeterProvider
-		if mp == nil {
-			mp = otel.GetMeterProvider()
-		}
 		var err error
 		if c.checker = cfg.Debezium.Checker; c.checker == nil {
-			if c.checker, err = cdc.NewChecker(cdc.Config{MeterProvider: mp}); err != nil {
+			if c.checker, err = cdc.NewChecker(cdc.Config{MeterProvider: cfg.MeterProvider}); err != nil {
 				return nil, fmt.Errorf("caughtup/kafka: creating the CDC checker: %w", err)
 			}
 		}

@@ -143,13 +143,14 @@ func (c *ConsumerConfig) shared() kafka.Config[*kgo.Record] {
 }
 
 // WithDefaults returns c with every zero optional field set to its
-// default (kafka.Config.WithDefaults for the shared fields). Logger,
-// MeterProvider, TracerProvider and Propagators stay nil; NewConsumer
-// fills them with the globals.
+// default (kafka.Config.WithDefaults for the shared fields, the global
+// OpenTelemetry providers and slog's default logger among them).
+// NewConsumer calls it; it is the one place defaults are filled.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	kc := c.shared().WithDefaults()
 	c.RetryTopic, c.DeadLetterTopic, c.MaxAttempts = kc.RetryTopic, kc.DeadLetterTopic, kc.MaxAttempts
 	c.RetryBackoffInitial, c.RetryBackoffMax, c.CommitInterval = kc.RetryBackoffInitial, kc.RetryBackoffMax, kc.CommitInterval
+	c.Logger, c.MeterProvider, c.TracerProvider, c.Propagators = kc.Logger, kc.MeterProvider, kc.TracerProvider, kc.Propagators
 	if c.QueueCapacity == 0 {
 		c.QueueCapacity = DefaultQueueCapacity
 	}
