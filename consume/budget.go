@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/time/rate"
@@ -48,9 +47,6 @@ func newFallbackGate(cfg *Config, log *slog.Logger) (*fallbackGate, error) {
 		warn:   rate.Sometimes{First: 1, Interval: 10 * time.Second},
 	}
 	mp := cfg.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
 	set := func(budget, result string) metric.MeasurementOption {
 		return withSystem(attribute.String(attrBudget, budget), attribute.String(attrResult, result))
 	}
@@ -61,6 +57,20 @@ func newFallbackGate(cfg *Config, log *slog.Logger) (*fallbackGate, error) {
 		metric.WithUnit("{check}"),
 		metric.WithDescription("Checks of a primary fallback against the per-process cap (caughtup.budget local) and the fleet budget (fleet), by result: allowed, spent, or, for the fleet budget, unavailable (Redis could not answer; the per-process cap alone decided)."))
 	return g, err
+}
+
+// chargeFallback asks the fallback cap for d's promotion to the primary
+// (a run on the primary for lag or unknown state). A refusal decides
+// again with in.Capped, which turns the promotion into a deferral or
+// OutcomeCapped; the time d has waited stays as it was.
+func (r *Router) chargeFallback(ctx context.Context, in *DecideInput, d *Decision) {
+	if d.Action != ActionRun || !d.Fallback || r.gate.allow(ctx, d) {
+		return
+	}
+	in.Capped = true
+	waited := d.Waited
+	decide(in, d)
+	d.Waited = waited
 }
 
 // allow charges one fallback read of decision d: to the per-process cap,

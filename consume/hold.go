@@ -54,10 +54,7 @@ func (r *Router) hold(ctx context.Context, in *DecideInput, d Decision) (Decisio
 		}
 		in.Snapshot, in.Now, in.Capped = r.snapshot(), r.cfg.Now(), !askCap
 		decide(in, &d)
-		if d.Action == ActionRun && d.Fallback && !r.gate.allow(ctx, &d) {
-			in.Capped = true
-			decide(in, &d)
-		}
+		r.chargeFallback(ctx, in, &d)
 		if d.Action != ActionRefuse {
 			d.Held = true
 			d.Waited = waitedBefore + r.cfg.Now().Sub(start)

@@ -116,9 +116,6 @@ func newRouter(cfg Config) (*Router, error) {
 		sqlDBs:   make(map[*pgxpool.Pool]*sql.DB),
 		handlers: make(handlerPools, len(cfg.Databases)),
 	}
-	if r.log == nil {
-		r.log = slog.Default()
-	}
 	for name, db := range cfg.Databases {
 		db.Replicas = slices.Clone(db.Replicas)
 		cfg.Databases[name] = db
@@ -312,12 +309,7 @@ func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally, repeatab
 			return ctx, *d, err
 		}
 	}
-	if d.Action == ActionRun && d.Fallback && !r.gate.allow(sctx, d) {
-		in.Capped = true
-		w := d.Waited
-		decide(&in, d)
-		d.Waited = w
-	}
+	r.chargeFallback(sctx, &in, d)
 	if d.Action == ActionRefuse && job.Hold {
 		waited = true
 		var err error

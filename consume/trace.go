@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -53,10 +52,23 @@ const (
 )
 
 func newTracer(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
 	return tp.Tracer(ScopeName)
+}
+
+// StartDefer starts an adapter's SpanDefer span for the deferral de, a
+// consumer span inside ctx's trace only (none outside a trace, as the
+// router's), with the decision's attributes (TraceAttributes) and, on a
+// recorded span, those job returns: the adapter's names for the job.
+// The caller ends it.
+func StartDefer(ctx context.Context, tracer trace.Tracer, de *DeferError, job func() []attribute.KeyValue) (context.Context, trace.Span) {
+	ctx, span := tracing.Start(ctx, tracer, SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
+	if span.IsRecording() {
+		span.SetAttributes(TraceAttributes(&de.Decision)...)
+		if job != nil {
+			span.SetAttributes(job()...)
+		}
+	}
+	return ctx, span
 }
 
 // TraceAttributes returns d as span attributes, those of the

@@ -51,13 +51,9 @@ func (e *Engine[R, H]) recordAttributes(r R) []attribute.KeyValue {
 // startDefer starts the consume.SpanDefer span of r's deferral in mode,
 // inside ctx's trace only (tracing.Start).
 func (e *Engine[R, H]) startDefer(ctx context.Context, de *consume.DeferError, mode Mode, r R) (context.Context, trace.Span) {
-	ctx, span := tracing.Start(ctx, e.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
-	if span.IsRecording() {
-		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
-		span.SetAttributes(e.recordAttributes(r)...)
-		span.SetAttributes(attribute.String(attrDeferMode, mode.String()))
-	}
-	return ctx, span
+	return consume.StartDefer(ctx, e.tracer, de, func() []attribute.KeyValue {
+		return append(e.recordAttributes(r), attribute.String(attrDeferMode, mode.String()))
+	})
 }
 
 // startWake starts the consume.SpanWake span of a retry-topic record held

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -484,11 +485,7 @@ func (m *middleware) deferred(ctx context.Context, task *asynq.Task, de *consume
 	// The span is the moment of the deferral (asynq schedules the retry
 	// once the handler returns); the wake span links back to it, and the
 	// task's next attempt continues the same trace from its headers.
-	_, span := tracing.Start(ctx, m.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
-	if span.IsRecording() {
-		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
-		span.SetAttributes(taskAttributes(ctx, task)...)
-	}
+	_, span := consume.StartDefer(ctx, m.tracer, de, func() []attribute.KeyValue { return taskAttributes(ctx, task) })
 	if m.waker != nil {
 		m.waker.remember(ctx, tok, de.Delay, span.SpanContext())
 	}

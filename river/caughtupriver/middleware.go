@@ -18,7 +18,6 @@ import (
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/internal/tracing"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -191,17 +190,15 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 
 // traceSnooze records a snooze as a consume.SpanDefer span.
 func (m *Middleware) traceSnooze(ctx context.Context, job *rivertype.JobRow, de *consume.DeferError) {
-	_, span := tracing.Start(ctx, m.tracer, consume.SpanDefer, trace.WithSpanKind(trace.SpanKindConsumer))
-	if span.IsRecording() {
-		span.SetAttributes(consume.TraceAttributes(&de.Decision)...)
-		span.SetAttributes(
+	_, span := consume.StartDefer(ctx, m.tracer, de, func() []attribute.KeyValue {
+		return []attribute.KeyValue{
 			attribute.String("messaging.system", "river"),
 			attribute.String("messaging.destination.name", job.Queue),
 			attribute.String("messaging.message.id", strconv.FormatInt(job.ID, 10)),
 			attribute.String("caughtup.river.kind", job.Kind),
 			attribute.Int("caughtup.river.attempt", job.Attempt),
-		)
-	}
+		}
+	})
 	span.End()
 }
 
