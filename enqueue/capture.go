@@ -88,7 +88,7 @@ func NewCapturer(cfg Config) *Capturer {
 // Database returns the logical database name the capturer stamps.
 func (c *Capturer) Database() string { return c.cfg.Database }
 
-// The SQL lives in internal/pgwal, shared with consume's tracker. In
+// The SQL lives in internal/pgwal, shared with replay's tracker. In
 // short: pg_current_wal_insert_lsn() read after COMMIT has returned is at
 // or past the end of the commit record, which a replica's
 // pg_last_wal_replay_lsn() must reach before the row is visible there;

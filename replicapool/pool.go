@@ -319,7 +319,7 @@ func (p *Pool) identify(ctx context.Context, c *pgx.Conn) {
 		return
 	}
 	now := p.cfg.Now()
-	ci := &conn{run: runOf(rd), system: rd.Control.SystemID, pid: rd.BackendPID, pooled: rd.BackendPID != c.PgConn().PID()}
+	ci := &conn{run: runOf(rd), system: rd.Control.SystemID, pid: rd.BackendPID, pooled: pgwal.ThroughPooler(c.PgConn(), rd.BackendPID)}
 	p.conns.Store(c, ci)
 	p.servers.identifiedConn()
 	if ci.pooled {

@@ -502,7 +502,7 @@ func (doc *doctor) sampleServers(ctx context.Context, n *doctorNode) []sample {
 			if err == nil {
 				var pid uint32
 				err = tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid)
-				out[i].pooled = pid != conn.PgConn().PID()
+				out[i].pooled = pgwal.ThroughPooler(conn.PgConn(), pid)
 			}
 			out[i].err = err
 			read.Done()

@@ -1,8 +1,8 @@
 // Package pgwal is the one place that knows how to read WAL positions and
 // epochs from PostgreSQL: the SQL, the column order, the scanning and the
-// parsing. enqueue's captures, consume's tracker and its connection guard
-// use it; relays and CDC checkers that read a replay position should too,
-// rather than writing the query again.
+// parsing. enqueue's captures, replay's tracker, replicapool's connection
+// checks and caughtup doctor use it; relays and CDC checkers that read a
+// replay position should too, rather than writing the query again.
 //
 // Every query runs in the simple protocol: one round trip, no prepared
 // statement (so it also works through transaction-pooling proxies), text

@@ -252,6 +252,16 @@ var replicaQueries = func() (q [8]string) {
 	return q
 }()
 
+// ThroughPooler reports whether a pooler stands between c and the server
+// process backendPID (pg_backend_pid(), read on c: Backend) that answered
+// on it: a pooler makes up BackendKeyData of its own for its clients, so
+// the process c's key data names (pgconn.PgConn.PID) is not the one that
+// ran the query. The router (replicapool) and the doctor both judge a
+// connection by it.
+func ThroughPooler(c *pgconn.PgConn, backendPID uint32) bool {
+	return backendPID != c.PID()
+}
+
 // ReadReplica reads what a standby has replayed, with its timeline, in one
 // round trip; fields adds its control file (Control), its replay lag and
 // incarnation (Status) and the server process (Backend). Read it after the
