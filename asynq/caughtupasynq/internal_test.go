@@ -117,6 +117,32 @@ func TestStamp(t *testing.T) {
 		require.True(t, ok, "the stamped copy is known too, so that a Client behind a Client stamps it")
 		require.Equal(t, opts, gotOpts)
 	})
+	t.Run("TheTokenNewTaskStampedIsNotMergedAgain", func(t *testing.T) {
+		task := NewTask(enqueue.WithToken(bg, t1), "t", nil)
+		b, ok := builtOf(task)
+		require.True(t, ok)
+		require.True(t, sameToken(t1, b.stamped), "NewTask records the token it merged")
+		got, err := stamp(task, t1, nil, true)
+		require.NoError(t, err)
+		require.Equal(t, header(t, t1), got.Headers()[position.HeaderName])
+		require.Equal(t, "0", got.Headers()[HeaderDedup])
+
+		// Another token (a later write, or the same LSN captured earlier)
+		// is merged: the header is never left behind the context's token.
+		for _, later := range []position.Token{t2, other, tokenAt("main", 0x1000, now.Add(-time.Second))} {
+			got, err = stamp(task, later, nil, true)
+			require.NoError(t, err)
+			require.Equal(t, header(t, t1.Merge(later)), got.Headers()[position.HeaderName])
+		}
+		// A header the caller gave that NewTask did not change records no
+		// token: Client merges as for any known task.
+		task = NewTaskWithHeaders(enqueue.WithToken(bg, t1), "t", nil, map[string]string{position.HeaderName: header(t, t1)})
+		b, _ = builtOf(task)
+		require.True(t, b.stamped.IsZero())
+		got, err = stamp(task, t2, nil, true)
+		require.NoError(t, err)
+		require.Equal(t, header(t, t1.Merge(t2)), got.Headers()[position.HeaderName])
+	})
 	t.Run("DeadlineAtEnqueueWins", func(t *testing.T) {
 		task := NewTask(bg, "t", nil, asynq.Deadline(time.Unix(100, 0)), asynq.Timeout(time.Minute))
 		got, err := stamp(task, t1, []asynq.Option{asynq.Deadline(time.Unix(200, 500))}, true)

@@ -65,7 +65,15 @@ var ErrForeignTask = errors.New("caughtup/asynq: the task was built by asynq.New
 // GroupAggregator hook can rebuild them with more headers and every
 // option. Entries go away with their tasks (weakkey): the registry holds
 // no more than the live tasks this package built.
-var known weakkey.Map[asynq.Task, []asynq.Option]
+var known weakkey.Map[asynq.Task, built]
+
+// built is what this package knows of a task it built: its options, and
+// the token it merged into the task's header, so that Client, given the
+// same token, neither decodes the header nor encodes it again.
+type built struct {
+	opts    []asynq.Option
+	stamped position.Token
+}
 
 // NewTask is asynq.NewTask for tasks that carry a token: it records the
 // options, so that Client can stamp the task without losing them, and
@@ -123,7 +131,10 @@ func NewTaskWithHeaders(ctx context.Context, typename string, payload []byte, he
 		headers = h
 	}
 	task := asynq.NewTaskWithHeaders(typename, payload, headers, opts...)
-	known.Store(task, opts)
+	if text == old {
+		tok = position.Token{} // not merged: Client must merge it
+	}
+	known.Store(task, built{opts: opts, stamped: tok})
 	return task
 }
 
@@ -133,13 +144,25 @@ func NewTaskWithHeaders(ctx context.Context, typename string, payload []byte, he
 // them from the stored message, without options, so re-enqueueing one
 // through asynq's own Client applies only the enqueue's options too).
 func optionsOf(task *asynq.Task) ([]asynq.Option, bool) {
-	if opts, ok := known.Load(task); ok {
-		return opts, true
+	b, ok := builtOf(task)
+	return b.opts, ok
+}
+
+// builtOf is optionsOf with the token NewTask merged into the header.
+func builtOf(task *asynq.Task) (built, bool) {
+	if b, ok := known.Load(task); ok {
+		return b, true
 	}
 	if task.ResultWriter() != nil {
-		return nil, true
+		return built{}, true
 	}
-	return nil, false
+	return built{}, false
+}
+
+// sameToken reports whether a and b are the same token: merging one into
+// a header that already holds the other changes nothing.
+func sameToken(a, b position.Token) bool {
+	return a.CapturedAt.Equal(b.CapturedAt) && slices.Equal(a.Entries, b.Entries)
 }
 
 // dedupOption reports whether opts make asynq reject later enqueues of the
@@ -239,7 +262,7 @@ func rebuild(task *asynq.Task, own []asynq.Option, e headerEdit, record bool) *a
 	// backing array.
 	out := asynq.NewTaskWithHeaders(task.Type(), task.Payload(), e.apply(task.Headers()), own...)
 	if record {
-		known.Store(out, own)
+		known.Store(out, built{opts: own})
 	}
 	return out
 }
@@ -254,12 +277,18 @@ func rebuild(task *asynq.Task, own []asynq.Option, e headerEdit, record bool) *a
 // (ErrForeignTask). record records the new task's options, for a stamped
 // task that is stamped again.
 func stamp(task *asynq.Task, tok position.Token, enq []asynq.Option, record bool) (*asynq.Task, error) {
-	own, ok := optionsOf(task)
+	b, ok := builtOf(task)
+	own := b.opts
 	h := task.Headers()
 	old := h[position.HeaderName]
-	text, err := position.MergeHeader(old, tok)
-	if err != nil {
-		return nil, fmt.Errorf("caughtup/asynq: cannot stamp task %q: %w", task.Type(), err)
+	text := old
+	// A task NewTask stamped with this very token (the same context's)
+	// already holds it: the header is neither decoded nor encoded again.
+	if !sameToken(tok, b.stamped) {
+		var err error
+		if text, err = position.MergeHeader(old, tok); err != nil {
+			return nil, fmt.Errorf("caughtup/asynq: cannot stamp task %q: %w", task.Type(), err)
+		}
 	}
 	var e headerEdit
 	if text != old {
