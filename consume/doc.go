@@ -1,34 +1,46 @@
 // Package consume is the consumer side of caughtup: it decides, for each
 // job, which pool the handler reads each database from, so that the job
 // sees at least what its producer wrote. It knows no queue; the adapters
-// (caughtupasynq, caughtupkafka) call it.
+// (caughtupasynq, caughtupkafka, caughtupkgo, caughtupriver, caughtuphttp)
+// call it.
 //
 // One Router per process, built from the pools the application has. It
 // owns a replay.Tracker, which knows what each replica has replayed, and
 // routes every job once against the tracker's snapshot:
 //
-//	router, err := consume.NewRouter(ctx, consume.Config{
-//		Databases: map[string]replay.Database{
-//			"main": {Primary: primary, Replicas: replay.Replicas(replica1, replica2)},
-//		},
-//	})
-//	if err != nil {
-//		return err
+//	func newRouter(ctx context.Context, primary, replica1, replica2 *pgxpool.Pool) (*consume.Router, error) {
+//		return consume.NewRouter(ctx, consume.Config{ // close it when the process ends
+//			Databases: map[string]replay.Database{
+//				"main": {Primary: primary, Replicas: replay.Replicas(replica1, replica2)},
+//			},
+//		})
 //	}
-//	defer router.Close()
 //
-//	// What an adapter does per job:
-//	tok, decodeErr := position.DecodeHeaders(headerValues...)
-//	ctx, d, err := router.Route(ctx, consume.Job{Token: tok, TokenErr: decodeErr, Policy: consume.Delayed})
-//	var de *consume.DeferError
-//	if errors.As(err, &de) {
-//		// run the job again after de.Delay (de.Refused(): as a failed attempt)
+//	// What an adapter does per job: route it, then run the handler with the
+//	// context Route returned, or run the job again later.
+//	func runJob(ctx context.Context, router *consume.Router, headers []string, handler func(context.Context) error) (retryAfter time.Duration, err error) {
+//		tok, decodeErr := position.DecodeHeaders(headers...)
+//		ctx, _, err = router.Route(ctx, consume.Job{Token: tok, TokenErr: decodeErr, Policy: consume.Delayed})
+//		var de *consume.DeferError
+//		if errors.As(err, &de) {
+//			return de.Delay, nil // de.Refused(): count the run as a failed attempt
+//		}
+//		if err != nil {
+//			return 0, err
+//		}
+//		return 0, handler(ctx)
 //	}
 //
 //	// In the handler, the pool chosen for this job:
-//	rows, err := consume.DB(ctx, "main").Query(ctx, "SELECT ...")
-//	pool, err := consume.Pool(ctx, "main") // an error instead of a panic
-//	sqlDB, err := consume.SQLDB(ctx, "main") // database/sql over it
+//	func handle(ctx context.Context, id int64) (string, error) {
+//		pool, err := consume.Pool(ctx, "main") // consume.DB panics instead; consume.SQLDB gives a *sql.DB
+//		if err != nil {
+//			return "", err
+//		}
+//		var email string
+//		err = pool.QueryRow(ctx, "SELECT email FROM users WHERE id = $1", id).Scan(&email)
+//		return email, err
+//	}
 //
 // Decide is the routing rule as a pure function of the policy, the token,
 // the snapshot and the clock; Route wraps it with the I/O: a Delayed job

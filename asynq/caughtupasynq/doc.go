@@ -3,36 +3,59 @@
 // it, and a server that runs each task on a replica that has replayed them,
 // letting a task wait for a replica without spending its retries.
 //
-// Beside asynq itself:
+// A producer and a worker, beside asynq itself:
 //
 //	import (
+//		"context"
+//
 //		"github.com/hibiken/asynq"
+//		"github.com/jackc/pgx/v5"
+//		"github.com/jackc/pgx/v5/pgxpool"
+//
 //		"github.com/caughtup/caughtup/asynq/caughtupasynq"
+//		"github.com/caughtup/caughtup/consume"
+//		"github.com/caughtup/caughtup/enqueue"
+//		"github.com/caughtup/caughtup/replay"
 //	)
 //
-// Producer: commit, then build and enqueue the task with the context the
-// commit returned.
+//	// Producer: commit, then build and enqueue the task with the context the
+//	// commit returned. client is caughtupasynq.NewClient(asynq.NewClient(redisOpt)).
+//	func signUp(ctx context.Context, pool *pgxpool.Pool, client *caughtupasynq.Client, email string) error {
+//		ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, "INSERT INTO users (email) VALUES ($1)", email)
+//			return err
+//		})
+//		if err != nil {
+//			return err // an *enqueue.CaptureError whose Committed is true: the row is there, the token is not
+//		}
+//		task := caughtupasynq.NewTask(ctx, "email:welcome", []byte(email), asynq.MaxRetry(5))
+//		_, err = client.EnqueueContext(ctx, task, asynq.Queue("mail"))
+//		return err
+//	}
 //
-//	client := caughtupasynq.NewClient(asynq.NewClient(redisOpt))
-//	ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error { ... })
-//	task := caughtupasynq.NewTask(ctx, "email:welcome", payload, asynq.MaxRetry(5))
-//	_, err = client.EnqueueContext(ctx, task, asynq.Queue("mail"))
-//
-// Worker: one router per process, one server, and handlers that take their
-// pool from the context.
-//
-//	router, err := consume.NewRouter(ctx, consume.Config{
-//		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
-//	})
-//	srv, err := caughtupasynq.NewServer(redisOpt, asynq.Config{Concurrency: 20}, router, caughtupasynq.MiddlewareConfig{
-//		Policies: map[string]consume.Policy{"email:": consume.Delayed, "billing:": consume.Always},
-//	})
-//	mux := asynq.NewServeMux()
-//	mux.HandleFunc("email:welcome", func(ctx context.Context, t *asynq.Task) error {
-//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT email FROM users WHERE id = $1", id)
-//		...
-//	})
-//	err = srv.Run(mux)
+//	// Worker: one router per process, one server, and handlers that take their
+//	// pool from the context.
+//	func work(ctx context.Context, redisOpt asynq.RedisConnOpt, primary, r1, r2 *pgxpool.Pool) error {
+//		router, err := consume.NewRouter(ctx, consume.Config{
+//			Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		defer router.Close()
+//		srv, err := caughtupasynq.NewServer(redisOpt, asynq.Config{Concurrency: 20}, router, caughtupasynq.MiddlewareConfig{
+//			Policies: map[string]consume.Policy{"email:": consume.Delayed, "billing:": consume.Always},
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		mux := asynq.NewServeMux()
+//		mux.HandleFunc("email:welcome", func(ctx context.Context, t *asynq.Task) error {
+//			var id int64 // read on a replica that has the sign-up, or on the primary
+//			return consume.DB(ctx, "main").QueryRow(ctx, "SELECT id FROM users WHERE email = $1", string(t.Payload())).Scan(&id)
+//		})
+//		return srv.Run(mux)
+//	}
 //
 // NewServer is asynq.NewServer with the two pieces that must go together:
 // ServerConfig's hooks on the asynq.Config and Middleware around the
@@ -54,6 +77,9 @@
 // task) so that Client can do that. A task from asynq.NewTask that needs a
 // token is refused with ErrForeignTask rather than enqueued without its
 // options or without its token; one that needs nothing passes untouched.
+// To find, before run time, the asynq.NewTask calls whose tasks reach
+// Client, run go vet -vettool=$(which caughtupvet) ./... (cmd/caughtupvet,
+// the analyzer of package foreigntask).
 // The task asynq hands a handler can be enqueued again as it is: asynq
 // builds it without options. Options given to EnqueueContext work as in
 // asynq.

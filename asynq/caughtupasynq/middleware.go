@@ -168,11 +168,14 @@ func (c MiddlewareConfig) Validate() error {
 // Middleware directly only together with ServerConfig, and give it the
 // server's Redis so that it can wake deferred tasks:
 //
-//	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
-//	mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{
-//		Redis:    redisOpt,
-//		Policies: map[string]consume.Policy{"email:": consume.Delayed, "report:": consume.Sticky},
-//	}))
+//	func wire(redisOpt asynq.RedisConnOpt, router *consume.Router, mux *asynq.ServeMux) *asynq.Server {
+//		srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
+//		mux.Use(caughtupasynq.Middleware(router, caughtupasynq.MiddlewareConfig{
+//			Redis:    redisOpt,
+//			Policies: map[string]consume.Policy{"email:": consume.Delayed, "report:": consume.Sticky},
+//		}))
+//		return srv
+//	}
 //
 // For each task it decodes the token header (position.DecodeHeaders) and
 // asks the router where the task reads, with the policy of its type. The

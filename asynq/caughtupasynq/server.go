@@ -37,10 +37,14 @@ const TaskCheckInterval = 20 * time.Millisecond
 // the hooks the middleware needs on its asynq.Config: the one-call wiring.
 // Use it as an *asynq.Server:
 //
-//	srv, err := caughtupasynq.NewServer(redisOpt, asynq.Config{Concurrency: 20}, router,
-//		caughtupasynq.MiddlewareConfig{Policies: map[string]consume.Policy{"email:": consume.Delayed}})
-//	...
-//	err = srv.Run(mux)
+//	func serve(redisOpt asynq.RedisConnOpt, router *consume.Router, mux *asynq.ServeMux) error {
+//		srv, err := caughtupasynq.NewServer(redisOpt, asynq.Config{Concurrency: 20}, router,
+//			caughtupasynq.MiddlewareConfig{Policies: map[string]consume.Policy{"email:": consume.Delayed}})
+//		if err != nil {
+//			return err
+//		}
+//		return srv.Run(mux)
+//	}
 type Server struct {
 	srv       *asynq.Server
 	mw        *middleware
@@ -140,7 +144,9 @@ func (s *Server) closeInspector() {
 // needs. NewServer applies it; to wire the pieces yourself, pass the
 // result to asynq.NewServer:
 //
-//	srv := asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
+//	func newServer(redisOpt asynq.RedisConnOpt) *asynq.Server {
+//		return asynq.NewServer(redisOpt, caughtupasynq.ServerConfig(asynq.Config{Concurrency: 20}))
+//	}
 //
 // and do not replace its hooks afterwards: Middleware reports deferrals
 // that come back without them (caughtup.asynq.hooks.missing).

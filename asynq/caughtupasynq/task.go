@@ -82,8 +82,11 @@ type built struct {
 // asynq.Scheduler. Build every task that goes through Client with it (or
 // NewTaskWithHeaders):
 //
-//	task := caughtupasynq.NewTask(ctx, "email:welcome", payload, asynq.MaxRetry(5))
-//	_, err := client.EnqueueContext(ctx, task)
+//	func welcome(ctx context.Context, client *caughtupasynq.Client, payload []byte) error {
+//		task := caughtupasynq.NewTask(ctx, "email:welcome", payload, asynq.MaxRetry(5))
+//		_, err := client.EnqueueContext(ctx, task)
+//		return err
+//	}
 //
 // A task with asynq.Unique or asynq.TaskID also gets HeaderDedup. Enqueued
 // through a plain *asynq.Client or an asynq.Scheduler, whose enqueue
