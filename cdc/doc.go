@@ -24,18 +24,21 @@
 // with a Reason, counted in caughtup.cdc.primary: read the primary.
 // Unknown is never fresh.
 //
-//	checker, err := cdc.NewChecker(cdc.Config{})
-//	...
-//	// per message, on the replica the consumer would read:
-//	ev, res := checker.CheckEnvelope(ctx, replicaPool, msg.Value)
-//	switch res.Status {
-//	case cdc.StatusFresh:
-//		// read on replicaPool
-//	case cdc.StatusNotYet:
-//		// wait and check again, defer, or read the primary
-//	default: // cdc.StatusUnknown: res.Reason says why
-//		// read the primary
+//	// Once, at start: checker, err := cdc.NewChecker(cdc.Config{}).
+//	// Then per message, on the replica the consumer would read:
+//	func poolFor(ctx context.Context, checker *cdc.Checker, replica, primary *pgxpool.Pool, envelope []byte) (*pgxpool.Pool, error) {
+//		_, res := checker.CheckEnvelope(ctx, replica, envelope)
+//		switch res.Status {
+//		case cdc.StatusFresh:
+//			return replica, nil
+//		case cdc.StatusNotYet:
+//			return nil, errNotYet // wait and check again, defer, or read the primary
+//		default: // cdc.StatusUnknown: res.Reason says why
+//			return primary, nil
+//		}
 //	}
+//
+//	var errNotYet = errors.New("the change is not on the replica yet")
 //
 // Check takes an already parsed Source and any replica Querier (a pool,
 // a connection, a transaction); it runs at most two read-only queries and

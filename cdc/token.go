@@ -22,7 +22,9 @@ import (
 //
 // With jackc/pglogrepl:
 //
-//	tok := cdc.TransactionToken("main", epoch, position.LSN(commit.TransactionEndLSN), commit.CommitTime)
+//	func commitToken(epoch position.Epoch, commit *pglogrepl.CommitMessage) position.Token {
+//		return cdc.TransactionToken("main", epoch, position.LSN(commit.TransactionEndLSN), commit.CommitTime)
+//	}
 func TransactionToken(database string, epoch position.Epoch, end position.LSN, commitTime time.Time) position.Token {
 	return position.New(database, epoch, end, position.SourceCDC, commitTime)
 }

@@ -194,9 +194,23 @@ func TokenFrom(ctx context.Context) (position.Token, bool) {
 // job handler when code between the writes and the enqueue does not pass
 // the returned context back up:
 //
-//	ctx = enqueue.WithSession(ctx)
-//	_ = createUser(ctx, pool) // calls enqueue.InTx and drops the returned ctx
-//	enqueueWelcomeMail(ctx)   // still stamped with createUser's position
+//	func handle(ctx context.Context, pool *pgxpool.Pool, client *caughtupasynq.Client) error {
+//		ctx = enqueue.WithSession(ctx)
+//		if err := createUser(ctx, pool); err != nil {
+//			return err
+//		}
+//		task := caughtupasynq.NewTask(ctx, "email:welcome", nil)
+//		_, err := client.EnqueueContext(ctx, task) // still stamped with createUser's position
+//		return err
+//	}
+//
+//	func createUser(ctx context.Context, pool *pgxpool.Pool) error {
+//		_, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error { // the returned ctx is dropped
+//			_, err := tx.Exec(ctx, "INSERT INTO users DEFAULT VALUES")
+//			return err
+//		})
+//		return err
+//	}
 //
 // Without a session such a dropped context loses the write's position, and
 // the job may run on a replica that has not replayed it. The session

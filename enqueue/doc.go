@@ -3,19 +3,32 @@
 // position.Token, and carries that token in the context until a queue
 // adapter stamps it on the job or event.
 //
-//	ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error {
-//		_, err := tx.Exec(ctx, "INSERT INTO users (email) VALUES ($1)", email)
+//	func signUp(ctx context.Context, pool *pgxpool.Pool, client *caughtupasynq.Client, email string) error {
+//		ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, "INSERT INTO users (email) VALUES ($1)", email)
+//			return err
+//		})
+//		if err != nil {
+//			return err // an *enqueue.CaptureError whose Committed is true: committed, no token
+//		}
+//		task := caughtupasynq.NewTask(ctx, "email:welcome", []byte(email))
+//		_, err = client.EnqueueContext(ctx, task) // the adapter adds TokenFrom(ctx)
 //		return err
-//	})
-//	if err != nil { ... }                 // *enqueue.CaptureError: committed, no token
-//	_, err = client.EnqueueContext(ctx, task) // the adapter adds TokenFrom(ctx)
+//	}
 //
 // or, with a transaction the code already manages:
 //
-//	tx, err := conn.Begin(ctx)            // conn: *pgx.Conn or an acquired *pgxpool.Conn
-//	defer tx.Rollback(ctx)
-//	...
-//	ctx, err = enqueue.Commit(ctx, tx)    // COMMIT, then read the position
+//	func rename(ctx context.Context, conn *pgx.Conn, id int64, name string) (context.Context, error) {
+//		tx, err := conn.Begin(ctx) // conn: *pgx.Conn or an acquired *pgxpool.Conn
+//		if err != nil {
+//			return ctx, err
+//		}
+//		defer tx.Rollback(ctx) // after Commit, a no-op
+//		if _, err := tx.Exec(ctx, "UPDATE users SET name = $1 WHERE id = $2", name, id); err != nil {
+//			return ctx, err
+//		}
+//		return enqueue.Commit(ctx, tx) // COMMIT, then read the position
+//	}
 //
 // # Which position
 //

@@ -17,21 +17,42 @@
 // unreachable, dropped) goes to another callback, so that the router can
 // poll by itself while the feed is not usable, and come back.
 //
-//	keys, _ := feed.ParseKeys(os.Getenv("CAUGHTUP_FEED_KEYS")) // "id:base64secret,…"
-//	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"redis:6379"}})
+//	// rdb is the Redis the fleet shares, e.g.
+//	// redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"redis:6379"}}).
+//	func keyring() (feed.Keyring, error) {
+//		keys, err := feed.ParseKeys(os.Getenv("CAUGHTUP_FEED_KEYS")) // "id:base64secret,…"
+//		return feed.Keyring{Keys: keys}, err
+//	}
 //
-//	snd, _ := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "feed-a", Keys: feed.Keyring{Keys: keys}})
-//	pub, _ := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd}) // polls and publishes; Close closes snd
+//	// A publisher: polls the nodes and publishes what it reads.
+//	func publisher(ctx context.Context, dbs map[string]replay.Database, rdb redis.UniversalClient, keys feed.Keyring) (*replay.Publisher, error) {
+//		snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "feed-a", Keys: keys})
+//		if err != nil {
+//			return nil, err
+//		}
+//		return replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd}) // its Close closes snd
+//	}
 //
-//	src, _ := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: feed.Keyring{Keys: keys}})
-//	tr, _ := replay.NewTracker(ctx, dbs, replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}})
+//	// A router's tracker: takes the nodes' positions from the feed.
+//	func tracker(ctx context.Context, dbs map[string]replay.Database, rdb redis.UniversalClient, keys feed.Keyring) (*replay.Tracker, error) {
+//		src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: keys})
+//		if err != nil {
+//			return nil, err
+//		}
+//		return replay.NewTracker(ctx, dbs, replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}})
+//	}
 //
 // A program of its own can also run a subscription with callbacks of its
 // own (Run; OnObservation receives every Delivery, OnHealth every Health),
 // and publish with Sender.Publish.
 //
-//	budget, _ := feed.NewBudget(feed.BudgetConfig{Client: rdb, Rate: 50, Burst: 50})
-//	ok, err := budget.Allow(ctx, "main") // err: Redis unavailable; the per-process cap decides
+//	func newBudget(rdb redis.UniversalClient) (*feed.Budget, error) { // once per process
+//		return feed.NewBudget(feed.BudgetConfig{Client: rdb, Rate: 50, Burst: 50})
+//	}
+//
+//	func mayReadPrimary(ctx context.Context, budget *feed.Budget) (bool, error) {
+//		return budget.Allow(ctx, "main") // an error: Redis unavailable; the per-process cap decides
+//	}
 //
 // The package moves observations; it does not interpret them. Which
 // observations a router believes, and for how long, is its merge's job

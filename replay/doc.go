@@ -5,17 +5,20 @@
 // merge into it. consume.Router decides on its snapshots; the caughtup
 // watch command prints them.
 //
-//	dbs := map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}}
-//	tr, err := replay.NewTracker(ctx, dbs, replay.TrackerConfig{})
-//	if err != nil {
-//		return err
+//	func watch(ctx context.Context, primary, r1, r2 *pgxpool.Pool) error {
+//		dbs := map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}}
+//		tr, err := replay.NewTracker(ctx, dbs, replay.TrackerConfig{})
+//		if err != nil {
+//			return err
+//		}
+//		defer tr.Close()
+//		s := tr.Snapshot()
+//		for _, r := range s.Database("main").Replicas {
+//			fmt.Println(r.Name, r.Replayed, r.Usable(time.Now().Add(-tr.Config().StalenessBound)))
+//		}
+//		<-s.Changed() // closed when a newer snapshot replaces s
+//		return nil
 //	}
-//	defer tr.Close()
-//	s := tr.Snapshot()
-//	for _, r := range s.Database("main").Replicas {
-//		fmt.Println(r.Name, r.Replayed, r.Usable(time.Now().Add(-tr.Config().StalenessBound)))
-//	}
-//	<-s.Changed() // closed when a newer snapshot replaces s
 //
 // The tracker polls each node with a one-connection pool of its own, made
 // from the node pool's config, once per TrackerConfig.PollInterval, and
@@ -46,11 +49,23 @@
 // and the feed's observations of it still count. This package knows no transport: package feed
 // implements both interfaces on Redis.
 //
-//	snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "worker-7", Keys: keys})
-//	pub, err := replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd})
+//	// In two or three processes: poll the nodes, publish to Redis.
+//	func publish(ctx context.Context, dbs map[string]replay.Database, rdb redis.UniversalClient, keys feed.Keyring) (*replay.Publisher, error) {
+//		snd, err := feed.NewSender(feed.SenderConfig{Client: rdb, Name: "worker-7", Keys: keys})
+//		if err != nil {
+//			return nil, err
+//		}
+//		return replay.NewPublisher(ctx, dbs, replay.PublisherConfig{Feed: snd}) // its Close closes snd
+//	}
 //
-//	src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: keys})
-//	tr, err := replay.NewTracker(ctx, dbs, replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}})
+//	// In every router's process: take the nodes' positions from Redis.
+//	func track(ctx context.Context, dbs map[string]replay.Database, rdb redis.UniversalClient, keys feed.Keyring) (*replay.Tracker, error) {
+//		src, err := feed.NewSubscriber(feed.SubscriberConfig{Client: rdb, Keys: keys})
+//		if err != nil {
+//			return nil, err
+//		}
+//		return replay.NewTracker(ctx, dbs, replay.TrackerConfig{Feed: &replay.FeedConfig{Source: src}})
+//	}
 //
 // The rules, and why no merge of feed messages reads stale, are in
 // docs/design.md; costs and sizing in docs/fleet.md.

@@ -6,11 +6,16 @@
 // as the other even under one key (give each its own keys all the same: a
 // key leaked from one place should not open the other).
 //
-//	keys, err := sign.ParseKeys(os.Getenv("CAUGHTUP_KEYS")) // "id:base64secret,…", as Key.Export writes
-//	ring := sign.Keyring{Keys: keys}                          // the first signs unless Current says
-//	s := sign.NewScheme("example/v1")
-//	mac := s.Sum(ring.Signer().Secret, msg)
-//	ok := s.Verify(ring.Signer().Secret, msg, mac)
+//	func signAndVerify(msg []byte) (bool, error) {
+//		keys, err := sign.ParseKeys(os.Getenv("CAUGHTUP_KEYS")) // "id:base64secret,…", as Key.Export writes
+//		if err != nil {
+//			return false, err
+//		}
+//		ring := sign.Keyring{Keys: keys} // the first signs unless Current says
+//		s := sign.NewScheme("example/v1")
+//		mac := s.Sum(ring.Signer().Secret, msg)
+//		return s.Verify(ring.Signer().Secret, msg, mac), nil
+//	}
 //
 // `caughtup feed --generate-key ID` prints a new key. Keys are rotated
 // without downtime by adding the new key everywhere, then signing with it
