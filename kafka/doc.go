@@ -29,14 +29,34 @@
 // place and headers, producing) and Source (a partition's records, pause
 // and resume), and drives the Engine:
 //
-//	eng, err := kafka.New(cfg, kafka.Adapter[*Record, Header]{
-//		Name: "caughtup/mykafka", Scope: ScopeName, Client: client{}, Handler: h,
-//	})
-//	// For each assigned partition:
-//	p := eng.NewPartition(topic, id, source)
-//	go p.Run(partitionCtx)
-//	// Every CommitInterval, and when partitions are revoked:
-//	eng.Commit(ctx, parts, committer)
+//	import (
+//		"context"
+//
+//		"github.com/caughtup/caughtup/kafka"
+//	)
+//
+//	// An adapter for a client whose records are R and headers H, with the
+//	// client's side of the engine (Client, Source, Committer) written for it:
+//	func consume[R any, H kafka.Header](ctx context.Context, cfg kafka.Config[R], client kafka.Client[R, H],
+//		handler func(context.Context, R) error, src kafka.Source[R], commit kafka.Committer) error {
+//		eng, err := kafka.New(cfg, kafka.Adapter[R, H]{
+//			Name: "caughtup/mykafka", Scope: "example.com/mykafka", Client: client, Handler: handler,
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		// For each assigned partition:
+//		p := eng.NewPartition("user-events", 0, src)
+//		done := make(chan struct{})
+//		go func() {
+//			defer close(done)
+//			p.Run(ctx)
+//		}()
+//		// Every CommitInterval, and when partitions are revoked:
+//		eng.Commit(ctx, []*kafka.Partition[R, H]{p}, commit)
+//		<-done
+//		return nil
+//	}
 //
 // It works on either client's header type (kafka.Header,
 // kgo.RecordHeader), which have the same fields (Header).

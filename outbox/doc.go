@@ -25,20 +25,40 @@
 // token (TokenFromHeaders), so consumers compare it as they compare any
 // job's.
 //
-//	// Once, at startup or in a migration:
-//	err := outbox.Migrate(ctx, pool)
-//
 //	// In the business transaction:
-//	tx, _ := pool.Begin(ctx)
-//	_, _ = tx.Exec(ctx, "UPDATE accounts SET ...")
-//	id, err := outbox.Insert(ctx, tx, outbox.Event{Topic: "account.updated", Key: key, Payload: body})
-//	err = tx.Commit(ctx)
+//	func updateAccount(ctx context.Context, pool *pgxpool.Pool, key string, body []byte) error {
+//		tx, err := pool.Begin(ctx)
+//		if err != nil {
+//			return err
+//		}
+//		defer tx.Rollback(ctx) // after Commit, a no-op
+//		if _, err := tx.Exec(ctx, "UPDATE accounts SET balance = balance - 1 WHERE key = $1", key); err != nil {
+//			return err
+//		}
+//		if _, err := outbox.Insert(ctx, tx, outbox.Event{Topic: "account.updated", Key: []byte(key), Payload: body}); err != nil {
+//			return err
+//		}
+//		return tx.Commit(ctx)
+//	}
 //
 //	// In the relay process:
-//	pub, _ := caughtupkafka.NewOutboxPublisher(&kafka.Writer{Addr: kafka.TCP(brokers...),
-//		Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond})
-//	relay, _ := outbox.NewPollingRelay(outbox.PollingConfig{Primary: pool, Publisher: pub})
-//	go relay.Run(ctx)
+//	func relay(ctx context.Context, pool *pgxpool.Pool, brokers []string) error {
+//		if err := outbox.Migrate(ctx, pool); err != nil { // once, at startup or in a migration
+//			return err
+//		}
+//		w := &kafka.Writer{Addr: kafka.TCP(brokers...),
+//			Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond}
+//		defer w.Close()
+//		pub, err := caughtupkafka.NewOutboxPublisher(w) // refuses an Async writer or RequireNone
+//		if err != nil {
+//			return err
+//		}
+//		relay, err := outbox.NewPollingRelay(outbox.PollingConfig{Primary: pool, Publisher: pub})
+//		if err != nil {
+//			return err
+//		}
+//		return relay.Run(ctx) // until ctx ends
+//	}
 //
 // # Headers
 //

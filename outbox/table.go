@@ -67,9 +67,15 @@ type Event struct {
 // matters ("app.Events" is app."Events"). The package-level Migrate and
 // Insert use DefaultTable.
 //
-//	events := outbox.Table("app.events")
-//	err := events.Migrate(ctx, pool)
-//	id, err := events.Insert(ctx, tx, outbox.Event{Topic: "orders", Payload: body})
+//	var events = outbox.Table("app.events")
+//
+//	func setUp(ctx context.Context, pool *pgxpool.Pool) error { // once, at startup or in a migration
+//		return events.Migrate(ctx, pool)
+//	}
+//
+//	func insertOrder(ctx context.Context, tx pgx.Tx, body []byte) (string, error) {
+//		return events.Insert(ctx, tx, outbox.Event{Topic: "orders", Payload: body})
+//	}
 type Table string
 
 // tableName is a parsed, quotable table name.

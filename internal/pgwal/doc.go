@@ -9,13 +9,20 @@
 // results parsed here exactly. Times come back as microseconds since the
 // Unix epoch, so neither DateStyle nor TimeZone can change their reading.
 //
-//	p, err := pgwal.ReadPrimary(ctx, conn, pgwal.Control) // after COMMIT, on the writing connection
-//	if err != nil { ... }                        // errors.Is(err, pgwal.ErrInRecovery) on a standby
-//	epoch, end := p.Epoch(), p.InsertEnd()
+//	func positions(ctx context.Context, conn *pgx.Conn, replicaPool *pgxpool.Pool) error {
+//		p, err := pgwal.ReadPrimary(ctx, conn, pgwal.Control) // after COMMIT, on the writing connection
+//		if err != nil {
+//			return err // errors.Is(err, pgwal.ErrInRecovery) on a standby
+//		}
+//		epoch, end := p.Epoch(), p.InsertEnd()
 //
-//	r, err := pgwal.ReadReplica(ctx, replicaPool, pgwal.Control|pgwal.Status)
-//	if err != nil { ... }
-//	fmt.Println(r.InRecovery, r.Replayed(), r.PostmasterStart)
+//		r, err := pgwal.ReadReplica(ctx, replicaPool, pgwal.Control|pgwal.Status)
+//		if err != nil {
+//			return err
+//		}
+//		fmt.Println(epoch, end, r.InRecovery, r.Replayed(), r.PostmasterStart)
+//		return nil
+//	}
 //
 // The facts the queries rely on (design notes, "PostgreSQL facts"):
 //
