@@ -5,33 +5,53 @@
 // It requires kafka-go v0.4.51 or later (its go.mod; v0.4.48 is the
 // oldest kafka-go whose consumer groups join a Kafka 4 broker at all).
 //
-// Beside kafka-go:
+// A producer and a consumer, beside kafka-go:
 //
 //	import (
+//		"context"
+//
+//		"github.com/jackc/pgx/v5"
+//		"github.com/jackc/pgx/v5/pgxpool"
 //		"github.com/segmentio/kafka-go"
+//
+//		"github.com/caughtup/caughtup/consume"
+//		"github.com/caughtup/caughtup/enqueue"
 //		"github.com/caughtup/caughtup/kafka/caughtupkafka"
 //	)
 //
-//	// Producer: commit, then write with the context the commit returned.
-//	w := caughtupkafka.NewWriter(&kafka.Writer{
-//		Addr:         kafka.TCP(brokers...),
-//		Topic:        "user-events",
-//		Balancer:     &kafka.Hash{},    // a key stays on one partition
-//		RequiredAcks: kafka.RequireAll, // acknowledged means replicated
-//	})
-//	ctx, err := enqueue.InTx(ctx, pool, insertUser)
-//	err = w.WriteMessages(ctx, kafka.Message{Key: userID, Value: event})
+//	// Producer: commit, then write with the context the commit returned. w is
+//	// caughtupkafka.NewWriter(&kafka.Writer{
+//	//	Addr:         kafka.TCP(brokers...),
+//	//	Topic:        "user-events",
+//	//	Balancer:     &kafka.Hash{},    // a key stays on one partition
+//	//	RequiredAcks: kafka.RequireAll, // acknowledged means replicated
+//	// }).
+//	func signUp(ctx context.Context, pool *pgxpool.Pool, w *caughtupkafka.Writer, email string) error {
+//		ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, "INSERT INTO users (email) VALUES ($1)", email)
+//			return err
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		return w.WriteMessages(ctx, kafka.Message{Key: []byte(email), Value: []byte("signed-up")})
+//	}
 //
-//	// Consumer: one router per process, one Consumer per topic. The
-//	// Router is required: it is what gives the handler its pool.
-//	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
-//		Brokers: brokers, GroupID: "mailer", Topic: "user-events",
-//		Router: router, Policy: consume.Delayed,
-//	}, func(ctx context.Context, msg kafka.Message) error {
-//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT ...") // a replica that has the write
-//		...
-//	})
-//	err = c.Run(ctx) // until ctx ends
+//	// Consumer: one router per process, one Consumer per topic. The Router is
+//	// required: it is what gives the handler its pool.
+//	func mailer(ctx context.Context, router *consume.Router, brokers []string) error {
+//		c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+//			Brokers: brokers, GroupID: "mailer", Topic: "user-events",
+//			Router: router, Policy: consume.Delayed,
+//		}, func(ctx context.Context, msg kafka.Message) error {
+//			var id int64 // on a replica that has the write
+//			return consume.DB(ctx, "main").QueryRow(ctx, "SELECT id FROM users WHERE email = $1", string(msg.Key)).Scan(&id)
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		return c.Run(ctx) // until ctx ends
+//	}
 //
 // # Producing
 //
@@ -59,15 +79,21 @@
 // source position, and the message runs on a caught-up replica, waits, is
 // deferred or reads the primary under the cap, with the same metrics.
 //
-//	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
-//		Brokers: brokers, GroupID: "search-indexer", Topic: "shop.public.orders",
-//		Router: router, Policy: consume.Delayed,
-//		TokenFormat: caughtupkafka.TokenDebezium,
-//		Debezium:    caughtupkafka.DebeziumConfig{Database: "main"}, // default: the router's only database
-//	}, func(ctx context.Context, msg kafka.Message) error {
-//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT ...") // a replica where the change is committed
-//		...
-//	})
+//	func indexOrders(ctx context.Context, router *consume.Router, brokers []string) error {
+//		c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
+//			Brokers: brokers, GroupID: "search-indexer", Topic: "shop.public.orders",
+//			Router: router, Policy: consume.Delayed,
+//			TokenFormat: caughtupkafka.TokenDebezium,
+//			Debezium:    caughtupkafka.DebeziumConfig{Database: "main"}, // default: the router's only database
+//		}, func(ctx context.Context, msg kafka.Message) error {
+//			var n int // on a replica where the change is committed
+//			return consume.DB(ctx, "main").QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&n)
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		return c.Run(ctx)
+//	}
 //
 // source.lsn is the change record's position, before its commit: the
 // replica the router picks must also report the event's transaction

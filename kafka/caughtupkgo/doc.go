@@ -5,26 +5,45 @@
 // may read. It is built on franz-go v1.22 or later.
 //
 //	import (
+//		"context"
+//
+//		"github.com/jackc/pgx/v5"
+//		"github.com/jackc/pgx/v5/pgxpool"
 //		"github.com/twmb/franz-go/pkg/kgo"
+//
+//		"github.com/caughtup/caughtup/consume"
+//		"github.com/caughtup/caughtup/enqueue"
 //		"github.com/caughtup/caughtup/kafka/caughtupkgo"
 //	)
 //
-//	// Producer: commit, then produce with the context the commit returned.
-//	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-//	p := caughtupkgo.NewProducer(cl)
-//	ctx, err := enqueue.InTx(ctx, pool, insertUser)
-//	err = p.ProduceSync(ctx, &kgo.Record{Topic: "user-events", Key: userID, Value: event}).FirstErr()
+//	// Producer: commit, then produce with the context the commit returned. p
+//	// is caughtupkgo.NewProducer(cl), cl from kgo.NewClient(kgo.SeedBrokers(brokers...)).
+//	func signUp(ctx context.Context, pool *pgxpool.Pool, p *caughtupkgo.Producer, email string) error {
+//		ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error {
+//			_, err := tx.Exec(ctx, "INSERT INTO users (email) VALUES ($1)", email)
+//			return err
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		return p.ProduceSync(ctx, &kgo.Record{Topic: "user-events", Key: []byte(email), Value: []byte("signed-up")}).FirstErr()
+//	}
 //
 //	// Consumer: one router per process, one Consumer per topic.
-//	c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
-//		ClientOpts: []kgo.Opt{kgo.SeedBrokers(brokers...)},
-//		GroupID:    "mailer", Topic: "user-events",
-//		Router:     router, Policy: consume.Delayed,
-//	}, func(ctx context.Context, r *kgo.Record) error {
-//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT ...") // a replica that has the write
-//		...
-//	})
-//	err = c.Run(ctx) // until ctx ends
+//	func mailer(ctx context.Context, router *consume.Router, brokers []string) error {
+//		c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
+//			ClientOpts: []kgo.Opt{kgo.SeedBrokers(brokers...)},
+//			GroupID:    "mailer", Topic: "user-events",
+//			Router:     router, Policy: consume.Delayed,
+//		}, func(ctx context.Context, r *kgo.Record) error {
+//			var id int64 // on a replica that has the write
+//			return consume.DB(ctx, "main").QueryRow(ctx, "SELECT id FROM users WHERE email = $1", string(r.Key)).Scan(&id)
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		return c.Run(ctx) // until ctx ends
+//	}
 //
 // # Producing
 //
