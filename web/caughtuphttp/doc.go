@@ -7,22 +7,50 @@
 // sticky database sessions and Rails' database selector, with a WAL
 // position in place of a timestamp.
 //
-//	router, err := consume.NewRouter(ctx, consume.Config{
-//		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
-//	})
-//	keys, err := feed.ParseKeys(os.Getenv("SESSION_TOKEN_KEYS")) // "id:base64secret", the first signs
-//	mw, err := caughtuphttp.New(router, caughtuphttp.Config{Keys: keys})
-//	http.ListenAndServe(addr, mw.Handler(mux))
+//	func serve(ctx context.Context, addr string, primary, r1, r2 *pgxpool.Pool) error {
+//		router, err := consume.NewRouter(ctx, consume.Config{
+//			Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		defer router.Close()
+//		keys, err := sign.ParseKeys(os.Getenv("SESSION_TOKEN_KEYS")) // "id:base64secret", the first signs
+//		if err != nil {
+//			return err
+//		}
+//		mw, err := caughtuphttp.New(router, caughtuphttp.Config{Keys: keys})
+//		if err != nil {
+//			return err
+//		}
 //
-//	// A handler writes on the primary through enqueue, and reads from the
-//	// pool the router chose for the request.
-//	mux.HandleFunc("POST /profile", func(w http.ResponseWriter, r *http.Request) {
-//		_, err := enqueue.InTx(r.Context(), primary, func(tx pgx.Tx) error { ... })
-//		http.Redirect(w, r, "/profile", http.StatusSeeOther) // the cookie goes with it
-//	})
-//	mux.HandleFunc("GET /profile", func(w http.ResponseWriter, r *http.Request) {
-//		row := consume.DB(r.Context(), "main").QueryRow(r.Context(), "SELECT ...")
-//	})
+//		// A handler writes on the primary through enqueue, and reads from the
+//		// pool the router chose for the request.
+//		mux := http.NewServeMux()
+//		mux.HandleFunc("POST /users/{id}", func(w http.ResponseWriter, r *http.Request) {
+//			_, err := enqueue.InTx(r.Context(), primary, func(tx pgx.Tx) error {
+//				_, err := tx.Exec(r.Context(), "UPDATE users SET name = $1 WHERE id = $2", r.FormValue("name"), r.PathValue("id"))
+//				return err
+//			})
+//			if err != nil {
+//				http.Error(w, "not saved", http.StatusInternalServerError)
+//				return
+//			}
+//			http.Redirect(w, r, r.URL.Path, http.StatusSeeOther) // the cookie goes with it
+//		})
+//		mux.HandleFunc("GET /users/{id}", func(w http.ResponseWriter, r *http.Request) {
+//			var name string
+//			err := consume.DB(r.Context(), "main").QueryRow(r.Context(), "SELECT name FROM users WHERE id = $1", r.PathValue("id")).Scan(&name)
+//			if err != nil {
+//				http.Error(w, "not found", http.StatusNotFound)
+//				return
+//			}
+//			if _, err := io.WriteString(w, name); err != nil {
+//				log.Printf("GET %s: %v", r.URL.Path, err)
+//			}
+//		})
+//		return http.ListenAndServe(addr, mw.Handler(mux))
+//	}
 //
 // # What a request reads
 //
@@ -87,7 +115,7 @@
 //
 // base64url of (version, key ID, issued-at, max age, the token's text),
 // a dot, and base64url of its HMAC-SHA256 under the key named. Keys are
-// feed.Keys (`caughtup feed --generate-key`); list the new key second on
+// sign.Keys (`caughtup feed --generate-key`); list the new key second on
 // every process, then first, then drop the old one after MaxAge. The
 // cookie is Secure, HttpOnly, SameSite=Lax and named with the __Host-
 // prefix by default.
