@@ -14,41 +14,86 @@
 // from a routed handler), carries that commit's token in its metadata
 // instead, and costs no read.
 //
-// Beside River itself:
+// A worker and a producer, beside River itself:
 //
 //	import (
+//		"context"
+//
+//		"github.com/jackc/pgx/v5"
+//		"github.com/jackc/pgx/v5/pgxpool"
 //		"github.com/riverqueue/river"
 //		"github.com/riverqueue/river/riverdriver/riverpgxv5"
 //		"github.com/riverqueue/river/rivertype"
+//
 //		"github.com/caughtup/caughtup/consume"
+//		"github.com/caughtup/caughtup/enqueue"
 //		"github.com/caughtup/caughtup/river/caughtupriver"
 //	)
 //
-// Worker: one router per process, the middleware on the client, and
-// workers that take their pool from the context.
-//
-//	router, err := consume.NewRouter(ctx, consume.Config{
-//		Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replay.Replicas(r1, r2)}},
-//	})
-//	mw, err := caughtupriver.NewMiddleware(router, caughtupriver.Config{
-//		Policies: map[string]consume.Policy{"email_send": consume.Delayed},
-//	})
-//	client, err := river.NewClient(riverpgxv5.New(primary), &river.Config{
-//		Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
-//		Workers:    workers,
-//		Middleware: []rivertype.Middleware{mw},
-//	})
-//
-//	func (w *EmailWorker) Work(ctx context.Context, job *river.Job[EmailArgs]) error {
-//		row := consume.DB(ctx, "main").QueryRow(ctx, "SELECT email FROM users WHERE id = $1", job.Args.UserID)
-//		...
+//	type EmailArgs struct {
+//		UserID int64 `json:"user_id"`
 //	}
 //
-// Producer: InsertTx as usual, or Insert after the commit.
+//	func (EmailArgs) Kind() string { return "email_send" }
 //
-//	_, err = client.InsertTx(ctx, tx, EmailArgs{UserID: id}, nil) // routed by the position after the fetch
-//	ctx, err = enqueue.InTx(ctx, primary, func(tx pgx.Tx) error { ... })
-//	_, err = caughtupriver.Insert(ctx, client, EmailArgs{UserID: id}, nil) // routed by the commit's token
+//	// A worker takes its pool from the context.
+//	type EmailWorker struct {
+//		river.WorkerDefaults[EmailArgs]
+//	}
+//
+//	func (w *EmailWorker) Work(ctx context.Context, job *river.Job[EmailArgs]) error {
+//		var email string // on a replica that has the job's writes
+//		return consume.DB(ctx, "main").QueryRow(ctx, "SELECT email FROM users WHERE id = $1", job.Args.UserID).Scan(&email)
+//	}
+//
+//	// One router per process (consume.NewRouter), the middleware on the client.
+//	func newClient(router *consume.Router, primary *pgxpool.Pool) (*river.Client[pgx.Tx], error) {
+//		mw, err := caughtupriver.NewMiddleware(router, caughtupriver.Config{
+//			Policies: map[string]consume.Policy{"email_send": consume.Delayed},
+//		})
+//		if err != nil {
+//			return nil, err
+//		}
+//		workers := river.NewWorkers()
+//		if err := river.AddWorkerSafely(workers, &EmailWorker{}); err != nil {
+//			return nil, err
+//		}
+//		return river.NewClient(riverpgxv5.New(primary), &river.Config{
+//			Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
+//			Workers:    workers,
+//			Middleware: []rivertype.Middleware{mw},
+//		})
+//	}
+//
+//	// Producer: InsertTx as usual (routed by the position after the fetch) ...
+//	func signUpTx(ctx context.Context, primary *pgxpool.Pool, client *river.Client[pgx.Tx], email string) error {
+//		tx, err := primary.Begin(ctx)
+//		if err != nil {
+//			return err
+//		}
+//		defer tx.Rollback(ctx) // after Commit, a no-op
+//		var id int64
+//		if err := tx.QueryRow(ctx, "INSERT INTO users (email) VALUES ($1) RETURNING id", email).Scan(&id); err != nil {
+//			return err
+//		}
+//		if _, err := client.InsertTx(ctx, tx, EmailArgs{UserID: id}, nil); err != nil {
+//			return err
+//		}
+//		return tx.Commit(ctx)
+//	}
+//
+//	// ... or Insert after the commit (routed by the commit's token, no read).
+//	func signUp(ctx context.Context, primary *pgxpool.Pool, client *river.Client[pgx.Tx], email string) error {
+//		var id int64
+//		ctx, err := enqueue.InTx(ctx, primary, func(tx pgx.Tx) error {
+//			return tx.QueryRow(ctx, "INSERT INTO users (email) VALUES ($1) RETURNING id", email).Scan(&id)
+//		})
+//		if err != nil {
+//			return err
+//		}
+//		_, err = caughtupriver.Insert(ctx, client, EmailArgs{UserID: id}, nil)
+//		return err
+//	}
 //
 // # What it costs
 //
