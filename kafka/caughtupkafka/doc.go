@@ -19,13 +19,17 @@
 //		"github.com/caughtup/caughtup/kafka/caughtupkafka"
 //	)
 //
-//	// Producer: commit, then write with the context the commit returned. w is
-//	// caughtupkafka.NewWriter(&kafka.Writer{
-//	//	Addr:         kafka.TCP(brokers...),
-//	//	Topic:        "user-events",
-//	//	Balancer:     &kafka.Hash{},    // a key stays on one partition
-//	//	RequiredAcks: kafka.RequireAll, // acknowledged means replicated
-//	// }).
+//	// Producer: a Writer over a kafka-go writer; commit, then write with
+//	// the context the commit returned.
+//	func newWriter(brokers []string) *caughtupkafka.Writer {
+//		return caughtupkafka.NewWriter(&kafka.Writer{
+//			Addr:         kafka.TCP(brokers...),
+//			Topic:        "user-events",
+//			Balancer:     &kafka.Hash{},    // a key stays on one partition
+//			RequiredAcks: kafka.RequireAll, // acknowledged means replicated
+//		})
+//	}
+//
 //	func signUp(ctx context.Context, pool *pgxpool.Pool, w *caughtupkafka.Writer, email string) error {
 //		ctx, err := enqueue.InTx(ctx, pool, func(tx pgx.Tx) error {
 //			_, err := tx.Exec(ctx, "INSERT INTO users (email) VALUES ($1)", email)

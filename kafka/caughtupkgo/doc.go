@@ -34,7 +34,7 @@
 //		c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
 //			ClientOpts: []kgo.Opt{kgo.SeedBrokers(brokers...)},
 //			GroupID:    "mailer", Topic: "user-events",
-//			Router:     router, Policy: consume.Delayed,
+//			Router: router, Policy: consume.Delayed,
 //		}, func(ctx context.Context, r *kgo.Record) error {
 //			var id int64 // on a replica that has the write
 //			return consume.DB(ctx, "main").QueryRow(ctx, "SELECT id FROM users WHERE email = $1", string(r.Key)).Scan(&id)
