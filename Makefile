@@ -1,6 +1,7 @@
 # caughtup. `make test` and `make demo` work on a fresh Debian machine:
-# the deps target installs the PostgreSQL server and redis-server first
-# (as root, or with password-less sudo).
+# they install what is missing first (as root, or with password-less
+# sudo): make demo only the PostgreSQL server and redis-server (deps-demo),
+# make test everything its harnesses start (deps).
 
 GO        ?= go
 # Fuzz budgets are execution counts, not durations: at a duration's end
@@ -24,14 +25,20 @@ export CAUGHTUP_PG_VERSION := $(PG_VERSION)
 # The core packages that run on real clusters, those of them that exist.
 CORE_PKGS := $(foreach d,internal/pgwal enqueue consume replay cdc outbox testkit/pgtest,$(if $(wildcard $(d)/*.go),./$(d)))
 
-.PHONY: all deps build vet test test-core fuzz bench demo chaos chaos-short fleet go-floor
+.PHONY: all deps deps-demo build vet test test-core fuzz bench demo chaos chaos-short fleet go-floor doccheck
 
 all: test
 
-# Installs the PostgreSQL server, redis-server, Java 17 and Maven when they
-# are missing, and resolves the Kafka harness's jars (testkit/kafkatest).
+# Installs the PostgreSQL server, redis-server, HAProxy, PgBouncer, the
+# network tools, promtool, Java 17 and Maven when they are missing, and
+# resolves the Kafka harness's jars (testkit/kafkatest).
 deps:
 	@scripts/install-deps
+
+# Installs only what make demo runs: the PostgreSQL server and
+# redis-server (the demo's Kafka broker is franz-go's in-process kfake).
+deps-demo:
+	@scripts/install-deps --demo
 
 # The core's tests on real clusters only, quick enough to run once per
 # PostgreSQL release: for v in 15 16 17 18; do make test-core PG_VERSION=$$v; done
@@ -56,6 +63,12 @@ test: deps build vet
 	$(GO) test $(TESTFLAGS) ./...
 	$(MAKE) fuzz
 
+# Compiles every Go snippet of the documentation (README.md, docs/, the
+# packages' doc comments) against the module; make test runs it too, as
+# part of go test ./... (internal/doccheck).
+doccheck:
+	$(GO) test -count=1 -run '^TestDocs$$' ./internal/doccheck/
+
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_POSITION) ./position/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseDebezium$$' -fuzztime $(FUZZ_CDC) ./cdc/
@@ -68,7 +81,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./position/ ./consume/ ./replay/ ./outbox/ ./feed/ ./asynq/... ./river/... ./web/...
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./kafka/...
 
-demo: deps
+demo: deps-demo
 	$(GO) run ./cmd/caughtup-demo
 
 # The fault scenarios on real PostgreSQL, Redis and Kafka (chaos/internal/lab);
@@ -102,7 +115,7 @@ EXAMPLES          := asynq-worker river-worker kafka-consumer outbox-relay debez
 example_services   = $(if $(filter debezium-consumer,$(1)),-debezium,$(if $(filter kafka-consumer outbox-relay,$(1)),-kafka))
 
 .PHONY: example examples
-example: deps
+example: $(if $(call example_services,$(EXAMPLE)),deps,deps-demo)
 	$(GO) run ./cmd/caughtup-demo cluster $(call example_services,$(EXAMPLE)) -max-pause $(EXAMPLE_MAX_PAUSE) -- $(GO) run ./examples/$(EXAMPLE) $(EXAMPLE_ARGS)
 
 examples: deps
