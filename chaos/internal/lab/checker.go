@@ -83,6 +83,10 @@ type stream struct {
 	capped      int // refused by the fallback cap
 	errors      int // handler runs that failed (a replica killed under a read, a primary going away)
 	deadLetters int
+	// replicaFailed counts handler runs whose read failed because a
+	// replica the router chose failed it (consume.ReplicaFailed): the
+	// adapter routes those again without spending an attempt.
+	replicaFailed int
 	// pastDeadline counts asynq deferrals whose delay (plus the
 	// middleware's slack) outlasts the attempt's deadline, by the
 	// attempt's time limit.
@@ -129,6 +133,14 @@ func (s *stream) attempted(id int64, err error) {
 	if errors.Is(err, asynq.ErrLeaseExpired) {
 		s.leaseExpired++
 	}
+	s.mu.Unlock()
+}
+
+// replicaFailedRun records a handler run a replica failed
+// (consume.ReplicaFailed).
+func (s *stream) replicaFailedRun() {
+	s.mu.Lock()
+	s.replicaFailed++
 	s.mu.Unlock()
 }
 
@@ -241,6 +253,11 @@ type streamResult struct {
 	Capped       int     `json:"capped"`
 	HandlerErrs  int     `json:"handler_errors"`
 	DeadLetters  int     `json:"dead_letters"`
+	// ReplicaFailed counts handler runs a replica the router chose failed
+	// (consume.ReplicaFailed), which the adapters route again without
+	// spending an attempt; the asynq and River middlewares do that before
+	// their runs end, so those are not among HandlerErrs.
+	ReplicaFailed int `json:"replica_failed_runs"`
 	// Latency (the scenario tables' catch-up latency, the comparison's
 	// added latency) is enqueue → the handler's read, after routing and
 	// any waits, deferrals and retries, of the run that completed the job.
@@ -285,7 +302,7 @@ func (s *stream) result() streamResult {
 	defer s.mu.Unlock()
 	r := streamResult{
 		Stream: s.name, Policy: s.policy, Jobs: len(s.produced), Runs: len(s.reads), Stale: len(s.stale),
-		Deferrals: s.deferrals, Capped: s.capped, HandlerErrs: s.errors, DeadLetters: s.deadLetters,
+		Deferrals: s.deferrals, Capped: s.capped, HandlerErrs: s.errors, ReplicaFailed: s.replicaFailed, DeadLetters: s.deadLetters,
 		Outcomes: map[string]int{},
 	}
 	var sinceCommit, sinceEnqueue []time.Duration

@@ -38,6 +38,9 @@ func readRow(ctx context.Context, st *stream, pool *pgxpool.Pool, rd read) error
 	case errors.Is(err, pgx.ErrNoRows):
 		rd.got = -1
 	case err != nil:
+		if consume.ReplicaFailed(ctx) {
+			st.replicaFailedRun()
+		}
 		return err
 	}
 	st.record(rd)
@@ -312,6 +315,10 @@ type kafkaTuning struct {
 	// mode is the Consumer's deferral mode (InPlace by default); a
 	// RetryTopic consumer reads topic + ".retry" too, which must exist.
 	mode caughtupkafka.Mode
+	// routes: the Consumer routes each message with policy before h
+	// runs (scenario.kafkaRoutes).
+	routes bool
+	policy consume.Policy
 }
 
 // startKafkaMember starts a consumer whose handler h routes by itself:
@@ -319,15 +326,21 @@ type kafkaTuning struct {
 // deferral on its way back to the Consumer), the baselines with their own
 // logic. The Consumer requires a Router; router with consume.Always hands
 // every message on at once, without waiting, deferring or touching the
-// fallback cap, and h ignores the pool it hands out.
+// fallback cap, and h ignores the pool it hands out. With tune.routes
+// the Consumer routes with tune.policy instead, and h reads the pool it
+// chose (routedKafkaHandler).
 func (s *services) startKafkaMember(name, topic, group string, st *stream, tune kafkaTuning, router *consume.Router, h caughtupkafka.Handler, mp metric.MeterProvider) (*kafkaMember, error) {
 	m := &kafkaMember{name: name, dialer: fault.NewDialer(nil), done: make(chan error, 1)}
+	policy := consume.Always
+	if tune.routes {
+		policy = tune.policy
+	}
 	c, err := caughtupkafka.NewConsumer(caughtupkafka.ConsumerConfig{
 		Brokers:             s.brokers,
 		GroupID:             group,
 		Topic:               topic,
 		Router:              router,
-		Policy:              consume.Always,
+		Policy:              policy,
 		Mode:                tune.mode,
 		MaxAttempts:         50,
 		RetryBackoffInitial: tune.retryInitial,
@@ -383,6 +396,39 @@ func caughtupKafkaHandler(router *consume.Router, policy consume.Policy, st *str
 		}
 		return caughtupRead(ctx, st, p, tokenText(msg), caughtupkafka.Attempt(ctx))
 	})
+}
+
+// routedKafkaHandler reads where the Consumer routed the message (a
+// kafkaTuning with routes): only routed runs reach it.
+func routedKafkaHandler(st *stream) caughtupkafka.Handler {
+	return func(ctx context.Context, msg kafkago.Message) error {
+		p, err := decodePayload(msg.Value)
+		if err != nil {
+			return nil // not ours; nothing to check
+		}
+		return caughtupRead(ctx, st, p, tokenText(msg), caughtupkafka.Attempt(ctx))
+	}
+}
+
+// foldKafkaWaits adds what the kafka-go Consumers that route by themselves
+// (scenario.kafkaRoutes) held in place (waited) or republished to their
+// retry topic (deferred), which their handlers never see, to their
+// streams' deferrals, once they have stopped and flushed their counts.
+func (r *run) foldKafkaWaits() {
+	by := r.metrics.sumBy("caughtup.kafka.messages", "messaging.destination.name", "caughtup.kafka.result")
+	for _, sp := range []struct {
+		st     *stream
+		topics []string
+	}{{r.kst, []string{r.topic}}, {r.rst, []string{r.retryTopic, r.retryTopic + ".retry"}}} {
+		if sp.st == nil {
+			continue
+		}
+		n := int64(0)
+		for _, t := range sp.topics {
+			n += by[t+"/waited"] + by[t+"/deferred"]
+		}
+		sp.st.count(int(n), 0, 0, 0)
+	}
 }
 
 // tokenText is the token msg carries as header text, as the asynq

@@ -36,6 +36,7 @@ type scale struct {
 	timeoutPause time.Duration    // timeout-tasks: replay paused this long
 	timeouts     [2]time.Duration // timeout-tasks: the tasks' asynq.Timeout values
 	maxPause     time.Duration    // comparison: longest random pause
+	unreachable  time.Duration    // unreachable-replica: replica1 resets new connections this long
 	compareFor   time.Duration    // comparison: production span
 	drain        time.Duration    // how long to wait for the last jobs after production
 }
@@ -46,6 +47,7 @@ var (
 		pause: 30 * time.Second, down: 8 * time.Second, wedge: 10 * time.Second, redisDown: 5 * time.Second,
 		capPause: 10 * time.Second, holdLong: 35 * time.Second, holdShort: 10 * time.Second, standbyDelay: 30 * time.Second,
 		consumers: 5 * time.Second, maxPause: 5 * time.Second, compareFor: 40 * time.Second, drain: 3 * time.Minute,
+		unreachable: time.Minute,
 		// A token's deferral step reaches DeferMax (30s), which with 2s of
 		// slack outlasts a Timeout(30s) attempt, once the token is 31s old
 		// at a deferral; with asynq's whole-second retry times and the
@@ -58,6 +60,7 @@ var (
 		pause: 3 * time.Second, down: 2 * time.Second, wedge: 3 * time.Second, redisDown: 2 * time.Second,
 		capPause: 3 * time.Second, holdLong: 6 * time.Second, holdShort: 3 * time.Second, standbyDelay: 4 * time.Second,
 		consumers: 2 * time.Second, maxPause: 3 * time.Second, compareFor: 8 * time.Second, drain: 90 * time.Second,
+		unreachable: 4 * time.Second,
 		// The second deferral's step (2s) plus 2s of slack outlasts a
 		// Timeout(4s) attempt: the full run's edge, scaled down.
 		timeoutPause: 6 * time.Second, timeouts: [2]time.Duration{2 * time.Second, 4 * time.Second},
@@ -115,6 +118,14 @@ type scenario struct {
 	configure func(r *run, c *consume.Config) error
 	// asynqOnly: every job goes through asynq; there is no Kafka pipeline.
 	asynqOnly bool
+	// kafkaRoutes: the kafka-go Consumers route each message themselves
+	// with the scenario's policy, as an application's do, instead of
+	// handing it on (consume.Always) to caughtupkafka.Middleware in the
+	// handler; a run a replica failed (consume.ReplicaFailed) is then the
+	// Consumer's to route again without spending an attempt. Their waits
+	// and deferrals, which the handler never sees, are counted from the
+	// consumers' caughtup.kafka.messages (foldKafkaWaits).
+	kafkaRoutes bool
 	// retryTopic adds a third pipeline, a Kafka consumer in RetryTopic
 	// mode on a topic of its own, beside the in-place one: jobs then
 	// alternate between asynq, Kafka in place and Kafka retry topic.
@@ -605,9 +616,8 @@ func (r *run) startPipelines(ctx context.Context) error {
 		return err
 	}
 	r.retryPipe = s.newKafkaPipe(r.retryTopic)
-	m, err := s.startKafkaMember("kafka-retry-1", r.retryTopic, r.retryTopic, r.rst,
-		kafkaTuning{retryInitial: 100 * time.Millisecond, retryMax: time.Second, mode: caughtupkafka.RetryTopic},
-		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.rst), r.metrics.provider)
+	tune, h := r.kafkaConsumer(r.rst, caughtupkafka.RetryTopic)
+	m, err := s.startKafkaMember("kafka-retry-1", r.retryTopic, r.retryTopic, r.rst, tune, r.env.router, h, r.metrics.provider)
 	if err != nil {
 		return err
 	}
@@ -628,9 +638,22 @@ func (r *run) startAsynqServer() (*asynq.Server, error) {
 	return srv, nil
 }
 
+// kafkaConsumer is the tuning and handler of a kafka-go member of stream
+// st in mode: the handler routes with caughtupkafka.Middleware, or with
+// scenario.kafkaRoutes the Consumer routes and the handler reads the pool
+// it chose.
+func (r *run) kafkaConsumer(st *stream, mode caughtupkafka.Mode) (kafkaTuning, caughtupkafka.Handler) {
+	tune := kafkaTuning{retryInitial: 100 * time.Millisecond, retryMax: time.Second, mode: mode}
+	if r.sc.kafkaRoutes {
+		tune.routes, tune.policy = true, r.sc.policy
+		return tune, routedKafkaHandler(st)
+	}
+	return tune, caughtupKafkaHandler(r.env.router, r.sc.policy, st)
+}
+
 func (r *run) startKafkaMember(name string) (*kafkaMember, error) {
-	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, kafkaTuning{retryInitial: 100 * time.Millisecond, retryMax: time.Second},
-		r.env.router, caughtupKafkaHandler(r.env.router, r.sc.policy, r.kst), r.metrics.provider)
+	tune, h := r.kafkaConsumer(r.kst, caughtupkafka.InPlace)
+	m, err := r.s.startKafkaMember(name, r.topic, r.group, r.kst, tune, r.env.router, h, r.metrics.provider)
 	if err != nil {
 		return nil, err
 	}
@@ -661,6 +684,9 @@ func (r *run) stopPipelines() {
 		})
 	}
 	wg.Wait()
+	if r.sc.kafkaRoutes && len(members) > 0 {
+		r.foldKafkaWaits()
+	}
 	for _, p := range []*kafkaPipe{r.kafkaPipe, r.retryPipe} {
 		if p != nil {
 			p.close()
@@ -693,6 +719,7 @@ func mergeStreams(name, policy string, sts ...*stream) *stream {
 		out.capped += st.capped
 		out.errors += st.errors
 		out.deadLetters += st.deadLetters
+		out.replicaFailed += st.replicaFailed
 		st.mu.Unlock()
 	}
 	return out
