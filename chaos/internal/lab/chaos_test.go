@@ -93,6 +93,16 @@ func TestChaosShort(t *testing.T) {
 				}
 			}
 			require.Equal(t, []string{"asynq", "kafka", "kafka-retry", "river", "river-tx", "kgo", "all"}, names)
+		case "unreachable-replica":
+			// Every pipeline; a replica's failure spends no attempt and
+			// sets no job aside.
+			var names []string
+			for _, st := range sc.Streams {
+				names = append(names, st.Stream)
+				require.Zero(t, st.DeadLetters, "%s: dead-lettered", st.Stream)
+				require.Zero(t, st.RetriedRuns, "%s: jobs completed with a retry count above 0", st.Stream)
+			}
+			require.Equal(t, []string{"asynq", "kafka", "kafka-retry", "river", "river-tx", "kgo", "all"}, names)
 		}
 	}
 	want := 0

@@ -22,7 +22,7 @@ type suiteResult struct {
 }
 
 const interpretation = "each scenario pushes its job count in total, split evenly between an asynq pipeline and a kafka-go pipeline " +
-	"(replay-pause: and a kafka-go retry-topic pipeline; adapters, adapters-pause: and River, with caughtupriver.Insert and with InsertTx, and franz-go; " +
+	"(replay-pause: and a kafka-go retry-topic pipeline; adapters, adapters-pause, unreachable-replica: and River, with caughtupriver.Insert and with InsertTx, and franz-go; " +
 	"lag-spike-cap: and River and franz-go) that run concurrently against one router (one per process, so one fallback cap); " +
 	"stale = a handler read a version lower than its producer wrote (or no row); lost = produced and never completed"
 

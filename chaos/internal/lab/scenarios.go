@@ -49,6 +49,8 @@ var scenarioList = []func(sl scale) *scenario{
 	feedFailoverScenario,              // feedscenarios.go
 	forgedFeedScenario,                // forged.go
 	balancedScenario,                  // balanced.go
+	weightedScenario,                  // weighted.go
+	unreachableScenario,               // unreachable.go
 	partitionReplicaScenario,          // partitions.go
 	partitionAsymmetricScenario,       // partitions.go
 	partitionLatencyScenario,          // partitions.go
