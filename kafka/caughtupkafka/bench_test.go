@@ -154,10 +154,10 @@ func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), q
 		if !sd.seen[i].Swap(true) {
 			switch sd.distinct.Add(1) {
 			case sd.from:
-				sd.marks[0] = mark{time.Now(), caughtupkafka.ProcessCPUTime()}
+				sd.marks[0] = mark{time.Now(), kafkasuite.ProcessCPUTime()}
 				sd.marked.Done()
 			case sd.to:
-				sd.marks[1] = mark{time.Now(), caughtupkafka.ProcessCPUTime()}
+				sd.marks[1] = mark{time.Now(), kafkasuite.ProcessCPUTime()}
 				sd.marked.Done()
 			case int64(len(sd.seen)):
 				close(sd.all)

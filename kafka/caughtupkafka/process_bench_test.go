@@ -12,6 +12,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -69,13 +70,13 @@ func BenchmarkProcess(b *testing.B) {
 			p := cons.eng.NewPartition("t", 0, src)
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := ProcessCPUTime()
+			cpu0 := kafkasuite.ProcessCPUTime()
 			p.Run(ctx)
 			b.StopTimer()
 			if src.n > 0 || p.Topic() != "t" {
 				b.Fatal("not every message was processed")
 			}
-			b.ReportMetric(float64((ProcessCPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64((kafkasuite.ProcessCPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 			p.Flush(ctx)
 		})
 	}

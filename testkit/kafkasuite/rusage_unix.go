@@ -1,6 +1,6 @@
 //go:build unix
 
-package caughtupkafka
+package kafkasuite
 
 import (
 	"syscall"

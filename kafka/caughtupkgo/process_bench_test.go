@@ -1,0 +1,141 @@
+package caughtupkgo
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/kafka"
+	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/testkit/kafkasuite"
+	"github.com/caughtup/caughtup/testkit/pgtest"
+)
+
+// BenchmarkProcess is what the Consumer's worker spends on one record
+// besides fetching it and handing it to the partition (a worker over a
+// source that hands out records already in memory): reading its token,
+// routing it through the partition's Tally, calling a handler that only
+// asks for its pool (as BenchmarkThroughput's trivial handler does),
+// counting the result. Sub-benchmarks:
+//
+//   - plain: the loop alone, Source.Next and the handler on a context
+//     routed once: the floor the others are priced against;
+//   - token-per-record: each record carries a token of its own (as each
+//     producer's commit gives), caught up on every replica;
+//   - runs-of-16: runs of 16 records with the same token header (one
+//     transaction's events, an outbox relay's batch), the runs' tokens
+//     distinct;
+//   - one-token: every record carries the same token;
+//   - no-token: records without a token header (read on the primary).
+//
+// Besides ns/op it reports cpu-ns/op, the process's CPU time per record
+// (garbage collection included), which other work on a shared machine
+// inflates far less than wall-clock time.
+func BenchmarkProcess(b *testing.B) {
+	c := pgtest.Shared(b)
+	db := pgtest.NewDatabase(b, c)
+	ctx := context.Background()
+	primary, err := c.Primary().Pool(ctx, db)
+	require.NoError(b, err)
+	b.Cleanup(primary.Close)
+	var replicas []replay.Replica
+	for _, n := range c.Replicas() {
+		p, err := n.Pool(ctx, db)
+		require.NoError(b, err)
+		b.Cleanup(p.Close)
+		replicas = append(replicas, replay.Replica{Name: n.Name(), Pool: p})
+	}
+	router, err := consume.NewRouter(ctx, consume.Config{Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replicas}}})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = router.Close() })
+	require.NoError(b, c.WaitReplicasCaughtUp(ctx))
+	snap := router.Snapshot().Database("main")
+	low := snap.Replicas[0].Replayed.LSN
+	for _, r := range snap.Replicas[1:] {
+		low = min(low, r.Replayed.LSN)
+	}
+	stamped := func(n, run int) []*kgo.Record {
+		rs := make([]*kgo.Record, n)
+		for i := range rs {
+			tok := position.New("main", snap.Primary.Epoch, low-position.LSN(i/run), position.SourcePrimary, time.Now())
+			rs[i] = &kgo.Record{Topic: "t", Value: []byte("x")}
+			require.NoError(b, Stamp(enqueue.WithToken(ctx, tok), rs[i]))
+		}
+		return rs
+	}
+	handler := func(ctx context.Context, r *kgo.Record) error {
+		_, err := consume.Pool(ctx, "main")
+		return err
+	}
+	cons, err := NewConsumer(ConsumerConfig{ClientOpts: []kgo.Opt{kgo.SeedBrokers("localhost:1")}, GroupID: "g", Topic: "t", Router: router}, handler)
+	require.NoError(b, err)
+
+	b.Run("plain", func(b *testing.B) {
+		hctx, _, err := router.Route(ctx, consume.Job{Policy: consume.Delayed})
+		require.NoError(b, err)
+		src := &sliceSource{recs: stamped(4096, 1), n: b.N}
+		b.ReportAllocs()
+		cpu0 := kafkasuite.ProcessCPUTime()
+		for {
+			r, ok := src.Next(ctx)
+			if !ok {
+				break
+			}
+			if err := handler(hctx, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64((kafkasuite.ProcessCPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+	})
+	for _, bc := range []struct {
+		name string
+		recs []*kgo.Record
+	}{
+		{"token-per-record", stamped(4096, 1)},
+		{"runs-of-16", stamped(4096, 16)},
+		{"one-token", stamped(1, 1)},
+		{"no-token", []*kgo.Record{{Topic: "t", Value: []byte("x")}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			src := &sliceSource{recs: bc.recs, n: b.N}
+			p := cons.eng.NewPartition("t", 0, src)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := kafkasuite.ProcessCPUTime()
+			p.Run(ctx)
+			b.StopTimer()
+			if src.n > 0 {
+				b.Fatal("not every record was processed")
+			}
+			b.ReportMetric(float64((kafkasuite.ProcessCPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			p.Flush(ctx)
+		})
+	}
+}
+
+// sliceSource hands out n records of recs in turn, then none.
+type sliceSource struct {
+	recs []*kgo.Record
+	i, n int
+}
+
+var _ kafka.Source[*kgo.Record] = (*sliceSource)(nil)
+
+func (s *sliceSource) Next(context.Context) (*kgo.Record, bool) {
+	if s.n == 0 {
+		return nil, false
+	}
+	s.n--
+	r := s.recs[s.i%len(s.recs)]
+	s.i++
+	return r, true
+}
+
+func (*sliceSource) Pause()  {}
+func (*sliceSource) Resume() {}
