@@ -68,16 +68,34 @@ type Config struct {
 	// read directly than waited on.
 	PositionTimeout time.Duration
 
-	// MeterProvider records caughtup.river.tokens, .position.reads and
-	// .overrides.
+	// WakeCapacity bounds how many snoozed jobs the Middleware remembers
+	// to wake: a job snoozed for lag is made available again (its
+	// scheduled_at moved to now, in a statement that wakes up to a
+	// thousand at once) as soon as a replica has replayed its token,
+	// rather than when its snooze ends. A remembered job is forgotten when
+	// it comes back to this process, is woken, its snooze has ended, or
+	// its River client stops; when the set is full the oldest is
+	// forgotten (caughtup.river.wake.dropped, evicted). A forgotten job
+	// runs when its snooze ends, as every snoozed job does if the process
+	// dies. Negative disables waking. Only clients of the pgx driver
+	// (riverpgxv5) are woken.
+	// Default: DefaultWakeCapacity (10,000).
+	// More jobs than a worker process snoozes in a long replica outage at
+	// hundreds of jobs per second, in a few MB.
+	WakeCapacity int
+
+	// MeterProvider records caughtup.river.tokens, .position.reads,
+	// .overrides and .wake.*.
 	// Default: otel.GetMeterProvider().
 	// As the OpenTelemetry contrib instrumentations do.
 	MeterProvider metric.MeterProvider
 
-	// TracerProvider makes the consume.SpanDefer span of each snooze. The
-	// routing spans are the router's (consume.Config.TracerProvider);
-	// both are children of the worker's context's span (otelriver's, if
-	// its middleware runs before this one).
+	// TracerProvider makes the consume.SpanDefer span of each snooze and
+	// the consume.SpanWake span of each wake statement, linked to the
+	// snoozes' spans. The routing spans are the router's
+	// (consume.Config.TracerProvider); they and the snoozes' are children
+	// of the worker's context's span (otelriver's, if its middleware runs
+	// before this one).
 	// Default: otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 
@@ -95,6 +113,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PositionTimeout == 0 {
 		c.PositionTimeout = DefaultPositionTimeout
+	}
+	if c.WakeCapacity == 0 {
+		c.WakeCapacity = DefaultWakeCapacity
 	}
 	if c.MeterProvider == nil {
 		c.MeterProvider = otel.GetMeterProvider()

@@ -38,8 +38,11 @@ const (
 	tokenFetchFailed
 	// tokenPrimaryPolicy: consume.Always, which needs no token.
 	tokenPrimaryPolicy
+	// tokenSnoozed: the position read for the job's fetch before its last
+	// snooze, kept in its metadata (snoozedToken): no read.
+	tokenSnoozed
 
-	numTokenSources = int(tokenPrimaryPolicy) + 1
+	numTokenSources = int(tokenSnoozed) + 1
 )
 
 var tokenSourceNames = [numTokenSources]string{
@@ -50,6 +53,7 @@ var tokenSourceNames = [numTokenSources]string{
 	tokenNone:          "none",
 	tokenFetchFailed:   "fetch_failed",
 	tokenPrimaryPolicy: "always",
+	tokenSnoozed:       "snoozed",
 }
 
 func (s tokenSource) String() string {
@@ -87,7 +91,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	var err error
 	if m.tokens, err = meter.Int64Counter("caughtup.river.tokens",
 		metric.WithUnit("{job}"),
-		metric.WithDescription("River jobs routed, by where their token came from: metadata, fetch (the primary's position read after the fetch), metadata_fetch (unique jobs), malformed, none, fetch_failed (the last three read the primary), always.")); err != nil {
+		metric.WithDescription("River jobs routed, by where their token came from: metadata, fetch (the primary's position read after the fetch), metadata_fetch (unique jobs), snoozed (the position read before the job's last snooze), malformed, none, fetch_failed (the last three read the primary), always.")); err != nil {
 		return nil, fmt.Errorf("caughtup/river: creating caughtup.river.tokens: %w", err)
 	}
 	for s := range tokenSource(numTokenSources) {

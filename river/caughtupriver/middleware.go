@@ -79,6 +79,7 @@ type Middleware struct {
 	policies map[string]consume.Policy
 	def      consume.Policy
 	fetch    *fetchPositions // nil with UnstampedReadPrimary
+	waker    *waker          // nil with a negative WakeCapacity
 	met      *metrics
 	tracer   trace.Tracer
 	log      *slog.Logger
@@ -116,6 +117,11 @@ func NewMiddleware(router *consume.Router, cfg Config) (*Middleware, error) {
 	if m.met, err = newMetrics(cfg.MeterProvider); err != nil {
 		return nil, err
 	}
+	if cfg.WakeCapacity > 0 {
+		if m.waker, err = newWaker(router, cfg.WakeCapacity, cfg.MeterProvider, m.tracer, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
 	if !cfg.UnstampedReadPrimary {
 		db, ok := rc.Databases[cfg.Database]
 		if !ok {
@@ -151,8 +157,11 @@ func (m *Middleware) policy(kind string) consume.Policy {
 // Work routes job, then runs doInner with the routed context, or snoozes
 // the job when no replica can serve it yet.
 func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	if m.waker != nil {
+		m.waker.forget(ctx, job)
+	}
 	rj := consume.Job{Policy: m.policy(job.Kind)}
-	m.jobToken(ctx, job, &rj)
+	read := m.jobToken(ctx, job, &rj)
 	// Any error on the last attempt discards the job: a refusal by the
 	// fallback cap is then held in the worker instead. A snooze is free
 	// on any attempt, so the job may still be deferred.
@@ -172,6 +181,8 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 			return werr
 		}
 		if reroutes == consume.MaxReroutes {
+			// Not remembered for a wake, nor its position kept: the
+			// replica failed, not lag, and the worker ran.
 			m.met.overrides.Add(ctx, 1, m.met.replicaFailed)
 			return river.JobSnooze(m.deferInitial)
 		}
@@ -184,12 +195,22 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 		// which River retries after its own backoff.
 		return err
 	}
-	m.traceSnooze(ctx, job, de)
-	return river.JobSnooze(max(de.Delay, 0))
+	delay := max(de.Delay, 0)
+	// The span is the moment of the snooze; a wake's span links to it.
+	span := m.traceSnooze(ctx, job, de)
+	if !read.IsZero() {
+		keepSnoozed(ctx, job, read, delay)
+	}
+	if m.waker != nil {
+		m.waker.remember(ctx, job, rj.Token, delay, span.SpanContext())
+	}
+	span.End()
+	return river.JobSnooze(delay)
 }
 
-// traceSnooze records a snooze as a consume.SpanDefer span.
-func (m *Middleware) traceSnooze(ctx context.Context, job *rivertype.JobRow, de *consume.DeferError) {
+// traceSnooze starts a snooze's consume.SpanDefer span; the caller ends
+// it.
+func (m *Middleware) traceSnooze(ctx context.Context, job *rivertype.JobRow, de *consume.DeferError) trace.Span {
 	_, span := consume.StartDefer(ctx, m.tracer, de, func() []attribute.KeyValue {
 		return []attribute.KeyValue{
 			attribute.String("messaging.system", "river"),
@@ -199,35 +220,42 @@ func (m *Middleware) traceSnooze(ctx context.Context, job *rivertype.JobRow, de 
 			attribute.Int("caughtup.river.attempt", job.Attempt),
 		}
 	})
-	span.End()
+	return span
 }
 
-// jobToken fills rj's token from job's metadata or the primary's position
-// after the fetch, and counts where it came from.
-func (m *Middleware) jobToken(ctx context.Context, job *rivertype.JobRow, rj *consume.Job) {
+// jobToken fills rj's token from job's metadata or a position read for
+// the job, and counts where it came from. It returns that position when
+// it alone is the job's token (kept at a snooze, keepSnoozed), else zero.
+func (m *Middleware) jobToken(ctx context.Context, job *rivertype.JobRow, rj *consume.Job) (read position.Token) {
 	if rj.Policy == consume.Always {
 		m.met.token(ctx, tokenPrimaryPolicy)
-		return
+		return read
 	}
 	tok, ok, err := TokenOf(job)
 	switch {
 	case err != nil:
 		rj.TokenErr, rj.Source = err, "river "+job.Kind
 		m.met.token(ctx, tokenMalformed)
-		return
+		return read
 	case ok && job.UniqueKey == nil:
 		rj.Token = tok
 		m.met.token(ctx, tokenMetadata)
-		return
+		return read
 	case !ok && m.fetch == nil:
 		m.met.token(ctx, tokenNone)
-		return
+		return read
 	case m.fetch == nil:
 		// A unique job without the fetch position: its metadata may not
 		// cover a skipped duplicate's writes, and the primary has them.
 		rj.Policy = consume.Always
 		m.met.token(ctx, tokenPrimaryPolicy)
-		return
+		return read
+	case !ok && job.UniqueKey == nil:
+		if st, kept := snoozedToken(job); kept {
+			rj.Token = st
+			m.met.token(ctx, tokenSnoozed)
+			return st
+		}
 	}
 	pos, perr := m.fetch.token(ctx)
 	if perr != nil {
@@ -238,17 +266,21 @@ func (m *Middleware) jobToken(ctx context.Context, job *rivertype.JobRow, rj *co
 			m.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: could not read the primary's position for a fetched River job; it reads the primary",
 				slog.String("messaging.system", "river"), slog.String("caughtup.river.kind", job.Kind), slog.Any("error", perr))
 		})
-		return
+		return read
 	}
 	if ok {
 		// A unique job: the metadata token merged with the position; the
 		// job's age is the older of the two (Merge keeps the earlier).
 		rj.Token = tok.Merge(withCapturedAt(pos, job.CreatedAt))
 		m.met.token(ctx, tokenMetadataFetch)
-		return
+		return read
 	}
 	rj.Token = withCapturedAt(pos, job.CreatedAt)
 	m.met.token(ctx, tokenFetch)
+	if job.UniqueKey != nil {
+		return read // read anew at every fetch (snoozedToken)
+	}
+	return rj.Token
 }
 
 // withCapturedAt is tok dated at: a fetched job's age counts from its
