@@ -24,14 +24,19 @@ import (
 // Middleware is River worker middleware that routes each job before its
 // worker runs. Install it on the client:
 //
-//	mw, err := caughtupriver.NewMiddleware(router, caughtupriver.Config{
-//		Policies: map[string]consume.Policy{"email_send": consume.Delayed},
-//	})
-//	client, err := river.NewClient(riverpgxv5.New(primary), &river.Config{
-//		Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
-//		Workers:    workers,
-//		Middleware: []rivertype.Middleware{mw},
-//	})
+//	func newClient(router *consume.Router, primary *pgxpool.Pool, workers *river.Workers) (*river.Client[pgx.Tx], error) {
+//		mw, err := caughtupriver.NewMiddleware(router, caughtupriver.Config{
+//			Policies: map[string]consume.Policy{"email_send": consume.Delayed},
+//		})
+//		if err != nil {
+//			return nil, err
+//		}
+//		return river.NewClient(riverpgxv5.New(primary), &river.Config{
+//			Queues:     map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 20}},
+//			Workers:    workers,
+//			Middleware: []rivertype.Middleware{mw},
+//		})
+//	}
 //
 // and in the worker take the pool from the context: consume.DB(ctx, "main").
 //
