@@ -225,6 +225,7 @@ func checkUnreachable(r *run, res *scenarioResult) {
 	r.note("replica exclusions (caughtup.consume.replica.exclusions) by replica and reason: %v; the router first left %s out %s after the refusal began, "+
 		"and took it back %s; Kafka consumers' results (both adapters): %s", excl, st.far.Name(), excludedAfter, back, strings.Join(kafka, ", "))
 	r.noteReplicaFailed(res)
+	r.note("primary reads by reason: %v", r.primaryReasons())
 
 	if n := excl[st.far.Name()+"/unreachable"]; n == 0 {
 		r.fail("the router never left %s out as unreachable", st.far.Name())

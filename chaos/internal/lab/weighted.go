@@ -264,6 +264,7 @@ func checkWeighted(r *run, res *scenarioResult) {
 	r.note("other clients: %d short transactions through the PgBouncer database (%d failed); HAProxy server connections by server: %v (weights %d:1)",
 		st.otherTx.Load(), st.otherErrs.Load(), st.sessions, weightedHeavy)
 	r.noteReplicaFailed(res)
+	r.note("primary reads by reason: %v", r.primaryReasons())
 	if st.pauses == 0 {
 		r.fail("replay was never paused")
 	}
@@ -296,4 +297,20 @@ func (r *run) noteReplicaFailed(res *scenarioResult) {
 		by = append(by, fmt.Sprintf("%s %d (completed with retry count > 0: %d)", sr.Stream, sr.ReplicaFailed, sr.RetriedRuns))
 	}
 	r.note("handler runs a replica failed (consume.ReplicaFailed), routed again without spending an attempt, by stream: %s", strings.Join(by, ", "))
+}
+
+// primaryReasons counts the reads on the primary of every stream by the
+// decision's reason.
+func (r *run) primaryReasons() map[string]int {
+	out := map[string]int{}
+	for _, st := range r.streams() {
+		st.mu.Lock()
+		for _, rd := range st.reads {
+			if rd.replica == "" {
+				out[rd.reason]++
+			}
+		}
+		st.mu.Unlock()
+	}
+	return out
 }
