@@ -214,7 +214,7 @@ func CheckSnippets(root string, snippets []Snippet) ([]Problem, error) {
 		Mode:    packages.LoadSyntax,
 		Dir:     root,
 		Overlay: overlay,
-		Env:     append(os.Environ(), "GOFLAGS=-mod=readonly", "GOWORK=off"),
+		Env:     append(os.Environ(), "GOWORK=off"),
 	}
 	pkgs, err := packages.Load(cfg, patterns...)
 	if err != nil {
