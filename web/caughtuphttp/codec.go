@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caughtup/caughtup/position"
@@ -121,23 +123,98 @@ func reject(r Reason, format string, args ...any) *RejectedError {
 }
 
 // codec seals and opens session values with a list of keys: the first
-// signs, all verify. It is immutable and safe for concurrent use; each
-// call makes its own HMAC state (sign.Scheme.Sum: a few hundred
-// nanoseconds beside a request's database round trip).
+// signs, all verify. Its keys never change, and it is safe for concurrent
+// use. Each seal makes its own HMAC state (sign.Scheme.Sum); open
+// remembers the values it verified (verified), since a session sends the
+// same value with every request until it writes again.
 type codec struct {
 	signer sign.Key
 	byID   map[string][]byte
 	// skew is how far ahead of now an issued-at may be.
 	skew time.Duration
+
+	verified *verifiedValues
 }
 
 func newCodec(keys []sign.Key, skew time.Duration) *codec {
-	c := &codec{signer: keys[0], byID: make(map[string][]byte, len(keys)), skew: skew}
+	c := &codec{signer: keys[0], byID: make(map[string][]byte, len(keys)), skew: skew, verified: newVerifiedValues()}
 	for _, k := range keys {
 		c.byID[k.ID] = append([]byte(nil), k.Secret...)
 	}
 	c.signer.Secret = c.byID[keys[0].ID]
 	return c
+}
+
+// verifiedValues remembers, by their exact text, values whose signature
+// verified under this codec's keys and whose token decoded, with what
+// they carry: verifying and decoding cost about a microsecond and a dozen
+// allocations, which a session would otherwise pay on every request.
+// The MAC is over the very bytes the text decodes to, and the keys never
+// change, so the same text verifies the same way every time; what depends
+// on the clock (expired, issued in the future) is checked again on every
+// open (codec.current). Only values that verified are kept: a client
+// cannot fill it without values this process signed, and a value that
+// failed is verified again, as before.
+//
+// It holds verifiedSlots entries, one per slot: a value's slot is a hash
+// of its text under a seed of this process (maphash), so a client cannot
+// choose whose entry its value replaces, and a newer value replaces the
+// older. Memory is bounded by verifiedSlots values (a value is at most
+// maxValue bytes).
+type verifiedValues struct {
+	seed  maphash.Seed
+	slots [verifiedSlots]atomic.Pointer[verifiedValue]
+}
+
+// verifiedSlots: a power of two, for the slot mask; enough for the
+// sessions that are active at once in one process in most deployments.
+// More sessions than that only cost more verification.
+const verifiedSlots = 4096
+
+type verifiedValue struct {
+	hash  uint64
+	value string
+	o     opened
+}
+
+func newVerifiedValues() *verifiedValues { return &verifiedValues{seed: maphash.MakeSeed()} }
+
+func (v *verifiedValues) slot(hash uint64) *atomic.Pointer[verifiedValue] {
+	return &v.slots[hash&(verifiedSlots-1)]
+}
+
+// lookup returns what value carries if it verified before.
+func (v *verifiedValues) lookup(value string) (opened, bool) {
+	h := maphash.String(v.seed, value)
+	e := v.slot(h).Load()
+	// The hash first (under a secret seed, it says nothing about the
+	// texts), then the texts in constant time: a client's guess learns
+	// nothing from how long a comparison with another session's value
+	// took.
+	if e == nil || e.hash != h || !sameText(e.value, value) {
+		return opened{}, false
+	}
+	return e.o, true
+}
+
+// sameText reports whether a and b are equal, in a time that depends on
+// their lengths only.
+func sameText(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	var diff byte
+	for i := 0; i < len(a); i++ {
+		diff |= a[i] ^ b[i]
+	}
+	return diff == 0
+}
+
+// remember records that value verified and carries o.
+func (v *verifiedValues) remember(value string, o opened) {
+	h := maphash.String(v.seed, value)
+	// A copy: value may be a slice of a request's whole Cookie header.
+	v.slot(h).Store(&verifiedValue{hash: h, value: strings.Clone(value), o: o})
 }
 
 // seal returns the signed value carrying tok, issued at issued with maxAge.
@@ -169,8 +246,36 @@ type opened struct {
 }
 
 // open verifies value at now. Every failure is a *RejectedError; nothing
-// in value can make it panic (FuzzOpen).
+// in value can make it panic (FuzzOpen). A value that verified before is
+// not verified again (verifiedValues); its age is.
 func (c *codec) open(value string, now time.Time) (opened, error) {
+	if o, ok := c.verified.lookup(value); ok {
+		if re := c.current(o, now); re != nil {
+			return opened{}, re
+		}
+		return o, nil
+	}
+	o, err := c.verify(value, now)
+	if err == nil {
+		c.verified.remember(value, o)
+	}
+	return o, err
+}
+
+// current checks a verified value's age at now.
+func (c *codec) current(o opened, now time.Time) *RejectedError {
+	switch {
+	case o.issued.After(now.Add(c.skew)):
+		return reject(ReasonFuture, "issued %v ahead", o.issued.Sub(now).Round(time.Millisecond))
+	case !now.Before(o.issued.Add(o.maxAge)):
+		return reject(ReasonExpired, "issued %v ago with max age %v", now.Sub(o.issued).Round(time.Second), o.maxAge)
+	}
+	return nil
+}
+
+// verify is open without verifiedValues: the signature, the age and the
+// token, in that order.
+func (c *codec) verify(value string, now time.Time) (opened, error) {
 	if len(value) > maxValue {
 		return opened{}, reject(ReasonMalformed, "%d bytes, more than %d", len(value), maxValue)
 	}
@@ -203,19 +308,17 @@ func (c *codec) open(value string, now time.Time) (opened, error) {
 		return opened{}, reject(ReasonBadSignature, "key %q", id)
 	}
 	rest := p[2+n:]
-	issued := time.UnixMilli(int64(binary.BigEndian.Uint64(rest)))
-	maxAge := time.Duration(binary.BigEndian.Uint32(rest[8:])) * time.Second
-	switch {
-	case issued.After(now.Add(c.skew)):
-		return opened{}, reject(ReasonFuture, "issued %v ahead", issued.Sub(now).Round(time.Millisecond))
-	case !now.Before(issued.Add(maxAge)):
-		return opened{}, reject(ReasonExpired, "issued %v ago with max age %v", now.Sub(issued).Round(time.Second), maxAge)
+	o := opened{
+		issued: time.UnixMilli(int64(binary.BigEndian.Uint64(rest))),
+		maxAge: time.Duration(binary.BigEndian.Uint32(rest[8:])) * time.Second,
 	}
-	tok, err := position.Decode(string(rest[12:]))
-	if err != nil {
+	if re := c.current(o, now); re != nil {
+		return opened{}, re
+	}
+	if o.tok, err = position.Decode(string(rest[12:])); err != nil {
 		return opened{}, &RejectedError{Reason: ReasonBadToken, Detail: err.Error()}
 	}
-	return opened{tok: tok, issued: issued, maxAge: maxAge}, nil
+	return o, nil
 }
 
 // asRejected returns err's *RejectedError, for callers of open.

@@ -142,6 +142,16 @@ func FuzzOpen(f *testing.F) {
 	f.Add(strings.Replace(v, ".", "..", 1))
 	f.Fuzz(func(t *testing.T, value string) {
 		o, err := c.open(value, t0)
+		// What open remembers changes nothing: the value's verification
+		// again, at that time and at others, gives what verify gives.
+		for _, now := range []time.Time{t0, t0, t0.Add(-2 * time.Second), t0.Add(time.Minute)} {
+			o2, err2 := c.open(value, now)
+			w, werr := c.verify(value, now)
+			if (err2 == nil) != (werr == nil) || (err2 != nil && reason(t, err2) != reason(t, werr)) ||
+				(err2 == nil && (o2.tok.String() != w.tok.String() || !o2.issued.Equal(w.issued) || o2.maxAge != w.maxAge)) {
+				t.Fatalf("at %v: open %+v, %v; verify %+v, %v", now, o2, err2, w, werr)
+			}
+		}
 		if err != nil {
 			if _, ok := err.(*RejectedError); !ok {
 				t.Fatalf("open returned %T, want *RejectedError", err)
@@ -153,4 +163,65 @@ func FuzzOpen(f *testing.F) {
 			t.Fatalf("accepted a value whose token does not encode: %v", err)
 		}
 	})
+}
+
+// TestCodecVerifiedValues: a value that verified is not verified again,
+// but its age is checked at every open; values that did not verify, or
+// differ from one that did in any byte, are verified in full.
+func TestCodecVerifiedValues(t *testing.T) {
+	t.Parallel()
+	c := newCodec([]feed.Key{testKey(t, "k")}, 5*time.Second)
+	tok := sampleToken()
+	v, err := c.seal(tok, t0, time.Minute)
+	require.NoError(t, err)
+	_, known := c.verified.lookup(v)
+	require.False(t, known, "sealing remembers nothing")
+	o, err := c.open(v, t0)
+	require.NoError(t, err)
+	cached, known := c.verified.lookup(v)
+	require.True(t, known, "a verified value is remembered")
+	require.Equal(t, o, cached)
+	require.Equal(t, tok.String(), cached.tok.String())
+
+	// Its age is checked again on every open.
+	_, err = c.open(v, t0.Add(time.Minute-time.Millisecond))
+	require.NoError(t, err)
+	require.Equal(t, ReasonExpired, reason(t, func() error { _, err := c.open(v, t0.Add(time.Minute)); return err }()))
+	require.Equal(t, ReasonFuture, reason(t, func() error { _, err := c.open(v, t0.Add(-5*time.Second-time.Millisecond)); return err }()))
+	_, err = c.open(v, t0.Add(time.Second))
+	require.NoError(t, err, "an expired open does not forget a value that a later request may still carry within its age")
+
+	// A byte changed is another value: verified, and refused.
+	b := []byte(v)
+	b[len(b)/3] ^= 1
+	require.Equal(t, ReasonBadSignature, reason(t, func() error { _, err := c.open(string(b), t0); return err }()))
+	_, known = c.verified.lookup(string(b))
+	require.False(t, known, "a refused value is not remembered")
+	// A value expired at its first open is not remembered either.
+	old, err := c.seal(tok, t0.Add(-time.Hour), time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ReasonExpired, reason(t, func() error { _, err := c.open(old, t0); return err }()))
+	_, known = c.verified.lookup(old)
+	require.False(t, known)
+
+	// Another codec (another key under the same ID) shares nothing.
+	other := newCodec([]feed.Key{testKey(t, "k")}, 5*time.Second)
+	require.Equal(t, ReasonBadSignature, reason(t, func() error { _, err := other.open(v, t0); return err }()))
+
+	// Bounded: every value takes one slot, the newest in a slot wins.
+	for i := range 3 * verifiedSlots {
+		v, err := c.seal(tok, t0.Add(time.Duration(i)*time.Millisecond), time.Minute)
+		require.NoError(t, err)
+		_, err = c.open(v, t0.Add(20*time.Second))
+		require.NoError(t, err)
+	}
+	n := 0
+	for i := range c.verified.slots {
+		if c.verified.slots[i].Load() != nil {
+			n++
+		}
+	}
+	require.LessOrEqual(t, n, verifiedSlots)
+	_, err = c.open(v, t0)
+	require.NoError(t, err, "a value whose slot was taken is verified again")
 }
