@@ -114,7 +114,10 @@
 // # The value
 //
 // base64url of (version, key ID, issued-at, max age, the token's text),
-// a dot, and base64url of its HMAC-SHA256 under the key named. Keys are
+// a dot, and base64url of its HMAC-SHA256 under the key named. A process
+// verifies a value once: it remembers, by their exact text, a bounded
+// number of values whose signature verified, and checks only their age
+// when they come back with the session's next requests. Keys are
 // sign.Keys (`caughtup feed --generate-key`); list the new key second on
 // every process, then first, then drop the old one after MaxAge. The
 // cookie is Secure, HttpOnly, SameSite=Lax and named with the __Host-

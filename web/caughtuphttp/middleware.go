@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -33,6 +36,12 @@ type Middleware struct {
 	// primary's epoch is known now.
 	staleness time.Duration
 	routerNow func() time.Time
+
+	// floor is the last floorOf, for the requests without a session.
+	floor atomic.Pointer[floor]
+	// sources maps a route to its Job.Source (sourceOf); copied on write.
+	sources   atomic.Pointer[map[string]string]
+	sourcesMu sync.Mutex
 
 	// warnRejected samples the ignored values by result and reason, so
 	// that a flood logs when the cap runs out, not only when it starts.
@@ -83,6 +92,7 @@ func New(router *consume.Router, cfg Config) (*Middleware, error) {
 		m.databases = append(m.databases, name)
 	}
 	slices.Sort(m.databases)
+	m.sources.Store(&map[string]string{})
 	for i := range m.warnRejected {
 		for j := range m.warnRejected[i] {
 			m.warnRejected[i][j] = &rate.Sometimes{First: warnFirst, Interval: warnInterval}
@@ -133,9 +143,7 @@ func (m *Middleware) read(r *http.Request, now time.Time) carried {
 		value = r.Header.Get(m.cfg.Header)
 	}
 	if value == "" {
-		if c, err := r.Cookie(m.cfg.Cookie); err == nil {
-			value, fromCookie = c.Value, true
-		}
+		value, fromCookie = cookieValue(r.Header, m.cfg.Cookie)
 	}
 	if value == "" {
 		return carried{}
@@ -167,6 +175,14 @@ func (m *Middleware) jobToken(in carried, snap *replay.Snapshot, now time.Time) 
 	if in.capped && in.foreign != nil {
 		in.tok = without(in.tok, in.foreign)
 	}
+	if in.tok.IsZero() {
+		// A request without a session: the floor of every database whose
+		// epoch is current, the same for every such request on snap.
+		if floor := m.floorOf(snap); len(floor) > 0 {
+			return position.Token{Entries: floor, CapturedAt: now}
+		}
+		return in.tok
+	}
 	var floor []position.Entry
 	cutoff := m.routerNow().Add(-m.staleness)
 	for _, db := range m.databases {
@@ -183,12 +199,56 @@ func (m *Middleware) jobToken(in carried, snap *replay.Snapshot, now time.Time) 
 	return in.tok.Merge(position.Token{Entries: floor, CapturedAt: now})
 }
 
+// floor is the token entries of a request without a session, kept for
+// the snapshot they were made from: which databases get one depends on
+// snap and on the clock (currentEpoch), so the entries are reused while
+// both give the same databases.
+type floor struct {
+	snap    *replay.Snapshot
+	current []bool // per m.databases: has an entry
+	entries []position.Entry
+}
+
+// floorOf returns jobToken's entries for a token that names no database:
+// one per database whose primary's epoch is current in snap. They are
+// shared by the requests that get them: read them, do not modify them
+// (Merge and the Router copy).
+func (m *Middleware) floorOf(snap *replay.Snapshot) []position.Entry {
+	cutoff := m.routerNow().Add(-m.staleness)
+	f := m.floor.Load()
+	if f != nil && f.snap == snap {
+		same := true
+		for i, db := range m.databases {
+			if _, ok := currentEpoch(snap, db, cutoff); ok != f.current[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return f.entries
+		}
+	}
+	f = &floor{snap: snap, current: make([]bool, len(m.databases))}
+	for i, db := range m.databases {
+		if ep, ok := currentEpoch(snap, db, cutoff); ok {
+			f.current[i] = true
+			f.entries = append(f.entries, position.Entry{Database: db, Epoch: ep, LSN: 0, Source: position.SourceUnknown})
+		}
+	}
+	f.entries = slices.Clip(f.entries)
+	m.floor.Store(f)
+	return f.entries
+}
+
 func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
 	now := m.cfg.Now()
 	route := m.cfg.Route(r)
 	in := m.read(r, now)
 	snap := m.router.Snapshot()
 	m.admit(r, route, &in, snap)
+	// What the request needs lives in one allocation: the session's
+	// bookkeeping, the ResponseWriter and the two contexts below.
+	q := &request{}
 	// One session per request collects the token of every write the
 	// handler makes through enqueue (InTx, Commit, AfterWrite), even from
 	// contexts it does not pass back up.
@@ -196,7 +256,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	job := consume.Job{
 		Token:  m.jobToken(in, snap, now),
 		Policy: m.cfg.Policy,
-		Source: "http " + route,
+		Source: m.sourceOf(route),
 		// No queue to put the request back on: the router waits, then
 		// reads the primary under the cap, and while the cap is spent
 		// holds the request for a replica or the cap, up to MaxWait.
@@ -206,9 +266,11 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// MaxWait bounds the routing, not the handler: Route's context has the
 	// deadline, the handler's context has the request's cancellation and
 	// Route's values (valuesOf).
-	bounded, cancel := context.WithTimeout(ctx, m.cfg.MaxWait)
-	routed, d, err := m.router.Route(valuesOf{Context: bounded, values: ctx}, job)
-	cancel()
+	// time.Now, not Config.Now: timers run on the real clock.
+	q.bounded = routeContext{parent: ctx, deadline: time.Now().Add(m.cfg.MaxWait)}
+	routed, d, err := m.router.Route(&q.bounded, job)
+	q.bounded.release()
+	q.session = session{m: m, w: w, ctx: &q.handler, in: in}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client is gone; nobody reads an answer
@@ -219,22 +281,60 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				slog.String("route", route), slog.String("caughtup.reason", d.Reason.String()), slog.Any("error", err))
 		})
 		if in.rejected != nil && in.fromCookie {
-			(&session{m: m, w: w, ctx: ctx, in: in}).setCookie("", -1)
+			q.session.ctx = ctx
+			q.session.setCookie("", -1)
 		}
 		m.cfg.Unavailable(w, r, err)
 		return
 	}
-	hctx := valuesOf{Context: ctx, values: routed}
-	s := &session{m: m, w: w, ctx: hctx, in: in, drop: slices.Clip(in.foreign)}
-	s.before, _ = enqueue.TokenFrom(hctx)
+	q.handler = valuesOf{Context: ctx, values: routed}
+	s := &q.session
+	s.drop = slices.Clip(in.foreign)
+	s.before, _ = enqueue.TokenFrom(s.ctx)
 	if late := s.foreign(d); late != nil {
 		// The router judged these by the replicas' epochs (its view of the
 		// primary's had none): they read the primary, uncharged, as the
 		// databases of a request without a session then do.
 		m.rejected(r, route, ReasonOtherCluster, resultPrimary, slog.Any("databases", late))
 	}
-	next.ServeHTTP(&responseWriter{ResponseWriter: w, s: s}, r.WithContext(hctx))
+	q.w = responseWriter{ResponseWriter: w, s: s}
+	next.ServeHTTP(&q.w, r.WithContext(s.ctx))
 	s.finish(r.Context(), route)
+}
+
+// request is what serve keeps for one request, in one allocation.
+type request struct {
+	session session
+	w       responseWriter
+	// bounded is Route's context; handler the handler's.
+	bounded routeContext
+	handler valuesOf
+}
+
+// maxSources bounds the Job.Source strings kept by route (sourceOf).
+const maxSources = 1024
+
+// sourceOf is "http " + route, the job's Source, without building it for
+// every request: routes are few (a pattern, a method), and a Config.Route
+// that names more than maxSources gets them built per request.
+func (m *Middleware) sourceOf(route string) string {
+	sources := *m.sources.Load()
+	if s, ok := sources[route]; ok {
+		return s
+	}
+	s := "http " + route
+	if len(sources) < maxSources {
+		m.sourcesMu.Lock()
+		cur := *m.sources.Load()
+		if _, ok := cur[route]; !ok && len(cur) < maxSources {
+			next := make(map[string]string, len(cur)+1)
+			maps.Copy(next, cur)
+			next[route] = s
+			m.sources.Store(&next)
+		}
+		m.sourcesMu.Unlock()
+	}
+	return s
 }
 
 // admit decides what a rejected value, or entries naming another
@@ -345,6 +445,83 @@ func (c valuesOf) Value(key any) any { return c.values.Value(key) }
 
 func (c valuesOf) String() string {
 	return fmt.Sprintf("%v.WithValuesOf(%v)", c.Context, c.values)
+}
+
+// routeContext is the context Route gets: parent (the request's context
+// with its enqueue session) with MaxWait's deadline. context.WithTimeout
+// would start a timer for every request, and most requests are routed
+// without waiting: the timer (a context.WithDeadline of parent) is made
+// only when something waits on the context, through Done or AfterFunc
+// (a context derived from it), or asks Err past the deadline. release
+// ends it once Route has returned: as for a cancelled context.WithTimeout,
+// Done is then closed and Err is context.Canceled (or the deadline's, or
+// parent's, error if that came first). Values are parent's, so
+// context.Cause and the context package's parent lookups find the
+// request's own cancellation, as they did through valuesOf.
+type routeContext struct {
+	parent   context.Context
+	deadline time.Time
+
+	mu       sync.Mutex
+	timed    context.Context // nil until armed
+	cancel   context.CancelFunc
+	released bool
+}
+
+// arm returns the context that carries the deadline, making it on first
+// use.
+func (c *routeContext) arm() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timed == nil {
+		c.timed, c.cancel = context.WithDeadline(c.parent, c.deadline)
+		if c.released {
+			c.cancel()
+		}
+	}
+	return c.timed
+}
+
+// release is the cancel of context.WithTimeout.
+func (c *routeContext) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.released = true
+	if c.cancel != nil {
+		c.cancel()
+	}
+}
+
+func (c *routeContext) Deadline() (time.Time, bool) {
+	if d, ok := c.parent.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+func (c *routeContext) Done() <-chan struct{} { return c.arm().Done() }
+
+func (c *routeContext) Err() error {
+	c.mu.Lock()
+	quiet := c.timed == nil && !c.released
+	c.mu.Unlock()
+	if quiet && c.parent.Err() == nil && time.Now().Before(c.deadline) {
+		return nil // nothing has ended: Done, once made, would be open
+	}
+	return c.arm().Err()
+}
+
+func (c *routeContext) Value(key any) any { return c.parent.Value(key) }
+
+// AfterFunc lets a context derived from c (context.WithCancel and the
+// like) be cancelled with it without a goroutine of its own, as from a
+// context.WithDeadline.
+func (c *routeContext) AfterFunc(f func()) (stop func() bool) {
+	return context.AfterFunc(c.arm(), f)
+}
+
+func (c *routeContext) String() string {
+	return fmt.Sprintf("%v.WithDeadline(%v)", c.parent, c.deadline)
 }
 
 // errSeal wraps a token that could not be written into a value.
