@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,20 +20,26 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkgo"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/kafkasuite"
+	"github.com/caughtup/caughtup/testkit/latency"
 )
 
 // Throughput is measured here, never asserted in tests:
 //
-//	go test -run '^$' -bench Throughput ./kafka/caughtupkgo/
+//	go test -run '^$' -bench Throughput -benchtime 1x ./kafka/caughtupkgo/
 //
 // on the test binary's real Kafka 4.4 broker (or KAFKA_BROKERS).
-// CAUGHTUP_KGO_BENCH_RECORDS sets the size of the topic (default
-// 1,000,000 records: with fewer, the plain consumer's window is spent in
-// records it fetched before the window began), CAUGHTUP_KGO_BENCH_ROUNDS how many runs of each side
-// (default 3; the ratio is the median of the rounds' ratios).
+// CAUGHTUP_KGO_BENCH_RECORDS sets the size of the trivial handler's
+// topics (default 2,000,000 records: with fewer, a side's window is a
+// few tenths of a second), CAUGHTUP_KGO_BENCH_QUERY_RECORDS that of the
+// point query's (default 100,000), CAUGHTUP_KGO_BENCH_ROUNDS how many
+// runs of each side (default 5). Ratios are taken round by round (both
+// sides run back to back, in alternating order, since rates on 2 shared
+// cores drift over tens of seconds) and reported as the median and range
+// of the rounds' ratios.
 
-// benchPartitions is the partition count of the throughput topic.
+// benchPartitions is the partition count of the throughput topics.
 const benchPartitions = 4
 
 var stampedIDs atomic.Int64
@@ -49,20 +56,23 @@ func stampedCtx(t testing.TB, e *env) context.Context {
 }
 
 // throughputTopic fills a topic of benchPartitions partitions with n
-// records, each stamped as its producer would after its own commit: a
-// token of its own (a position at or below the one ctx carries, so that
-// the replicas have it), so that every record's token is decoded. Each
-// value is the record's index.
-func throughputTopic(t testing.TB, ctx context.Context, n int) string {
+// records stamped as their producers would after their commits, in runs
+// of run records that share a token (one transaction's events, an outbox
+// relay's batch stamped with one position), each run in one partition
+// and the runs dealt to the partitions in turn; run 1 gives every record
+// a token of its own. Tokens name positions at or below the one ctx
+// carries, so that the replicas have them. Each value is the record's
+// index.
+func throughputTopic(t testing.TB, ctx context.Context, n, run int) string {
 	topic := kafkasuite.NewTopics(t, benchPartitions, "")[0]
-	cl := newClient(t, kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	cl := newClient(t, kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	base, ok := enqueue.TokenFrom(ctx)
 	require.True(t, ok)
 	e := base.Entries[0]
 	batch := make([]*kgo.Record, 0, 10000)
 	for i := range n {
-		r := &kgo.Record{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))}
-		tok := position.New(e.Database, e.Epoch, e.LSN-position.LSN(i%4096), position.SourcePrimary, base.CapturedAt)
+		r := &kgo.Record{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i)), Partition: int32(i / run % benchPartitions)}
+		tok := position.New(e.Database, e.Epoch, e.LSN-position.LSN(i/run%4096), position.SourcePrimary, base.CapturedAt)
 		require.NoError(t, caughtupkgo.Stamp(enqueue.WithToken(ctx, tok), r))
 		batch = append(batch, r)
 		if len(batch) == cap(batch) || i == n-1 {
@@ -73,92 +83,81 @@ func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 	return topic
 }
 
-// side is one consumer of a throughput run: a fresh group over the topic.
-// The run ends when every record ran at least once, and is timed over
-// its middle: from the first run of the 10%-th distinct record to that of
-// the 90%-th, so that neither joining the group and filling the fetch
-// pipeline nor a tail of partitions finishing one after another is
-// measured, only the steady rate.
+// side is one consumer of a throughput run, over a fresh group.
 type side struct {
+	w *kafkasuite.Window
 	// query: the handler reads a row (a point query on the pool it got),
 	// as most real handlers do, rather than nothing.
-	query    bool
-	seen     []atomic.Bool
-	distinct atomic.Int64
-	from, to int64
-	marks    [2]time.Time
-	marked   sync.WaitGroup
-	all      chan struct{}
+	query bool
 }
 
-func newSide(n int, query bool) *side {
-	sd := &side{query: query, seen: make([]atomic.Bool, n), all: make(chan struct{}), from: int64(n) / 10, to: int64(n) * 9 / 10}
-	sd.marked.Add(2)
-	return sd
-}
+func newSide(n int, query bool) *side { return &side{w: kafkasuite.NewWindow(n), query: query} }
 
-// handle gets its pool, reads a row there if sd.query, and notes the
-// record.
-func (sd *side) handle(ctx context.Context, r *kgo.Record, pool func(context.Context) (*pgxpool.Pool, error)) error {
-	p, err := pool(ctx)
-	if err != nil {
-		return err
-	}
+// handle reads a row on p if sd.query, noting its replica and how long
+// it took, and notes the record.
+func (sd *side) handle(ctx context.Context, r *kgo.Record, p *pgxpool.Pool, replica string) error {
 	i, err := strconv.Atoi(string(r.Value))
-	if err != nil || i < 0 || i >= len(sd.seen) {
+	if err != nil {
 		return fmt.Errorf("not a throughput record: %q", r.Value)
 	}
 	if sd.query {
+		start := time.Now()
 		var n int
 		if err := p.QueryRow(ctx, `SELECT count(*) FROM items WHERE id = $1`, i).Scan(&n); err != nil {
 			return err
 		}
+		sd.w.Busy(time.Since(start))
+		sd.w.Replica(replica)
 	}
-	if !sd.seen[i].Swap(true) {
-		switch sd.distinct.Add(1) {
-		case sd.from:
-			sd.marks[0] = time.Now()
-			sd.marked.Done()
-		case sd.to:
-			sd.marks[1] = time.Now()
-			sd.marked.Done()
-		}
-		if sd.distinct.Load() == int64(len(sd.seen)) {
-			close(sd.all)
-		}
-	}
-	return nil
-}
-
-// wait waits for every record and returns records/s over the window.
-func (sd *side) wait(t testing.TB) float64 {
-	select {
-	case <-sd.all:
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("only %d of %d records within 5 minutes", sd.distinct.Load(), len(sd.seen))
-	}
-	sd.marked.Wait()
-	return float64(sd.to-sd.from) / sd.marks[1].Sub(sd.marks[0]).Seconds()
+	return sd.w.See(i)
 }
 
 // fetchOpts are both sides' client settings.
-func fetchOpts(t testing.TB, topic string) []kgo.Opt {
+func fetchOpts(t testing.TB) []kgo.Opt {
 	return []kgo.Opt{kgo.SeedBrokers(kafkasuite.Brokers(t)...), kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
 }
 
-// runPlain reads the topic as a plain franz-go application does: one
-// group client, a loop of PollFetches and the handler on each record,
-// autocommit. The handler reads the replicas in turn, without knowing
-// whether they have caught up.
-func runPlain(t testing.TB, e *env, topic string, n int) float64 {
-	sd := newSide(n, false)
-	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
-	require.NoError(t, err)
-	var turn atomic.Uint32
-	pool := func(context.Context) (*pgxpool.Pool, error) {
-		return e.Replicas[int(turn.Add(1))%len(e.Replicas)], nil
+// replicas is what a plain side reads: the replicas the routed side's
+// router routes to, with their names, through pools of their own built
+// from the test's pools' configs, as the router builds its handlers'
+// pools (the test's pools also serve the router's tracker).
+type replicas struct {
+	pools []*pgxpool.Pool
+	names []string
+	turn  atomic.Uint32
+}
+
+func newReplicas(t testing.TB, e *env, router *consume.Router) *replicas {
+	rs := &replicas{}
+	for _, rep := range router.Config().Databases["main"].Replicas {
+		i := slices.IndexFunc(e.Replicas, func(p *pgxpool.Pool) bool { return p == rep.Pool })
+		require.GreaterOrEqual(t, i, 0, "a replica of the router that is not one of the test's pools")
+		p, err := pgxpool.NewWithConfig(context.Background(), e.Replicas[i].Config())
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		rs.pools, rs.names = append(rs.pools, p), append(rs.names, rep.Name)
 	}
+	return rs
+}
+
+// next is the next replica in turn: one counter for every worker, each
+// record's query on the other replica than the last one's.
+func (rs *replicas) next() (*pgxpool.Pool, string) { return rs.at(int(rs.turn.Add(1))) }
+
+// at is replica i mod their number.
+func (rs *replicas) at(i int) (*pgxpool.Pool, string) {
+	i %= len(rs.pools)
+	return rs.pools[i], rs.names[i]
+}
+
+// runPlain reads the topic as a plain franz-go application with a
+// trivial handler does: one group client, a loop of PollFetches and the
+// handler on each record, autocommit.
+func runPlain(t testing.TB, rs *replicas, topic string, n int) kafkasuite.Result {
+	sd := newSide(n, false)
+	cl, err := kgo.NewClient(append(fetchOpts(t), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -169,38 +168,170 @@ func runPlain(t testing.TB, e *env, topic string, n int) float64 {
 				return
 			}
 			fs.EachRecord(func(r *kgo.Record) {
-				if err := sd.handle(ctx, r, pool); err != nil {
+				p, name := rs.next()
+				if err := sd.handle(ctx, r, p, name); err != nil {
 					t.Error(err)
 				}
 			})
 		}
 	}()
-	rate := sd.wait(t)
+	res := sd.w.Wait(t, 5*time.Minute)
 	cancel()
 	<-done
 	cl.Close()
-	return rate
+	return res
 }
 
 // runRouted reads the topic with caughtup's Consumer, Policy Delayed, the
 // router recording into the SDK as in production; the handler gets the
 // pool it was routed to.
-func runRouted(t testing.TB, e *env, topic string, n int, query bool) float64 {
+func runRouted(t testing.TB, e *env, router *consume.Router, topic string, n int, query bool) kafkasuite.Result {
 	sd := newSide(n, query)
 	c, err := caughtupkgo.NewConsumer(caughtupkgo.ConsumerConfig{
-		ClientOpts: fetchOpts(t, topic), GroupID: kafkasuite.NewGroup(t), Topic: topic,
-		Router: e.Router, Policy: consume.Delayed, MeterProvider: e.MP, Logger: kafkasuite.Logger(t),
+		ClientOpts: fetchOpts(t), GroupID: kafkasuite.NewGroup(t), Topic: topic,
+		Router: router, Policy: consume.Delayed, MeterProvider: e.MP, Logger: kafkasuite.Logger(t),
 	}, func(ctx context.Context, r *kgo.Record) error {
-		return sd.handle(ctx, r, func(ctx context.Context) (*pgxpool.Pool, error) { return consume.Pool(ctx, "main") })
+		p, err := consume.Pool(ctx, "main")
+		if err != nil {
+			return err
+		}
+		replica := ""
+		if sd.query {
+			d, _ := consume.DecisionFrom(ctx)
+			if replica = d.Databases[0].Replica; replica == "" {
+				return fmt.Errorf("record %s routed to the primary (%s): its replicas had caught up", r.Value, d.Reason)
+			}
+		}
+		return sd.handle(ctx, r, p, replica)
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	rate := sd.wait(t)
+	res := sd.w.Wait(t, 5*time.Minute)
 	cancel()
 	require.NoError(t, <-done)
-	return rate
+	return res
+}
+
+// runPlainPerPartition reads the topic as a plain franz-go application
+// whose handler queries does: one group client, PollFetches, and each
+// partition's records handed to a goroutine of its own (franz-go's
+// goroutine-per-partition pattern), so that partitions query
+// concurrently, one record at a time each, as caughtup's workers do;
+// autocommit. The hand-off never blocks the poll loop (a queue per
+// partition without bound, the topic being small), so that no partition's
+// goroutine waits for records while another's queue is full. The handler
+// reads the replicas without knowing whether they have caught up: with
+// turn, each query on the next replica in turn; else each partition's
+// goroutine on one replica, the k-th goroutine started on replica k mod
+// their number, as the routed Consumer's workers do (consume.Tally).
+func runPlainPerPartition(t testing.TB, rs *replicas, topic string, n int, turn bool) kafkasuite.Result {
+	sd := newSide(n, true)
+	cl, err := kgo.NewClient(append(fetchOpts(t), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var workers sync.WaitGroup
+	queues := map[int32]*plainQueue{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			for _, q := range queues {
+				q.close()
+			}
+			workers.Wait()
+		}()
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			if fs.IsClientClosed() || ctx.Err() != nil {
+				return
+			}
+			fs.EachPartition(func(p kgo.FetchTopicPartition) {
+				q, ok := queues[p.Partition]
+				if !ok {
+					q = newPlainQueue()
+					home := len(queues)
+					queues[p.Partition] = q
+					workers.Go(func() {
+						for {
+							recs, ok := q.take()
+							if !ok {
+								return
+							}
+							for _, r := range recs {
+								if ctx.Err() != nil {
+									return
+								}
+								p, name := rs.at(home)
+								if turn {
+									p, name = rs.next()
+								}
+								if err := sd.handle(ctx, r, p, name); err != nil && ctx.Err() == nil {
+									t.Error(err)
+								}
+							}
+						}
+					})
+				}
+				q.push(p.Records)
+			})
+		}
+	}()
+	res := sd.w.Wait(t, 5*time.Minute)
+	cancel()
+	<-done
+	cl.Close()
+	return res
+}
+
+// plainQueue is a partition's records waiting for its goroutine, without
+// bound.
+type plainQueue struct {
+	mu     sync.Mutex
+	recs   []*kgo.Record
+	closed bool
+	wake   chan struct{}
+}
+
+func newPlainQueue() *plainQueue { return &plainQueue{wake: make(chan struct{}, 1)} }
+
+func (q *plainQueue) push(rs []*kgo.Record) {
+	q.mu.Lock()
+	q.recs = append(q.recs, rs...)
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *plainQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *plainQueue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the records queued, waiting for some; false once closed.
+func (q *plainQueue) take() ([]*kgo.Record, bool) {
+	for {
+		q.mu.Lock()
+		recs, closed := q.recs, q.closed
+		q.recs = nil
+		q.mu.Unlock()
+		if closed {
+			return nil, false
+		}
+		if len(recs) > 0 {
+			return recs, true
+		}
+		<-q.wake
+	}
 }
 
 func benchEnv(t testing.TB, name string, def int) int {
@@ -214,136 +345,174 @@ func benchEnv(t testing.TB, name string, def int) int {
 	return n
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
+// pairs are a benchmark's rounds: each side's result per round.
+type pairs struct{ plain, routed []kafkasuite.Result }
+
+// rounds runs plain and routed n times each, back to back, in
+// alternating order.
+func rounds(n int, plain, routed func() kafkasuite.Result) pairs {
+	var ps pairs
+	for i := range n {
+		var p, r kafkasuite.Result
+		if i%2 == 0 {
+			p = plain()
+			r = routed()
+		} else {
+			r = routed()
+			p = plain()
+		}
+		ps.plain, ps.routed = append(ps.plain, p), append(ps.routed, r)
 	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return ps
 }
 
-// BenchmarkThroughput reads one pre-filled topic with a plain franz-go
-// consumer and with caughtup's Consumer, a trivial handler each, and
-// reports both rates and their ratio, routed/plain: the median of the
-// rounds' ratios. Each round runs both sides back to back, in alternating
-// order, because rates on 2 shared cores drift over tens of seconds.
+// of maps results to one figure each.
+func of(rs []kafkasuite.Result, f func(kafkasuite.Result) float64) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = f(r)
+	}
+	return out
+}
+
+// ratios are each round's routed/plain of f, or plain/routed with inv
+// (for costs, so that a figure below 1 means the routed side costs more).
+func (ps pairs) ratios(f func(kafkasuite.Result) float64, inv bool) []float64 {
+	out := make([]float64, len(ps.plain))
+	for i := range out {
+		p, r := f(ps.plain[i]), f(ps.routed[i])
+		if inv {
+			p, r = r, p
+		}
+		if p > 0 {
+			out[i] = r / p
+		}
+	}
+	return out
+}
+
+var (
+	rate    = func(r kafkasuite.Result) float64 { return r.Rate }
+	cpu     = func(r kafkasuite.Result) float64 { return float64(r.CPU.Nanoseconds()) }
+	machine = func(r kafkasuite.Result) float64 { return float64(r.Machine.Nanoseconds()) }
+	busy    = func(r kafkasuite.Result) float64 { return r.Busy }
+	flight  = func(r kafkasuite.Result) float64 { return r.InFlight }
+)
+
+// report reports ps's medians and logs its table: rates, CPU per record
+// (this process, the machine), how busy the machine's cores were, and
+// for point queries how many ran at once and on which replicas.
+func (ps pairs) report(b *testing.B, title string, query bool) {
+	b.ReportMetric(latency.Percentile(of(ps.plain, rate), 0.5), "plain-rec/s")
+	b.ReportMetric(latency.Percentile(of(ps.routed, rate), 0.5), "routed-rec/s")
+	b.ReportMetric(latency.Percentile(ps.ratios(rate, false), 0.5), "routed/plain")
+	b.ReportMetric(latency.Percentile(ps.ratios(cpu, true), 0.5), "cpu-plain/routed")
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s, %d rounds (median (min–max)):\n", title, len(ps.plain))
+	fmt.Fprintf(&sb, "\tratio routed/plain rec/s %s; CPU per record plain/routed: process %s, machine %s\n",
+		kafkasuite.Spread3("%.3f", ps.ratios(rate, false)), kafkasuite.Spread3("%.3f", ps.ratios(cpu, true)),
+		kafkasuite.Spread3("%.3f", ps.ratios(machine, true)))
+	for _, s := range []struct {
+		name string
+		rs   []kafkasuite.Result
+	}{{"plain", ps.plain}, {"routed", ps.routed}} {
+		fmt.Fprintf(&sb, "\t%-6s rec/s %s, CPU ns/rec: process %s, machine %s; cores busy %s",
+			s.name, kafkasuite.Spread3("%.0f", of(s.rs, rate)), kafkasuite.Spread3("%.0f", of(s.rs, cpu)),
+			kafkasuite.Spread3("%.0f", of(s.rs, machine)), kafkasuite.Spread3("%.2f", of(s.rs, busy)))
+		if query {
+			fmt.Fprintf(&sb, "; queries at once %s; replicas %s", kafkasuite.Spread3("%.2f", of(s.rs, flight)), kafkasuite.Spread(s.rs))
+		}
+		sb.WriteString("\n")
+	}
+	b.Log(sb.String())
+}
+
+// BenchmarkThroughput reads pre-filled topics with a plain franz-go
+// consumer (runPlain: one poll loop running a trivial handler) and with
+// caughtup's Consumer running the same handler, and reports both rates,
+// their ratio routed/plain and the ratio of CPU per record, plain/routed:
+//
+//   - token-per-record: every record carries a token of its own;
+//   - runs-of-16: runs of 16 records in a partition share a token (one
+//     transaction's events, an outbox batch).
 func BenchmarkThroughput(b *testing.B) {
 	e := setupDB(b, nil)
-	n := benchEnv(b, "CAUGHTUP_KGO_BENCH_RECORDS", 1_000_000)
-	rounds := benchEnv(b, "CAUGHTUP_KGO_BENCH_ROUNDS", 3)
-	topic := throughputTopic(b, stampedCtx(b, e), n)
-	var plain, routed, ratios []float64
-	for b.Loop() {
-		plain, routed, ratios = nil, nil, nil
-		for i := range rounds {
-			var p, r float64
-			if i%2 == 0 {
-				p, r = runPlain(b, e, topic, n), runRouted(b, e, topic, n, false)
-			} else {
-				r, p = runRouted(b, e, topic, n, false), runPlain(b, e, topic, n)
-			}
-			plain, routed, ratios = append(plain, p), append(routed, r), append(ratios, r/p)
+	n := benchEnv(b, "CAUGHTUP_KGO_BENCH_RECORDS", 2_000_000)
+	nr := benchEnv(b, "CAUGHTUP_KGO_BENCH_ROUNDS", 5)
+	ctx := stampedCtx(b, e)
+	rs := newReplicas(b, e, e.Router)
+	for _, run := range []int{1, 16} {
+		name := "token-per-record"
+		if run > 1 {
+			name = fmt.Sprintf("runs-of-%d", run)
 		}
-	}
-	b.ReportMetric(median(plain), "plain-rec/s")
-	b.ReportMetric(median(routed), "routed-rec/s")
-	b.ReportMetric(median(ratios), "routed/plain")
-	b.Logf("%d records, %d partitions, %d rounds: plain %.0f rec/s, routed %.0f rec/s, ratio routed/plain %.3f (rounds %.3f)",
-		n, benchPartitions, rounds, median(plain), median(routed), median(ratios), ratios)
-}
-
-// runPlainPerPartition reads the topic as a plain franz-go application
-// whose handler queries does: one group client, PollFetches, and each
-// partition's records handed to a goroutine of its own (franz-go's
-// goroutine-per-partition pattern), so that partitions query
-// concurrently, as caughtup's workers do; autocommit. The handler reads a
-// row from the replicas in turn, without knowing whether they have caught
-// up.
-func runPlainPerPartition(t testing.TB, e *env, topic string, n int) float64 {
-	sd := newSide(n, true)
-	cl, err := kgo.NewClient(append(fetchOpts(t, topic), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
-	require.NoError(t, err)
-	var turn atomic.Uint32
-	pool := func(context.Context) (*pgxpool.Pool, error) {
-		return e.Replicas[int(turn.Add(1))%len(e.Replicas)], nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var workers sync.WaitGroup
-	queues := map[int32]chan []*kgo.Record{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer func() {
-			for _, q := range queues {
-				close(q)
+		b.Run(name, func(b *testing.B) {
+			topic := throughputTopic(b, ctx, n, run)
+			var ps pairs
+			for b.Loop() {
+				ps = rounds(nr, func() kafkasuite.Result { return runPlain(b, rs, topic, n) },
+					func() kafkasuite.Result { return runRouted(b, e, e.Router, topic, n, false) })
 			}
-			workers.Wait()
-		}()
-		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			if fs.IsClientClosed() || ctx.Err() != nil {
-				return
-			}
-			fs.EachPartition(func(p kgo.FetchTopicPartition) {
-				q, ok := queues[p.Partition]
-				if !ok {
-					q = make(chan []*kgo.Record, 4)
-					queues[p.Partition] = q
-					workers.Go(func() {
-						for rs := range q {
-							for _, r := range rs {
-								if ctx.Err() != nil {
-									return
-								}
-								if err := sd.handle(ctx, r, pool); err != nil && ctx.Err() == nil {
-									t.Error(err)
-								}
-							}
-						}
-					})
-				}
-				select {
-				case q <- p.Records:
-				case <-ctx.Done():
-				}
-			})
-		}
-	}()
-	rate := sd.wait(t)
-	cancel()
-	<-done
-	cl.Close()
-	return rate
+			ps.report(b, fmt.Sprintf("%d records, %d partitions, trivial handler, %s", n, benchPartitions, name), false)
+		})
+	}
 }
 
 // BenchmarkThroughputQuery is BenchmarkThroughput with a handler that
-// reads a row, as most handlers do, against a plain consumer that runs
-// each partition on a goroutine of its own (runPlainPerPartition), on a
-// topic of CAUGHTUP_KGO_BENCH_QUERY_RECORDS records (default 40,000).
+// reads a row, as most handlers do, every record with a token of its own,
+// against a plain consumer that runs each partition on a goroutine of its
+// own (runPlainPerPartition), on a topic of
+// CAUGHTUP_KGO_BENCH_QUERY_RECORDS records (default 100,000). The sides
+// are alike but for the routing: 4 partitions each read one record at a
+// time, the plain side's queues never starving a partition, through pools
+// of the same size (the routed side's are the router's handler pools,
+// built from the same configs as the plain side's):
+//
+//   - one-replica: a router over one replica, the plain side reading that
+//     replica only;
+//   - spread: the router over both replicas, each partition's worker
+//     reading one of the caught-up ones (consume.Tally), the plain side's
+//     goroutines one replica each in the same way;
+//   - spread-turns: the same router against a plain side whose every
+//     query reads the next replica in turn, as a plain application may
+//     spread its reads: alternating costs each query more on this
+//     machine, and this row shows by how much.
+//
+// The table shows how many queries each side ran at once and each
+// replica's share.
 func BenchmarkThroughputQuery(b *testing.B) {
 	e := setupDB(b, nil)
-	n := benchEnv(b, "CAUGHTUP_KGO_BENCH_QUERY_RECORDS", 40_000)
-	rounds := benchEnv(b, "CAUGHTUP_KGO_BENCH_ROUNDS", 3)
-	topic := throughputTopic(b, stampedCtx(b, e), n)
-	var plain, routed, ratios []float64
-	for b.Loop() {
-		plain, routed, ratios = nil, nil, nil
-		for i := range rounds {
-			var p, r float64
-			if i%2 == 0 {
-				p, r = runPlainPerPartition(b, e, topic, n), runRouted(b, e, topic, n, true)
-			} else {
-				r, p = runRouted(b, e, topic, n, true), runPlainPerPartition(b, e, topic, n)
+	n := benchEnv(b, "CAUGHTUP_KGO_BENCH_QUERY_RECORDS", 100_000)
+	nr := benchEnv(b, "CAUGHTUP_KGO_BENCH_ROUNDS", 5)
+	topic := throughputTopic(b, stampedCtx(b, e), n, 1)
+	one := oneReplicaRouter(b, e)
+	for _, bc := range []struct {
+		name   string
+		router *consume.Router
+		turn   bool
+	}{{"one-replica", one, false}, {"spread", e.Router, false}, {"spread-turns", e.Router, true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			rs := newReplicas(b, e, bc.router)
+			var ps pairs
+			for b.Loop() {
+				ps = rounds(nr, func() kafkasuite.Result { return runPlainPerPartition(b, rs, topic, n, bc.turn) },
+					func() kafkasuite.Result { return runRouted(b, e, bc.router, topic, n, true) })
 			}
-			plain, routed, ratios = append(plain, p), append(routed, r), append(ratios, r/p)
-		}
+			ps.report(b, fmt.Sprintf("%d records, %d partitions, a point query per record, %s", n, benchPartitions, bc.name), true)
+		})
 	}
-	b.ReportMetric(median(plain), "plain-rec/s")
-	b.ReportMetric(median(routed), "routed-rec/s")
-	b.ReportMetric(median(ratios), "routed/plain")
-	b.Logf("%d records, %d partitions, %d rounds, a point query per record: plain %.0f rec/s, routed %.0f rec/s, ratio routed/plain %.3f (rounds %.3f)",
-		n, benchPartitions, rounds, median(plain), median(routed), median(ratios), ratios)
+}
+
+// oneReplicaRouter is a router like e's over e's first replica alone.
+func oneReplicaRouter(t testing.TB, e *env) *consume.Router {
+	cfg := e.Router.Config()
+	db := cfg.Databases["main"]
+	db.Replicas = db.Replicas[:1]
+	cfg.Databases = map[string]replay.Database{"main": db}
+	r, err := consume.NewRouter(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
 }
 
 // BenchmarkRouteRecord is what the Consumer adds to each record besides
