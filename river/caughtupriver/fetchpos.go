@@ -39,6 +39,7 @@ type fetchPositions struct {
 	capture *enqueue.Capturer
 	timeout time.Duration
 	met     *metrics
+	visible visibleRegistry
 
 	mu   sync.Mutex
 	open *flight // the read that jobs arriving now join: its query is not sent yet
@@ -120,5 +121,40 @@ func (p *fetchPositions) read(ctx context.Context, f *flight) (position.Token, e
 	// before the query goes out.
 	runtime.Gosched()
 	p.seal(f)
-	return p.capture.Capture(ctx, conn.Conn())
+	// The jobs committed and waiting now get the position too (see
+	// visibleJobs), if the scan returns before the position is read; a
+	// failed scan costs only that.
+	var scanned visibleScanned
+	if v, client := p.visible.of(ctx); v != nil {
+		scanned, _ = v.scan(ctx, client)
+	}
+	tok, err := p.capture.Capture(ctx, conn.Conn())
+	if err == nil {
+		scanned.register(tok)
+	}
+	return tok, err
+}
+
+// readAhead scans v's table and reads the position, as read does, off
+// any job's path: through a backlog, the jobs behind those registered are
+// registered before they are fetched, so that no fetch waits for a read
+// (visibleJobs.startAhead says when). The caller marked it under way.
+func (p *fetchPositions) readAhead(ctx context.Context, v *visibleJobs, client *riverClient) {
+	defer v.endAhead()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
+	defer cancel()
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return
+	}
+	defer conn.Release()
+	scanned, err := v.scan(ctx, client)
+	if err != nil || len(scanned.ids) == 0 {
+		return
+	}
+	tok, err := p.capture.Capture(ctx, conn.Conn())
+	p.met.read(ctx, err)
+	if err == nil {
+		scanned.register(tok)
+	}
 }

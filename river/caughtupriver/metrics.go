@@ -41,8 +41,11 @@ const (
 	// tokenSnoozed: the position read for the job's fetch before its last
 	// snooze, kept in its metadata (snoozedToken): no read.
 	tokenSnoozed
+	// tokenEarlierRead: a position read before the fetch, after a scan of
+	// River's table that showed the job committed (visibleJobs): no read.
+	tokenEarlierRead
 
-	numTokenSources = int(tokenSnoozed) + 1
+	numTokenSources = int(tokenEarlierRead) + 1
 )
 
 var tokenSourceNames = [numTokenSources]string{
@@ -54,6 +57,7 @@ var tokenSourceNames = [numTokenSources]string{
 	tokenFetchFailed:   "fetch_failed",
 	tokenPrimaryPolicy: "always",
 	tokenSnoozed:       "snoozed",
+	tokenEarlierRead:   "earlier_read",
 }
 
 func (s tokenSource) String() string {
@@ -91,7 +95,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	var err error
 	if m.tokens, err = meter.Int64Counter("caughtup.river.tokens",
 		metric.WithUnit("{job}"),
-		metric.WithDescription("River jobs routed, by where their token came from: metadata, fetch (the primary's position read after the fetch), metadata_fetch (unique jobs), snoozed (the position read before the job's last snooze), malformed, none, fetch_failed (the last three read the primary), always.")); err != nil {
+		metric.WithDescription("River jobs routed, by where their token came from: metadata, fetch (the primary's position read after the fetch), metadata_fetch (unique jobs), snoozed (the position read before the job's last snooze), earlier_read (a position read after a scan that showed the job committed), malformed, none, fetch_failed (the last three read the primary), always.")); err != nil {
 		return nil, fmt.Errorf("caughtup/river: creating caughtup.river.tokens: %w", err)
 	}
 	for s := range tokenSource(numTokenSources) {

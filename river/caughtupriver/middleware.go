@@ -261,6 +261,17 @@ func (m *Middleware) jobToken(ctx context.Context, job *rivertype.JobRow, rj *co
 			m.met.token(ctx, tokenSnoozed)
 			return st
 		}
+		if v, client := m.fetch.visible.of(ctx); v != nil {
+			vt, seen := v.lookup(job)
+			if v.startAhead() {
+				go m.fetch.readAhead(ctx, v, client)
+			}
+			if seen {
+				rj.Token = withCapturedAt(vt, job.CreatedAt)
+				m.met.token(ctx, tokenEarlierRead)
+				return rj.Token
+			}
+		}
 	}
 	pos, perr := m.fetch.token(ctx)
 	if perr != nil {

@@ -260,10 +260,8 @@ func (w *waker) remember(ctx context.Context, job *rivertype.JobRow, tok positio
 		return
 	}
 	stopped := client.Stopped()
-	select {
-	case <-stopped:
-		return // the client is stopping: it will not fetch the job
-	default:
+	if stopped == nil || closed(stopped) {
+		return // not started, or stopping: it will not fetch the job
 	}
 	e := &wakeEntry{
 		Key:     jobKey{client: client, id: job.ID},
