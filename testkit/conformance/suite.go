@@ -143,6 +143,12 @@ func Run(t *testing.T, cfg Config) {
 			cfg.OnReport(rep)
 		}
 	})
+	t.Run("ReplicaFailsRunRoutedAgain", func(t *testing.T) {
+		rep := ReplicaFailsRun(t, cfg)
+		if cfg.OnReport != nil {
+			cfg.OnReport(rep)
+		}
+	})
 	t.Run("MissingTokenReadsPrimary", func(t *testing.T) { badHeader(t, cfg, "", consume.ReasonNoToken) })
 	t.Run("MalformedTokenReadsPrimary", func(t *testing.T) { badHeader(t, cfg, "v1;zz;main=p.1.1.not-an-lsn", consume.ReasonMalformedToken) })
 	t.Run("ForeignEpochReadsPrimary", func(t *testing.T) { foreignEpoch(t, cfg) })
@@ -234,9 +240,9 @@ type checker struct {
 	// again without counting an attempt, so they do not mark the job
 	// failed.
 	replicaFailedRuns int
-	done       chan struct{}
-	want       int
-	finished   int
+	done              chan struct{}
+	want              int
+	finished          int
 }
 
 func newChecker(want int) *checker {
