@@ -50,7 +50,10 @@ import (
 // fetches only committed jobs, so that position covers the transaction
 // that inserted the job and every one committed before it. One read serves
 // every job of the process that was waiting when it started (see
-// caughtup.river.position.reads). A unique job (InsertOpts.UniqueOpts)
+// caughtup.river.position.reads), and the jobs its scan of River's table
+// saw committed and waiting (visibleJobs: caughtup.river.token
+// earlier_read); a job snoozed is routed, when it comes straight back, by
+// the position it was snoozed with (snoozed). A unique job (InsertOpts.UniqueOpts)
 // gets both merged: River skips a duplicate insert, and the surviving
 // job's metadata does not cover the duplicate's writes. A deferred job's
 // age, which bounds its deferral (consume.Config.MaxAge), counts from its
@@ -69,7 +72,9 @@ import (
 // job is snoozed (river.JobSnooze) for the router's delay: River then puts
 // the job back without counting an attempt (it restores JobRow.Attempt and
 // records no error; only metadata "snoozes" grows), so deferral never
-// spends MaxAttempts. Deferral is bounded by the token's age: after
+// spends MaxAttempts. The job is woken (made available again) as soon as
+// a replica has replayed its token (Config.WakeCapacity); its snooze is
+// the safety net. Deferral is bounded by the token's age: after
 // consume.Config.MaxAge the job reads the primary, under the fallback cap.
 // A job refused by the cap, or whose token is ahead of the router's
 // primary, fails this attempt with the router's error, and River retries
