@@ -2,8 +2,10 @@
 // inserts rows on the primary and one River job per row, and a worker
 // reads each row from the pool caughtup chose for the job. Half the jobs
 // are inserted with InsertTx in the row's transaction (no token: routed by
-// the primary's position read after the fetch), half after the commit with
-// caughtupriver.Insert (the commit's token in the job's metadata). It
+// a position of the primary's read after the job's commit), half after the
+// commit with caughtupriver.Insert (the commit's token in the job's
+// metadata). A job no replica can serve yet is snoozed, and woken as soon
+// as one has caught up. It
 // prints
 //
 //	jobs=100 stale=0 lost=0
