@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -224,14 +225,35 @@ func (r *run) startRiver(ctx context.Context) (*riverPipe, error) {
 	if err != nil {
 		return rp, err
 	}
-	// Outside caughtup's middleware, as the asynq and Kafka pipelines'
-	// wrappers are: it sees every attempt, snoozes and refusals included.
-	count := river.WorkerMiddlewareFunc(func(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
+	rp.client, err = newRiverClient(rp.pool, river.QueueDefault, riverWorkers, riverRetry, r.s.log,
+		func(ctx context.Context, job *river.Job[riverArgs]) error {
+			// River counts Attempt from 1 and restores it after a snooze: a
+			// run after no failed attempt is attempt 1.
+			return caughtupReadSince(ctx, rp.stream(job.Args.Tx), job.Args.payload, riverTokenText(job.JobRow), job.CreatedAt, job.Attempt-1)
+		},
+		riverCounting(func(a riverArgs) *stream { return rp.stream(a.Tx) }), mw)
+	if err != nil {
+		return rp, err
+	}
+	if err := rp.client.Start(context.WithoutCancel(ctx)); err != nil {
+		return rp, err
+	}
+	rp.started = true
+	return rp, nil
+}
+
+// riverCounting is middleware that counts, for the stream of each job's
+// args, every attempt: snoozes as deferrals (River gives their attempt
+// back), the rest as classify does. Outside caughtup's middleware, as the
+// asynq and Kafka pipelines' wrappers are: it sees every attempt, snoozes
+// and refusals included.
+func riverCounting(streamOf func(riverArgs) *stream) rivertype.Middleware {
+	return river.WorkerMiddlewareFunc(func(ctx context.Context, job *rivertype.JobRow, doInner func(context.Context) error) error {
 		var a riverArgs
 		if err := json.Unmarshal(job.EncodedArgs, &a); err != nil {
 			return doInner(ctx)
 		}
-		st := rp.stream(a.Tx)
+		st := streamOf(a)
 		st.attempt(a.ID)
 		err := doInner(ctx)
 		var snooze *rivertype.JobSnoozeError
@@ -244,33 +266,28 @@ func (r *run) startRiver(ctx context.Context) (*riverPipe, error) {
 		st.attempted(a.ID, err)
 		return err
 	})
-	workers := river.NewWorkers()
-	river.AddWorker(workers, river.WorkFunc(func(ctx context.Context, job *river.Job[riverArgs]) error {
-		// River counts Attempt from 1 and restores it after a snooze: a
-		// run after no failed attempt is attempt 1.
-		return caughtupReadSince(ctx, rp.stream(job.Args.Tx), job.Args.payload, riverTokenText(job.JobRow), job.CreatedAt, job.Attempt-1)
-	}))
-	rp.client, err = river.NewClient(riverpgxv5.New(rp.pool), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: riverWorkers}},
-		Workers:           workers,
-		Middleware:        []rivertype.Middleware{count, mw},
+}
+
+// newRiverClient starts a River client on pool working queue with
+// workers workers, retrying a failed job after retry, up to 1,000
+// attempts (as asynq's maxRetry: a refusal by the fallback cap is a failed
+// attempt, and a job must not reach its last one during a long lag spike,
+// when the middleware would hold it in its worker), with work as the lab
+// job's worker and middleware in order.
+func newRiverClient(pool *pgxpool.Pool, queue string, workers int, retry time.Duration, log *slog.Logger,
+	work func(context.Context, *river.Job[riverArgs]) error, middleware ...rivertype.Middleware) (*river.Client[pgx.Tx], error) {
+	ws := river.NewWorkers()
+	river.AddWorker(ws, river.WorkFunc(work))
+	return river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Queues:            map[string]river.QueueConfig{queue: {MaxWorkers: workers}},
+		Workers:           ws,
+		Middleware:        middleware,
 		FetchCooldown:     20 * time.Millisecond,
 		FetchPollInterval: 100 * time.Millisecond,
-		// As asynq's maxRetry: a refusal by the fallback cap is a failed
-		// attempt, and a job must not reach its last one during a long
-		// lag spike (the middleware would then hold it in its worker).
-		MaxAttempts: 1000,
-		RetryPolicy: fixedRetry(riverRetry),
-		Logger:      r.s.log,
+		MaxAttempts:       1000,
+		RetryPolicy:       fixedRetry(retry),
+		Logger:            log,
 	})
-	if err != nil {
-		return rp, err
-	}
-	if err := rp.client.Start(context.WithoutCancel(ctx)); err != nil {
-		return rp, err
-	}
-	rp.started = true
-	return rp, nil
 }
 
 // riverTokenText is the token in job's metadata as header text, "" when
@@ -496,6 +513,15 @@ func (r *run) riverTokens() map[string]int64 {
 	return r.metrics.sum("caughtup.river.tokens", "caughtup.river.token")
 }
 
+// noteRiverWake notes what the River middleware's waker did: snoozed jobs
+// made available at their catch-up, attempts that moved none (by
+// error.type) and jobs forgotten first (by reason).
+func (r *run) noteRiverWake() {
+	r.note("river wake: %d snoozed jobs made available at their catch-up; attempts that moved none, by error.type: %v; forgotten first: %v",
+		r.metrics.sum("caughtup.river.wake.jobs", "")[""], r.metrics.sum("caughtup.river.wake.errors", "error.type"),
+		r.metrics.sum("caughtup.river.wake.dropped", "caughtup.river.wake.reason"))
+}
+
 var _ rivertype.WorkerMiddleware = river.WorkerMiddlewareFunc(nil)
 
 // laneNames lists the lanes' names.
@@ -613,6 +639,7 @@ func checkAdapters(r *run, res *scenarioResult) {
 	checkCrash(r, res)
 	toks := r.riverTokens()
 	r.note("river middleware tokens by source (caughtup.river.tokens): %v", toks)
+	r.noteRiverWake()
 	if toks["metadata"] == 0 {
 		r.fail("no River job was routed by a metadata token: the caughtupriver.Insert path was not exercised")
 	}
@@ -673,6 +700,7 @@ func adaptersPauseScenario(sl scale) *scenario {
 func checkAdaptersPause(r *run, res *scenarioResult) {
 	toks := r.riverTokens()
 	r.note("river middleware tokens by source (caughtup.river.tokens): %v", toks)
+	r.noteRiverWake()
 	if toks["metadata"] == 0 || toks["fetch"] == 0 {
 		r.fail("River routed jobs by %d metadata tokens and %d positions after the fetch: both paths must be exercised", toks["metadata"], toks["fetch"])
 	}

@@ -29,7 +29,7 @@ type comparisonResult struct {
 	AllPaused        int     `json:"pauses_of_every_replica"`
 	AllPausedSeconds float64 `json:"every_replica_paused_s"`
 	// MeanRatio is the GitLab-style baseline's mean catch-up → start on
-	// those jobs over caughtup's (both pipelines), MeanRatioEarlyZero the
+	// those jobs over caughtup's (every pipeline), MeanRatioEarlyZero the
 	// same with the jobs a policy ran before their catch-up counted as 0.
 	MeanRatio          float64 `json:"gitlab_over_caughtup_mean_catch_up_to_start"`
 	MeanRatioEarlyZero float64 `json:"gitlab_over_caughtup_mean_catch_up_to_start_early_as_0"`
@@ -62,8 +62,9 @@ func compareDelay(r *rand.Rand) time.Duration {
 }
 
 // runComparison produces one workload and consumes every job three times,
-// once per policy: three asynq queues fed by the same producer, and three
-// consumer groups on one Kafka topic. Replay pauses at random on one or
+// once per policy: three asynq queues fed by the same producer, three
+// consumer groups on one Kafka topic, and three River queues (a client
+// each). Replay pauses at random on one or
 // both replicas throughout, so that replicas are seconds behind at times.
 func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	sl := s.opts.scale
@@ -100,6 +101,16 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	}
 	kp := s.newKafkaPipe(base)
 	defer kp.close()
+	rc, err := s.startRiverCompare(ctx, env, base, policies, baselines)
+	defer func() {
+		if err := rc.stop(); err != nil {
+			res.Failures = append(res.Failures, "river: "+err.Error())
+		}
+	}()
+	if err != nil {
+		res.Failures = append(res.Failures, fmt.Sprintf("start River consumers: %v", err))
+		return res
+	}
 
 	var (
 		ast, kst []*stream
@@ -114,6 +125,11 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 		for _, m := range members {
 			wg.Go(func() { _ = m.stop() })
 		}
+		wg.Go(func() {
+			if err := rc.stop(); err != nil {
+				res.Failures = append(res.Failures, "river: "+err.Error())
+			}
+		})
 		wg.Wait()
 		srvs, members = nil, nil
 	}
@@ -162,7 +178,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	}
 	w := &workload{
 		pool: env.producer, jobs: sl.jobs, over: sl.compareFor, workers: 8, keys: int64(max(sl.jobs/4, 50)),
-		lanes: []*lane{asynqLane, {name: "kafka", sinks: []sink{kafkaSink}}},
+		lanes: []*lane{asynqLane, {name: "kafka", sinks: []sink{kafkaSink}}, {name: "river", sinks: rc.sinks(base, policies)}},
 		delay: compareDelay,
 	}
 	s.out.say("compare: %s", res.About)
@@ -211,7 +227,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	s.out.say("compare: production done (%d jobs in %.1fs), %d replay pauses", w.produced.Load(), res.ProduceSeconds, res.Pauses)
 
 	// Wait for every policy to finish every job.
-	all := append(append([]*stream{}, ast...), kst...)
+	all := append(append(append([]*stream{}, ast...), kst...), rc.streams...)
 	deadline := time.Now().Add(sl.drain)
 	for {
 		left := 0
@@ -229,7 +245,7 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	follower.stop()
 	stop()
 	res.Jobs = int(w.produced.Load())
-	res.Split = fmt.Sprintf("%d asynq + %d kafka, concurrently; each consumed by 3 policies", w.lanes[0].jobs.Load(), w.lanes[1].jobs.Load())
+	res.Split = fmt.Sprintf("%d asynq + %d kafka + %d river, concurrently; each consumed by 3 policies", w.lanes[0].jobs.Load(), w.lanes[1].jobs.Load(), w.lanes[2].jobs.Load())
 	rcfg := env.router.Config()
 	measure := func(st *stream) streamResult {
 		sr := st.result()
@@ -237,11 +253,11 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 		return sr
 	}
 	for i, pol := range policies {
-		ar, kr := measure(ast[i]), measure(kst[i])
-		res.Streams = append(res.Streams, ar, kr)
-		tot := measure(mergeStreams(pol, pol, ast[i], kst[i]))
+		ar, kr, rr := measure(ast[i]), measure(kst[i]), measure(rc.streams[i])
+		res.Streams = append(res.Streams, ar, kr, rr)
+		tot := measure(mergeStreams(pol, pol, ast[i], kst[i], rc.streams[i]))
 		res.Totals = append(res.Totals, tot)
-		for _, sr := range []streamResult{ar, kr} {
+		for _, sr := range []streamResult{ar, kr, rr} {
 			if sr.Lost > 0 {
 				// A baseline that loses jobs would make the comparison
 				// meaningless; for caughtup it is a failure of the run.
@@ -254,7 +270,12 @@ func runComparison(ctx context.Context, s *services) (res comparisonResult) {
 	}
 	// The drain beside the means: caughtup's largest burst against plain
 	// asynq starting as many pending tasks, now, on the same machine.
-	d := &drainComparison{Caughtup: largestBurst(ast[0].catchUps(follower, &rcfg), allPaused), GitLabMean: res.Streams[2].Paused.Mean}
+	d := &drainComparison{Caughtup: largestBurst(ast[0].catchUps(follower, &rcfg), allPaused)}
+	for _, sr := range res.Streams {
+		if sr.Stream == "asynq/gitlab" {
+			d.GitLabMean = sr.Paused.Mean
+		}
+	}
 	if d.Caughtup.Jobs > 0 {
 		if bare, err := bareAsynqDrain(ctx, s, d.Caughtup.Jobs); err != nil {
 			d.Error = err.Error()
