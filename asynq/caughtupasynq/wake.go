@@ -20,6 +20,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/consume/wakeset"
 	"github.com/caughtup/caughtup/position"
 )
 
@@ -39,12 +40,6 @@ const (
 	// Redis runs one at a time; a few in flight keep it busy while the
 	// results of the last one are handled here.
 	wakeScripts = 4
-	// wakeRetryMin and wakeRetryMax bound the backoff between attempts at
-	// a task that was not movable yet: still active (asynq had not yet
-	// moved it to the retry set after the middleware returned, or another
-	// worker runs it) or Redis failed.
-	wakeRetryMin = 5 * time.Millisecond
-	wakeRetryMax = time.Second
 )
 
 // wakeError names why an attempt to wake a deferred task did not move it
@@ -157,6 +152,25 @@ func newWakeMetrics(mp metric.MeterProvider) (*wakeMetrics, error) {
 	return m, nil
 }
 
+// taskKey names an asynq task: its id is unique within its queue.
+type taskKey struct{ queue, id string }
+
+// wakeTask is what the waker keeps of a deferral besides its token.
+type wakeTask struct {
+	// retried is the task's retry count when it was deferred; a deferral
+	// leaves it as it is, so a task showing another count has failed (or
+	// was judged without ServerConfig's IsFailure) since.
+	retried int
+	// deferral is the span context of the deferral's caughtup.defer span,
+	// for the wake span's link; nil when it was not sampled.
+	deferral *trace.SpanContext
+}
+
+// wakeEntry is a task the middleware deferred. A task that was not
+// movable yet (wakeActive, wakeRaced, wakeRedis) is tried again after
+// the set's backoff (wakeset.RetryMin to wakeset.RetryMax).
+type wakeEntry = wakeset.Entry[taskKey, wakeTask]
+
 // waker runs deferred tasks as soon as a replica has replayed their token.
 // The middleware remembers each deferral (remember) in a bounded set and
 // forgets a task when it comes back (forget). A goroutine, started with
@@ -196,7 +210,7 @@ type waker struct {
 	size atomic.Int64 // len(set), read without the lock on every task
 
 	mu      sync.Mutex
-	set     *wakeSet
+	set     *wakeset.Set[taskKey, wakeTask]
 	running bool
 	closed  bool
 	kick    chan struct{}
@@ -217,7 +231,7 @@ func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp me
 		tracer: tracer,
 		log:    log,
 		warn:   &rate.Sometimes{First: 1, Interval: time.Minute},
-		set:    newWakeSet(capacity),
+		set:    wakeset.New[taskKey, wakeTask](capacity),
 		kick:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 	}, nil
@@ -244,21 +258,21 @@ func (w *waker) remember(ctx context.Context, tok position.Token, delay time.Dur
 	retried, _ := asynq.GetRetryCount(ctx)
 	now := time.Now()
 	e := &wakeEntry{
-		key:     taskKey{queue: queue, id: id},
-		tok:     tok,
-		retried: retried,
-		expires: now.Add(retryDelay(delay, now) + wakeGrace),
+		Key:     taskKey{queue: queue, id: id},
+		Token:   tok,
+		Expires: now.Add(retryDelay(delay, now) + wakeGrace),
+		Data:    wakeTask{retried: retried},
 	}
 	if deferral.IsValid() && deferral.IsSampled() {
-		e.deferral = &deferral
+		e.Data.deferral = &deferral
 	}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
 		return
 	}
-	replaced, evicted := w.set.add(e)
-	w.size.Store(int64(w.set.len()))
+	replaced, evicted := w.set.Add(e)
+	w.size.Store(int64(w.set.Len()))
 	if !w.running {
 		w.running = true
 		w.wg.Add(1)
@@ -290,8 +304,8 @@ func (w *waker) forget(ctx context.Context) {
 	}
 	queue, _ := asynq.GetQueueName(ctx)
 	w.mu.Lock()
-	gone := w.set.forget(taskKey{queue: queue, id: id})
-	w.size.Store(int64(w.set.len()))
+	gone := w.set.Forget(taskKey{queue: queue, id: id})
+	w.size.Store(int64(w.set.Len()))
 	w.mu.Unlock()
 	if gone {
 		w.met.remembered.Add(ctx, -1, w.met.system)
@@ -307,8 +321,8 @@ func (w *waker) close() {
 		return
 	}
 	w.closed = true
-	n := w.set.len()
-	w.set = newWakeSet(w.set.capacity)
+	n := w.set.Len()
+	w.set = wakeset.New[taskKey, wakeTask](w.set.Capacity())
 	w.size.Store(0)
 	close(w.done)
 	w.mu.Unlock()
@@ -340,17 +354,17 @@ func (w *waker) run() {
 		snap := w.router.Snapshot()
 		now := time.Now()
 		w.mu.Lock()
-		if w.closed || w.set.len() == 0 {
+		if w.closed || w.set.Len() == 0 {
 			w.running = false
 			w.mu.Unlock()
 			return
 		}
-		expired := w.set.expire(now)
-		due = w.set.scan(snap, w.rcfg.Now(), &w.rcfg, now, due[:0])
-		watched := w.set.watched(buf)
+		expired := w.set.Expire(now)
+		due = w.set.Scan(snap, w.rcfg.Now(), &w.rcfg, now, due[:0])
+		watched := w.set.Watched(buf)
 		buf = watched.Entries
-		next := w.set.next()
-		w.size.Store(int64(w.set.len()))
+		next := w.set.Next()
+		w.size.Store(int64(w.set.Len()))
 		w.mu.Unlock()
 		if expired > 0 {
 			w.met.remembered.Add(ctx, -int64(expired), w.met.system)
@@ -401,7 +415,7 @@ func (w *waker) attemptAll(due []*wakeEntry) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			_, span := w.startWake(context.Background(), e.key.queue, []*wakeEntry{e})
+			_, span := w.startWake(context.Background(), e.Key.queue, []*wakeEntry{e})
 			r := w.attempt(e)
 			w.finish(e, r)
 			endWake(span, b2i(r.woken))
@@ -414,7 +428,7 @@ func (w *waker) attemptAll(due []*wakeEntry) {
 func (w *waker) moveAll(due []*wakeEntry) {
 	byQueue := map[string][]*wakeEntry{}
 	for _, e := range due {
-		byQueue[e.key.queue] = append(byQueue[e.key.queue], e)
+		byQueue[e.Key.queue] = append(byQueue[e.Key.queue], e)
 	}
 	sem := make(chan struct{}, wakeScripts)
 	var wg sync.WaitGroup
@@ -457,14 +471,14 @@ type attemptResult struct {
 // attempt moves e's task to pending if asynq still shows it in the retry
 // set with the retry count of the deferral.
 func (w *waker) attempt(e *wakeEntry) attemptResult {
-	q, id := e.key.queue, e.key.id
+	q, id := e.Key.queue, e.Key.id
 	info, err := w.insp.GetTaskInfo(q, id)
 	if err != nil {
 		return lookupFailed(err)
 	}
 	switch info.State {
 	case asynq.TaskStateRetry:
-		if info.Retried != e.retried {
+		if info.Retried != e.Data.retried {
 			return attemptResult{err: wakeChanged}
 		}
 	case asynq.TaskStateActive:
@@ -500,16 +514,16 @@ func lookupFailed(err error) attemptResult {
 func (w *waker) finish(e *wakeEntry, r attemptResult) {
 	ctx := context.Background()
 	w.mu.Lock()
-	cur := w.set.current(e)
+	cur := w.set.Current(e)
 	switch {
 	case !cur:
 		// Forgotten (the task came back), replaced (deferred again) or
 		// evicted meanwhile: the set has already accounted for it.
 	case r.retry:
-		w.set.retryAfter(e, time.Now())
+		w.set.RetryAfter(e, time.Now())
 	default:
-		w.set.remove(e)
-		w.size.Store(int64(w.set.len()))
+		w.set.Remove(e)
+		w.size.Store(int64(w.set.Len()))
 	}
 	w.mu.Unlock()
 	if cur && !r.retry {
@@ -518,15 +532,15 @@ func (w *waker) finish(e *wakeEntry, r attemptResult) {
 	if r.woken {
 		w.met.woken.Add(ctx, 1, w.met.system)
 		w.log.LogAttrs(ctx, slog.LevelDebug, "caughtup: a replica has replayed a deferred task's token; moved it to pending",
-			slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.key.queue),
-			slog.String("messaging.message.id", e.key.id))
+			slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.Key.queue),
+			slog.String("messaging.message.id", e.Key.id))
 		return
 	}
 	w.met.errs.Add(ctx, 1, w.met.errSets[r.err])
 	if r.err == wakeRedis {
 		w.warn.Do(func() {
 			w.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: could not look up or run a deferred task whose token a replica has replayed; trying again, and it runs when its delay ends anyway",
-				slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.key.queue), slog.Any("error", r.cause))
+				slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.Key.queue), slog.Any("error", r.cause))
 		})
 	}
 }
@@ -536,8 +550,8 @@ func (w *waker) finish(e *wakeEntry, r attemptResult) {
 func (w *waker) startWake(ctx context.Context, queue string, es []*wakeEntry) (context.Context, trace.Span) {
 	var links []trace.Link
 	for _, e := range es {
-		if e.deferral != nil {
-			links = append(links, trace.Link{SpanContext: *e.deferral})
+		if e.Data.deferral != nil {
+			links = append(links, trace.Link{SpanContext: *e.Data.deferral})
 		}
 	}
 	if len(links) == 0 {

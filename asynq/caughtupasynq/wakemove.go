@@ -139,7 +139,7 @@ func moveBatch(ctx context.Context, c redis.UniversalClient, queue string, es []
 	args := make([]any, 0, 2+2*len(es))
 	args = append(args, prefix+"t:", strconv.FormatInt(time.Now().UnixNano(), 10))
 	for _, e := range es {
-		args = append(args, e.key.id, e.retried)
+		args = append(args, e.Key.id, e.Data.retried)
 	}
 	out := make([]attemptResult, len(es))
 	codes, err := wakeMoveScript.Run(ctx, c, []string{prefix + "retry", prefix + "pending"}, args...).Int64Slice()

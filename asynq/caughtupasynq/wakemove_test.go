@@ -17,6 +17,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/time/rate"
 
+	"github.com/caughtup/caughtup/consume/wakeset"
 	"github.com/caughtup/caughtup/testkit/metrictest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
@@ -93,7 +94,7 @@ func TestWakeMoveScript(t *testing.T) {
 	require.Equal(t, 0, info.Retried)
 
 	entry := func(id string, retried int) *wakeEntry {
-		return &wakeEntry{key: taskKey{queue: queue, id: id}, retried: retried}
+		return &wakeEntry{Key: taskKey{queue: queue, id: id}, Data: wakeTask{retried: retried}}
 	}
 	ctx := context.Background()
 	got := moveBatch(ctx, c, queue, []*wakeEntry{
@@ -129,16 +130,16 @@ func TestWakeMoveScript(t *testing.T) {
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	met, err := newWakeMetrics(mp)
 	require.NoError(t, err)
-	w := &waker{met: met, tracer: tracenoop.NewTracerProvider().Tracer(""), log: slog.New(slog.DiscardHandler), warn: &rate.Sometimes{First: 1}, set: newWakeSet(10),
+	w := &waker{met: met, tracer: tracenoop.NewTracerProvider().Tracer(""), log: slog.New(slog.DiscardHandler), warn: &rate.Sometimes{First: 1}, set: wakeset.New[taskKey, wakeTask](10),
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	w.moveWith(c)
 	again := []*wakeEntry{entry(failed, 1), entry(deferred, 0)}
 	for _, e := range again {
-		e.expires = time.Now().Add(time.Hour)
-		w.set.add(e)
+		e.Expires = time.Now().Add(time.Hour)
+		w.set.Add(e)
 	}
 	w.attemptAll(again)
-	require.Zero(t, w.set.len(), "both forgotten")
+	require.Zero(t, w.set.Len(), "both forgotten")
 	require.Equal(t, int64(1), metrictest.Sum(t, reader, "caughtup.asynq.wake.tasks"))
 	require.Equal(t, int64(1), metrictest.Sum(t, reader, "caughtup.asynq.wake.errors", attribute.String("error.type", "pending")))
 	qi, err = insp.GetQueueInfo(queue)
