@@ -30,7 +30,10 @@ type Router struct {
 	tracer trace.Tracer
 	log    *slog.Logger
 	spread spreadCounter
-	pools  map[string]*replay.Database
+	// tallies numbers the Tallies, whose jobs spread from a replica of
+	// their own (Tally.home).
+	tallies atomic.Uint32
+	pools   map[string]*replay.Database
 	// sqlDBs serve SQLDB: one *sql.DB per pool, opened at start.
 	sqlDBs map[*pgxpool.Pool]*sql.DB
 	// handlers are the replica pools the router built for its handlers
@@ -54,6 +57,26 @@ type spreadCounter struct {
 	_ [cacheLine]byte
 	atomic.Uint32
 	_ [cacheLine - 4]byte
+}
+
+// spreadFor is the Spread of a job routed through t (nil: none). A
+// Tally's jobs (a Kafka partition's worker, which runs one at a time) all
+// take the caught-up replica at its home: one worker, one replica, while
+// the workers share the replicas out. Its connections then stay with one
+// server, and each server's sessions see a steady stream rather than every
+// other query: with a point query per record on 4 partitions over 2
+// replicas, alternating each worker's queries between the replicas cost
+// about 15% more CPU per query, on the servers, than each worker staying
+// on one (BenchmarkThroughputQuery, spread-turns against spread, in
+// kafka/caughtupkgo). Other jobs (many handlers at once, each running one
+// job) take one counter, so that the jobs in flight at any moment
+// alternate between the replicas; a random pick per job, or a counter
+// per worker that alternates each worker's jobs, did worse.
+func (r *Router) spreadFor(t *Tally) uint32 {
+	if t != nil {
+		return t.home
+	}
+	return r.spread.Add(1)
 }
 
 // positions is what the Router needs of its tracker: a *replay.Tracker,
@@ -275,12 +298,8 @@ func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally, repeatab
 		NoWait:   r.cfg.WaitBudget < 0,
 		NoDefer:  job.NoDefer,
 		DeferBy:  job.DeferBy,
-		// One counter for every worker, so that the jobs in flight at any
-		// moment alternate between the replicas: a counter per Tally, or a
-		// random pick per job, saved an atomic shared between cores, but
-		// with a point query per message throughput dropped.
-		Spread: r.spread.Add(1),
-		Buf:    buf,
+		Spread:   r.spreadFor(t),
+		Buf:      buf,
 	}
 	// The decision is made in the handler's context's allocation.
 	d := &rc.d

@@ -53,6 +53,11 @@ const numCounters = int(counterFuture) + 1
 // Tally is safe for concurrent use, but meant for one worker goroutine
 // and the one that flushes it.
 //
+// A Tally's jobs take the same replica among the caught-up ones (one
+// worker, one replica), the Router's Tallies each a replica in turn, so
+// that a worker's connections stay with one server while the workers
+// share the replicas out (Router.spreadFor).
+//
 // A Tally also allocates its jobs' handler contexts a few at a time (9
 // for jobs of one database), which saves about 40 ns a job; a handler
 // that keeps its context after it returns keeps its batch (about 2.7 KB)
@@ -66,8 +71,9 @@ const numCounters = int(counterFuture) + 1
 // waiting, with the same policy and parent context, routed against the
 // same tracker snapshot while the replica chosen is still fresh in it, is
 // given that job's handler context and decision: the decision Route would
-// make again, but for the replica Spread would pick and the decision time
-// (Decision.TokenAge; a child token's capture time is the earlier job's,
+// make again, but for the decision time (Decision.TokenAge, and the
+// replica when another one of the snapshot went stale meanwhile, which
+// changes which one the Tally's turn names; a child token's capture time is the earlier job's,
 // which only makes it look older). It is counted and logged as a decision
 // of its own. Without it a drain after a lag spike pays a context and its
 // garbage per message (BenchmarkDrain). Jobs with a Verify, a token error,
@@ -75,6 +81,9 @@ const numCounters = int(counterFuture) + 1
 // replica connections were refused are always decided afresh.
 type Tally struct {
 	r *Router
+	// home is the Spread of every job routed through the Tally
+	// (Router.spreadFor): the Router's Tallies take the replicas in turn.
+	home uint32
 	// slab is the batch the Tally's next handler contexts come from.
 	slab atomic.Pointer[routedSlab]
 	// last is the decision a job with the same token may repeat.
@@ -103,7 +112,7 @@ type tallySlot struct {
 
 // NewTally returns a Tally of r.
 func (r *Router) NewTally() *Tally {
-	t := &Tally{r: r}
+	t := &Tally{r: r, home: r.tallies.Add(1) - 1}
 	for c := range t.slots {
 		t.slots[c] = make(map[*measurement]*tallySlot)
 	}

@@ -249,3 +249,41 @@ func routeCaughtUp(tally *Tally, tok position.Token) error {
 	_, err = Pool(hctx, "main")
 	return err
 }
+
+// TestTallySpread: a Tally's jobs all read the same caught-up replica and
+// the next Tally's the other one, whatever the tokens, while jobs routed
+// without a Tally alternate; a Tally whose replica is behind a token
+// reads one that is not.
+func TestTallySpread(t *testing.T) {
+	t.Parallel()
+	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000"), rep("r2", 1, "0/2000000"))), func(c *Config) {
+		c.Now = func() time.Time { return t0 }
+		c.WaitBudget = -1
+	})
+	ctx := context.Background()
+	replica := func(route func(context.Context, Job) (context.Context, Decision, error), at string) string {
+		t.Helper()
+		_, d, err := route(ctx, Job{Token: tok(time.Second, ent("main", 1, at)), Policy: Sticky})
+		require.NoError(t, err)
+		require.Equal(t, OutcomeReplica, d.Outcome)
+		return d.Databases[0].Replica
+	}
+	a, b := r.NewTally(), r.NewTally()
+	homes := map[string]bool{}
+	for _, tl := range []*Tally{a, b} {
+		first := replica(tl.Route, "0/1000000")
+		for i := range 10 {
+			require.Equal(t, first, replica(tl.Route, fmt.Sprintf("0/%X", 0x1000000+i)), "a Tally's jobs stay on its replica")
+		}
+		homes[first] = true
+	}
+	require.Len(t, homes, 2, "two Tallies share the two replicas out")
+	direct := map[string]int{}
+	for i := range 10 {
+		direct[replica(r.Route, fmt.Sprintf("0/%X", 0x1000000+i))]++
+	}
+	require.Equal(t, map[string]int{"r1": 5, "r2": 5}, direct, "jobs without a Tally alternate")
+	for _, tl := range []*Tally{a, b} {
+		require.Equal(t, "r1", replica(tl.Route, "0/2800000"), "only r1 has replayed the token")
+	}
+}
