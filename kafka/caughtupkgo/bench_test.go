@@ -349,15 +349,22 @@ func benchEnv(t testing.TB, name string, def int) int {
 type pairs struct{ plain, routed []kafkasuite.Result }
 
 // rounds runs plain and routed n times each, back to back, in
-// alternating order.
+// alternating order. CAUGHTUP_KGO_BENCH_ONLY=plain or routed runs that
+// side alone (the other's results are zero), for a CPU profile of one.
 func rounds(n int, plain, routed func() kafkasuite.Result) pairs {
 	var ps pairs
+	only := os.Getenv("CAUGHTUP_KGO_BENCH_ONLY")
 	for i := range n {
 		var p, r kafkasuite.Result
-		if i%2 == 0 {
+		switch {
+		case only == "plain":
+			p = plain()
+		case only == "routed":
+			r = routed()
+		case i%2 == 0:
 			p = plain()
 			r = routed()
-		} else {
+		default:
 			r = routed()
 			p = plain()
 		}

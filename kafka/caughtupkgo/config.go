@@ -95,20 +95,24 @@ type ConsumerConfig struct {
 	// ahead of its worker. The poll loop polls again only once some
 	// partition that is not paused holds less than half of it, so a
 	// consumer that is slower than its fetches waits in franz-go's
-	// buffer, not in memory here; a partition whose queue still reaches
+	// buffer, not in memory here. A partition whose queue still reaches
 	// it while another partition's worker is idle (its worker is slower
-	// than the others') has its fetches paused until it has drained. Must
-	// be positive.
+	// than the others') must not hold that one up: the loop then takes
+	// everything franz-go has buffered and pauses the full partition's
+	// fetches until its worker takes its queue, which may so hold, beyond
+	// QueueCapacity, what one fetch returned for it (records franz-go
+	// held in memory already). Must be positive.
 	// Default: DefaultQueueCapacity (1000).
-	// A pause throws away what franz-go buffered for the partition and
-	// costs a fetch to undo, so pauses are for partitions that wait, not
-	// for ordinary flow; the bound keeps memory small for large records.
+	// The bound keeps memory small for large records; pausing only once
+	// nothing of the partition is left buffered keeps franz-go from
+	// dropping buffered records to fetch and decode them again.
 	QueueCapacity int
 	// MaxPollRecords bounds the records one poll returns
 	// (kgo.Client.PollRecords). The poll only hands records to the
 	// partitions' queues, so it returns quickly; the bound keeps one poll
-	// from filling a queue past QueueCapacity, and the time a rebalance
-	// waits for a poll short. Must be positive.
+	// from filling a queue past QueueCapacity (but for the poll that
+	// reaches a starving partition's records: QueueCapacity), and the
+	// time a rebalance waits for a poll short. Must be positive.
 	// Default: DefaultMaxPollRecords (500).
 	MaxPollRecords int
 

@@ -364,8 +364,11 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 
 // TestSlowPartitionDoesNotHoldOthers: a partition whose handler is slow
 // fills its queue; the poll loop then stops polling, but once another
-// partition has nothing to do it pauses the slow one, and the other
-// flows to its end long before the slow one is done. Nothing is skipped.
+// partition has nothing to do it takes what franz-go buffered and pauses
+// the slow one, and the other flows to its end long before the slow one
+// is done. Nothing is skipped, and the slow partition's records are not
+// fetched over and over: a pause with records of it still buffered would
+// have franz-go drop them and fetch them again on resume.
 func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	e := setupDB(t, nil)
 	topic := kafkasuite.NewTopics(t, 2, "")[0]
@@ -380,9 +383,11 @@ func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	next := [2]int{}
 	var skipped []string
 	fastDone := make(chan [2]int, 1)
+	var read fetchCounter
 	r := startConsumer(t, caughtupkgo.ConsumerConfig{
 		Topic: topic, Router: e.Router, Policy: consume.Always, MeterProvider: e.MP,
 		QueueCapacity: 10, MaxPollRecords: 5,
+		ClientOpts: []kgo.Opt{kgo.SeedBrokers(kafkasuite.Brokers(t)...), kgo.WithHooks(&read)},
 	}, func(ctx context.Context, rec *kgo.Record) error {
 		if rec.Partition == 0 {
 			time.Sleep(20 * time.Millisecond) // a queue of 10 takes 200ms, past slowAfter
@@ -423,4 +428,18 @@ func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, skipped)
+	t.Logf("records fetched: partition 0 %d, partition 1 %d, of %d each", read.n[0].Load(), read.n[1].Load(), n)
+	require.Less(t, read.n[0].Load(), int64(2*n), "the slow partition's records were fetched again and again")
+}
+
+// fetchCounter counts the records franz-go read from fetches, by
+// partition (0 and 1).
+type fetchCounter struct{ n [2]atomic.Int64 }
+
+var _ kgo.HookFetchBatchRead = (*fetchCounter)(nil)
+
+func (f *fetchCounter) OnFetchBatchRead(_ kgo.BrokerMetadata, _ string, partition int32, m kgo.FetchBatchMetrics) {
+	if partition >= 0 && int(partition) < len(f.n) {
+		f.n[partition].Add(int64(m.NumRecords))
+	}
 }

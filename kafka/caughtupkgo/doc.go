@@ -81,7 +81,8 @@
 // fetches it again on resume. When every partition has work queued the
 // loop stops polling, so that records wait in franz-go's buffer; a
 // partition that stays full while another partition's worker is idle is
-// paused as well (QueueCapacity).
+// paused as well, once the loop has taken what franz-go buffered for it
+// (QueueCapacity).
 //
 // Offsets are committed (every CommitInterval, and on every revocation
 // and at the end of Run) only up to the last record done in order, with

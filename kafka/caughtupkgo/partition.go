@@ -64,8 +64,9 @@ func (p *partition) stop() {
 }
 
 // push appends polled records. The poll loop bounds the queue
-// (Consumer.awaitRoom): it polls no more while a queue is full, and one
-// poll adds at most MaxPollRecords.
+// (Consumer.awaitRoom): it polls no more while a queue is full, one poll
+// adds at most MaxPollRecords, and the poll that drains franz-go's buffer
+// for a starving partition pauses the partitions it filled.
 func (p *partition) push(rs []*kgo.Record) {
 	p.mu.Lock()
 	p.queue = append(p.queue, rs...)
