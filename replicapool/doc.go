@@ -40,10 +40,12 @@
 // counts as reachable behind the endpoint.
 //
 // And it keeps the replica's health as this process sees it: a replica
-// whose connections fail (unreachable, or reaching only servers behind the
-// job) is left out of the router's decisions, for longer after each
-// failure in a row (1s, doubling, at most MaxExclusion), and comes back
-// only once a re-probe connects. The exclusion is logged and counted once
+// whose connections cannot be made, or whose connections reached only
+// servers behind the job for BehindRun jobs in a row (a balancer whose
+// choice moved to lagging servers; one such job alone is chance, and is
+// routed again), is left out of the router's decisions, for longer after
+// each failure in a row (1s, doubling, at most MaxExclusion); an
+// unreachable one comes back only once a re-probe connects. The exclusion is logged and counted once
 // when it starts and once when it ends.
 //
 // See docs/deployments.md for what each topology costs.

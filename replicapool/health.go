@@ -3,6 +3,7 @@ package replicapool
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caughtup/caughtup/internal/retry"
@@ -12,8 +13,9 @@ import (
 // feed (or the tracker's own connection) calls healthy can be out of reach
 // of the handlers' pool (a firewall, a proxy that resets new connections,
 // a password rotated on one side), or its connections can keep reaching a
-// server behind the job (a balancer whose choice moved). Each such failure
-// leaves the replica out of the router's decisions: its jobs go to another
+// server behind the job (a balancer whose choice moved). A failure to
+// connect, or BehindRun jobs in a row that met only lagging servers, leave
+// the replica out of the router's decisions: its jobs go to another
 // replica, wait, are deferred or read the primary under the cap, instead
 // of failing against it attempt after attempt.
 //
@@ -72,6 +74,30 @@ type health struct {
 	reason   Reason
 	err      error
 	probing  bool // a re-probe is running
+}
+
+// BehindRun is how many jobs in a row must meet only servers behind them
+// before the replica is left out for lag: one such job says little of a
+// balanced or pooled endpoint that has a caught-up server behind it (its
+// connections reached the lagging ones by chance, and the job is routed
+// again), several in a row with none served between them say its choice
+// moved to servers that lag.
+const BehindRun = 3
+
+// behindRun counts the jobs in a row that met only servers behind them.
+type behindRun struct{ n atomic.Int32 }
+
+// failed counts a job that met only servers behind it and reports whether
+// that makes BehindRun in a row.
+func (b *behindRun) failed() bool { return b.n.Add(1) >= BehindRun }
+
+// reset starts the count again: a job found a caught-up server. Only a
+// changed count is written, so that routed acquires share the line
+// read-only.
+func (b *behindRun) reset() {
+	if b.n.Load() != 0 {
+		b.n.Store(0)
+	}
 }
 
 // transition is what a change of health means for logs and metrics.

@@ -88,3 +88,19 @@ func TestHealthBehindLapses(t *testing.T) {
 	_, err, _, _ := h.state(t0)
 	require.ErrorIs(t, err, ErrUnreachable)
 }
+
+// A job that met only lagging servers leaves the replica in; BehindRun of
+// them in a row, with no job served between, leave it out; one served job
+// starts the count again.
+func TestBehindRun(t *testing.T) {
+	var b behindRun
+	for range BehindRun - 1 {
+		require.False(t, b.failed())
+	}
+	b.reset()
+	for i := range BehindRun - 1 {
+		require.False(t, b.failed(), "job %d after a served one", i+1)
+	}
+	require.True(t, b.failed(), "BehindRun in a row")
+	require.True(t, b.failed(), "and more")
+}

@@ -165,6 +165,9 @@ type Pool struct {
 	// maxRefusals is MaxRefusals within what pgxpool tries per acquire
 	// (MaxConns+1, expired connections included).
 	maxRefusals int32
+	// behind counts the jobs in a row that found only servers behind
+	// them; a routed acquire that finds one caught up starts it again.
+	behind behindRun
 
 	// probes limits Probe's connections: each costs a query, and a
 	// lagging replica meets many waiting jobs.
@@ -379,6 +382,7 @@ func (p *Pool) admit(ctx context.Context, c *pgx.Conn) (bool, error) {
 	}
 	p.cfg.Events.Checked(res)
 	if res != CheckBehind {
+		p.behind.reset()
 		return true, nil
 	}
 	if t.Attempt == nil {
@@ -518,10 +522,12 @@ func (p *Pool) failed(ctx context.Context, failure error) {
 	switch {
 	case errors.Is(failure, ErrReplicaBehind):
 		err = failure
-	case routed && t.Attempt.Refused():
+	case routed && (t.Attempt.Refused() || t.Attempt.Failed()):
 		// pgxpool gives up after MaxConns+1 tries of its own (refusals,
 		// expired or failed-ping connections alike), with an error of its
-		// own: the connections this job was given back say why.
+		// own; a statement fails on the connection guard closed for
+		// reaching a server behind the job: the connections this job was
+		// given back, or the guard, say why.
 		err = fmt.Errorf("%w (database %q, replica %q): %w", ErrReplicaBehind, p.cfg.Database, p.cfg.Replica, failure)
 	case errors.As(failure, &ce), errors.As(failure, &ne), errors.Is(failure, io.ErrUnexpectedEOF), errors.Is(failure, io.EOF), errors.Is(failure, net.ErrClosed):
 		err, reason = fmt.Errorf("%w: %w", ErrUnreachable, failure), ReasonUnreachable
@@ -530,6 +536,13 @@ func (p *Pool) failed(ctx context.Context, failure error) {
 	}
 	if routed {
 		t.Attempt.Fail()
+	}
+	if reason == ReasonBehind && !p.behind.failed() {
+		// A balancer or pooler over several servers hands a job only
+		// lagging ones now and then while others behind it have the
+		// token: that job is routed again (Attempt.Failed), and the pool,
+		// which serves the next ones, stays in the decisions.
+		return
 	}
 	p.fail(reason, err)
 }

@@ -231,21 +231,28 @@ func TestDirectConnectionChecks(t *testing.T) {
 	require.Equal(t, TopologyBalanced, p.Topology())
 
 	// Everything behind: every connection is given back, the acquire
-	// fails and the attempt is marked.
+	// fails and the attempt is marked; the replica stays in the decisions
+	// until BehindRun jobs in a row met nothing else.
 	for _, n := range c.Replicas() {
 		require.NoError(t, n.PauseReplay(ctxT(t)))
 		t.Cleanup(func() { _ = n.ResumeReplay(context.Background()) })
 	}
 	_, need = f.write(t)
-	var a Attempt
-	_, err = found(routed(ctxT(t), Target{Need: need, Attempt: &a}), p.Handlers(), id)
-	require.ErrorIs(t, err, ErrReplicaBehind)
-	require.True(t, a.Failed())
-	require.True(t, a.Refused())
-	require.GreaterOrEqual(t, ev.count(CheckBehind), MaxRefusals)
-	excluded, exErr, _ := p.Excluded(time.Now())
-	require.True(t, excluded)
-	require.ErrorIs(t, exErr, ErrReplicaBehind)
+	for job := 1; job <= BehindRun; job++ {
+		var a Attempt
+		_, err = found(routed(ctxT(t), Target{Need: need, Attempt: &a}), p.Handlers(), id)
+		require.ErrorIs(t, err, ErrReplicaBehind)
+		require.True(t, a.Failed())
+		require.True(t, a.Refused())
+		excluded, exErr, _ := p.Excluded(time.Now())
+		if job < BehindRun {
+			require.False(t, excluded, "job %d of a run: chance, routed again", job)
+			continue
+		}
+		require.True(t, excluded)
+		require.ErrorIs(t, exErr, ErrReplicaBehind)
+	}
+	require.GreaterOrEqual(t, ev.count(CheckBehind), BehindRun*MaxRefusals)
 }
 
 // A replica whose new connections are reset: the first failed acquire
