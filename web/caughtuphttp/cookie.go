@@ -13,7 +13,8 @@ const maxCookies = 3000
 // the value of the first cookie called name whose value is valid (its
 // surrounding double quotes removed), as net/http reads the Cookie
 // header lines, and none when a request carries more than maxCookies
-// cookies. A request carries the session's value on every request, and
+// cookies (net/http's default limit; its GODEBUG setting is not read).
+// A request carries the session's value on every request, and
 // Request.Cookie builds a *Cookie for each cookie of that name. name must
 // be a valid cookie name (Config.Validate). FuzzCookieValue holds it to
 // Request.Cookie.
