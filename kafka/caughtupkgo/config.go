@@ -34,7 +34,8 @@ const (
 // (kafka.DefaultMaxAttempts and the rest). The retry and dead-letter
 // headers are package kafka's too (kafka.HeaderDue and the rest).
 const (
-	DefaultQueueCapacity  = 1000
+	DefaultQueueCapacity = 1000
+	// Deprecated: MaxPollRecords is not used.
 	DefaultMaxPollRecords = 500
 )
 
@@ -91,29 +92,27 @@ type ConsumerConfig struct {
 	// committed; also on every revocation and when Run ends.
 	CommitInterval time.Duration
 
-	// QueueCapacity is how many polled records each partition may hold
-	// ahead of its worker. The poll loop polls again only once some
-	// partition that is not paused holds less than half of it, so a
-	// consumer that is slower than its fetches waits in franz-go's
-	// buffer, not in memory here. A partition whose queue still reaches
-	// it while another partition's worker is idle (its worker is slower
-	// than the others') must not hold that one up: the loop then takes
-	// everything franz-go has buffered and pauses the full partition's
-	// fetches until its worker takes its queue, which may so hold, beyond
-	// QueueCapacity, what one fetch returned for it (records franz-go
-	// held in memory already). Must be positive.
+	// QueueCapacity bounds the polled records each partition holds ahead
+	// of its worker: the poll loop takes everything franz-go has
+	// buffered, and pauses the fetches of a partition whose queue reaches
+	// QueueCapacity until its worker takes the queue; it polls again once
+	// some partition that is not paused holds less than half of it, and
+	// meanwhile records wait in franz-go's buffer. A queue may so hold,
+	// beyond QueueCapacity, what one fetch returned for its partition
+	// (records franz-go held in memory already; its fetch sizes,
+	// kgo.FetchMaxPartitionBytes, bound them). Must be positive.
 	// Default: DefaultQueueCapacity (1000).
-	// The bound keeps memory small for large records; pausing only once
-	// nothing of the partition is left buffered keeps franz-go from
-	// dropping buffered records to fetch and decode them again.
+	// Polling everything lets franz-go fetch the next records while the
+	// workers run these; pausing only once nothing of the partition is
+	// left buffered keeps franz-go from dropping records to fetch and
+	// decode them again.
 	QueueCapacity int
-	// MaxPollRecords bounds the records one poll returns
-	// (kgo.Client.PollRecords). The poll only hands records to the
-	// partitions' queues, so it returns quickly; the bound keeps one poll
-	// from filling a queue past QueueCapacity (but for the poll that
-	// reaches a starving partition's records: QueueCapacity), and the
-	// time a rebalance waits for a poll short. Must be positive.
-	// Default: DefaultMaxPollRecords (500).
+	// MaxPollRecords is not used: each poll takes everything franz-go has
+	// buffered (QueueCapacity).
+	//
+	// Deprecated: a poll of a few hundred records left the workers
+	// waiting for franz-go's next fetch, which it starts only once its
+	// buffer has been polled empty.
 	MaxPollRecords int
 
 	// OnRevoked and OnLost, when set, are called after the Consumer has
@@ -172,8 +171,8 @@ func (c ConsumerConfig) Validate() error {
 	if err := c.shared().Validate(); err != nil {
 		return err
 	}
-	if c.QueueCapacity < 1 || c.MaxPollRecords < 1 {
-		return kafka.Invalid("QueueCapacity and MaxPollRecords must be positive")
+	if c.QueueCapacity < 1 {
+		return kafka.Invalid("QueueCapacity must be positive")
 	}
 	return nil
 }

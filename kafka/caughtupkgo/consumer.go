@@ -38,7 +38,7 @@ type Handler func(ctx context.Context, r *kgo.Record) error
 // partitions' queues and never waits for a handler; a partition whose
 // head record waits for a replica has its fetches paused
 // (kgo.Client.PauseFetchPartitions) until the record is done, so it holds
-// back only itself (awaitRoom says when the loop polls).
+// back only itself (poll says how the loop polls).
 //
 // A record's offset is committed only once it and every record before it
 // in its partition are done (handled, produced to the retry topic or
@@ -182,17 +182,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // poll hands every polled record to its partition's queue until ctx ends
 // or the client is closed. It never waits for a worker.
+//
+// Each poll takes everything franz-go has buffered, as a plain franz-go
+// loop does (PollFetches), so that franz-go fetches the next records
+// while the workers run these: fetches and workers overlap. A bounded
+// poll (PollRecords of a few hundred) empties franz-go's buffer, whose
+// records come partition by partition, only after many polls, and with
+// small records the workers' queues would hold a few milliseconds of
+// work against a fetch that takes tens to come back: the workers waited
+// for it, and the machine's cores sat a third idle
+// (BenchmarkThroughput). What bounds memory is the pause: a partition
+// whose queue reaches QueueCapacity has its fetches paused after the
+// poll (pauseFull) until its worker takes its queue. Pausing before the
+// poll has taken the partition's buffered records would have franz-go
+// drop them, to fetch and decode them again on resume.
 func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 	for fails := 0; ctx.Err() == nil; {
-		drain, ok := c.awaitRoom(ctx)
-		if !ok {
+		if !c.awaitRoom(ctx) {
 			return
 		}
-		limit := c.cfg.MaxPollRecords
-		if drain {
-			limit = -1 // everything buffered
-		}
-		fetches := cl.PollRecords(ctx, limit)
+		fetches := cl.PollRecords(ctx, -1)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			cl.AllowRebalance()
 			return
@@ -208,9 +217,7 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 				c.partition(ftp.Topic, ftp.Partition).push(ftp.Records)
 			}
 		})
-		if drain {
-			c.pauseFull()
-		}
+		c.pauseFull()
 		cl.AllowRebalance()
 		if failed {
 			// Errors without records come back at once; do not spin on
@@ -225,68 +232,24 @@ func (c *Consumer) poll(ctx context.Context, cl *kgo.Client) {
 	}
 }
 
-// slowAfter is how long the poll loop waits for a full partition while
-// another partition's worker is idle with nothing queued, before it
-// drains franz-go's buffer and pauses the full one. Short, because an
-// idle worker is throughput lost (a handler that queries leaves three of
-// four partitions idle behind one full queue for as long as this lasts),
-// and a fast worker takes its full queue well within it, so ordinary
-// flow is not paused.
-const slowAfter = 5 * time.Millisecond
-
-// awaitRoom waits until the partitions want more records (wantRecords),
-// and reports false if ctx ended first. Waiting here, rather than polling
-// and pausing, leaves the records in franz-go's buffer: it fetches no more
-// from a broker until its buffered fetch has been polled, which is the
-// backpressure franz-go expects and costs nothing to undo.
-//
-// A partition that stays full for slowAfter while another one starves
-// must not hold that one up: its worker is the slower one. Then awaitRoom
-// reports drain: the loop polls everything franz-go has buffered, which
-// holds the starving partition's records (a poll returns a fetch's
-// records partition by partition, so a bounded poll may return only the
-// full partition's), and pauses the partitions it filled to QueueCapacity
-// or beyond (pauseFull), so that nothing more is fetched for them until
-// their workers take their queues. A queue may so hold what one fetch
-// returned for its partition beyond QueueCapacity; those records were in
-// memory already, in franz-go's buffer. Pausing a partition first, with
-// records of it still buffered, would throw them away (franz-go drops
-// what it buffered for a paused partition, to fetch and decode it again
-// on resume): with a point query per record, franz-go's fetching took
-// 11% of the process's CPU that way, against 2% for a plain consumer
-// reading the same topic, and 2% now (BenchmarkThroughputQuery).
-func (c *Consumer) awaitRoom(ctx context.Context) (drain, ok bool) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		want, full := c.wantRecords()
-		if want {
-			return false, true
-		}
-		var slow <-chan time.Time
-		if len(full) > 0 {
-			if timer == nil {
-				timer = time.NewTimer(slowAfter)
-			}
-			slow = timer.C
-		}
+// awaitRoom waits until some partition wants more records (wantRecords),
+// and reports false if ctx ended first. While none does, records wait in
+// franz-go's buffer, which it fills no further until it has been polled:
+// the backpressure franz-go expects, which costs nothing to undo.
+func (c *Consumer) awaitRoom(ctx context.Context) bool {
+	for !c.wantRecords() {
 		select {
 		case <-c.room:
-		case <-slow:
-			return true, true
 		case <-ctx.Done():
-			return false, false
+			return false
 		}
 	}
+	return true
 }
 
 // pauseFull pauses the fetches of partitions whose queues hold
 // QueueCapacity records or more, after a poll that took everything
-// franz-go had buffered (awaitRoom).
+// franz-go had buffered: nothing of theirs is left there to drop.
 func (c *Consumer) pauseFull() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -299,41 +262,28 @@ func (c *Consumer) pauseFull() {
 	}
 }
 
-// wantRecords reports whether to poll: no partition that is not paused
-// holds QueueCapacity records or more, and some holds less than half of
-// it (or none is unpaused). When a full partition is what keeps it from
-// polling while another one's worker is idle with nothing queued, it
-// returns the full ones. A worker busy with the batch it took is not
-// idle, though its queue is empty: it wants no records yet.
-func (c *Consumer) wantRecords() (want bool, full []*partition) {
+// wantRecords reports whether to poll: some partition that is not paused
+// holds less than half of QueueCapacity (its worker will want records
+// soon), or none is unpaused (a poll then waits for assignments, or for a
+// partition to resume).
+func (c *Consumer) wantRecords() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	low, high := c.cfg.QueueCapacity/2, c.cfg.QueueCapacity
-	unpaused, hungry, starving := false, false, false
+	low := c.cfg.QueueCapacity / 2
+	unpaused := false
 	for _, p := range c.parts {
 		p.mu.Lock()
-		n, paused, idle := len(p.queue), p.paused, p.idle
+		n, paused := len(p.queue), p.paused
 		p.mu.Unlock()
 		if paused {
 			continue
 		}
+		if n < low {
+			return true
+		}
 		unpaused = true
-		switch {
-		case n >= high:
-			full = append(full, p)
-		case n == 0:
-			starving, hungry = starving || idle, true
-		case n < low:
-			hungry = true
-		}
 	}
-	if len(full) > 0 {
-		if !starving {
-			full = nil
-		}
-		return false, full
-	}
-	return hungry || !unpaused, nil
+	return !unpaused
 }
 
 // signalRoom wakes the poll loop if it waits for a partition to want

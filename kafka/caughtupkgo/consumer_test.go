@@ -363,12 +363,11 @@ func TestHandlerErrorsDeadLetter(t *testing.T) {
 }
 
 // TestSlowPartitionDoesNotHoldOthers: a partition whose handler is slow
-// fills its queue; the poll loop then stops polling, but once another
-// partition has nothing to do it takes what franz-go buffered and pauses
-// the slow one, and the other flows to its end long before the slow one
-// is done. Nothing is skipped, and the slow partition's records are not
-// fetched over and over: a pause with records of it still buffered would
-// have franz-go drop them and fetch them again on resume.
+// fills its queue and is paused, and the other flows to its end long
+// before the slow one is done. Nothing is skipped, and the slow
+// partition's records are not fetched over and over: a pause with records
+// of it still buffered would have franz-go drop them and fetch them again
+// on resume.
 func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	e := setupDB(t, nil)
 	topic := kafkasuite.NewTopics(t, 2, "")[0]
@@ -386,8 +385,8 @@ func TestSlowPartitionDoesNotHoldOthers(t *testing.T) {
 	var read fetchCounter
 	r := startConsumer(t, caughtupkgo.ConsumerConfig{
 		Topic: topic, Router: e.Router, Policy: consume.Always, MeterProvider: e.MP,
-		QueueCapacity: 10, MaxPollRecords: 5,
-		ClientOpts: []kgo.Opt{kgo.SeedBrokers(kafkasuite.Brokers(t)...), kgo.WithHooks(&read)},
+		QueueCapacity: 10,
+		ClientOpts:    []kgo.Opt{kgo.SeedBrokers(kafkasuite.Brokers(t)...), kgo.WithHooks(&read)},
 	}, func(ctx context.Context, rec *kgo.Record) error {
 		if rec.Partition == 0 {
 			time.Sleep(20 * time.Millisecond) // a queue of 10 takes 200ms, past slowAfter

@@ -78,11 +78,12 @@
 // other partitions keep flowing. Records already polled for a paused
 // partition stay queued behind the head, in order; franz-go drops what
 // it buffered for a paused partition without moving its cursor, and
-// fetches it again on resume. When every partition has work queued the
-// loop stops polling, so that records wait in franz-go's buffer; a
-// partition that stays full while another partition's worker is idle is
-// paused as well, once the loop has taken what franz-go buffered for it
-// (QueueCapacity).
+// fetches it again on resume. Each poll takes everything franz-go has
+// buffered, so that franz-go fetches the next records while the workers
+// run these; a partition whose queue reaches QueueCapacity is paused
+// until its worker takes its queue, and while every partition that is
+// not paused has work queued the loop does not poll, so that records
+// wait in franz-go's buffer.
 //
 // Offsets are committed (every CommitInterval, and on every revocation
 // and at the end of Run) only up to the last record done in order, with

@@ -13,9 +13,8 @@ import (
 // it, in offset order, and the worker that processes them one at a time.
 //
 // Waiting in place is pausing: while the worker holds a record for a
-// replica (or a handler's backoff), or while its queue stays full and
-// another partition starves (Consumer.awaitRoom), the partition's
-// fetches are paused, so that franz-go neither fetches nor
+// replica (or a handler's backoff), or while its queue is full
+// (Consumer.poll), the partition's fetches are paused, so that franz-go neither fetches nor
 // buffers more of it and the poll loop keeps serving the other
 // partitions. Records already polled stay in the queue, in order, behind
 // the one held; none is skipped, because the client's cursor has moved
@@ -35,7 +34,6 @@ type partition struct {
 	queue   []*kgo.Record
 	paused  bool          // our pause of its fetches is on
 	holding bool          // the worker holds its head record
-	idle    bool          // the worker waits in take for records
 	wake    chan struct{} // one slot: records were queued
 
 	// The worker's alone: the batch it took and the next record of it.
@@ -64,9 +62,8 @@ func (p *partition) stop() {
 }
 
 // push appends polled records. The poll loop bounds the queue
-// (Consumer.awaitRoom): it polls no more while a queue is full, one poll
-// adds at most MaxPollRecords, and the poll that drains franz-go's buffer
-// for a starving partition pauses the partitions it filled.
+// (Consumer.poll): it pauses the partition's fetches once its queue
+// reaches QueueCapacity.
 func (p *partition) push(rs []*kgo.Record) {
 	p.mu.Lock()
 	p.queue = append(p.queue, rs...)
@@ -86,7 +83,6 @@ func (p *partition) take(prev []*kgo.Record) []*kgo.Record {
 		if len(p.queue) > 0 {
 			batch := p.queue
 			p.queue = prev[:0]
-			p.idle = false
 			if !p.holding {
 				p.resumeLocked()
 			}
@@ -94,12 +90,7 @@ func (p *partition) take(prev []*kgo.Record) []*kgo.Record {
 			p.c.signalRoom()
 			return batch
 		}
-		wasIdle := p.idle
-		p.idle = true
 		p.mu.Unlock()
-		if !wasIdle {
-			p.c.signalRoom() // a full partition may now be what starves this one
-		}
 		select {
 		case <-p.wake:
 		case <-p.ctx.Done():
