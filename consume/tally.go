@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/metric"
 
@@ -84,6 +85,10 @@ type Tally struct {
 	// home is the Spread of every job routed through the Tally
 	// (Router.spreadFor): the Router's Tallies take the replicas in turn.
 	home uint32
+	// monotonic: the Router's clocks (Config.Now, Config.Tracker.Now) are
+	// time.Now, so repeat may read the time as the monotonic clock's
+	// distance from the last decision's (repeatNow).
+	monotonic bool
 	// slab is the batch the Tally's next handler contexts come from.
 	slab atomic.Pointer[routedSlab]
 	// last is the decision a job with the same token may repeat.
@@ -112,7 +117,8 @@ type tallySlot struct {
 
 // NewTally returns a Tally of r.
 func (r *Router) NewTally() *Tally {
-	t := &Tally{r: r, home: r.tallies.Add(1) - 1}
+	t := &Tally{r: r, home: r.tallies.Add(1) - 1,
+		monotonic: isTimeNow(r.cfg.Now) && isTimeNow(r.cfg.Tracker.Now)}
 	for c := range t.slots {
 		t.slots[c] = make(map[*measurement]*tallySlot)
 	}
@@ -218,7 +224,7 @@ func (t *Tally) repeat(ctx context.Context, job *Job) (*routed, bool) {
 	if dd.Entry != job.Token.Entries[0] || !rc.captured.Equal(job.Token.CapturedAt) || rc.d.Policy != r.cfg.policy(job.Policy) {
 		return nil, false
 	}
-	now := r.cfg.Now()
+	now := t.repeatNow(rc)
 	snap := r.snapshotAt(now)
 	if snap != l.snap {
 		return nil, false
@@ -228,6 +234,27 @@ func (t *Tally) repeat(ctx context.Context, job *Job) (*routed, bool) {
 		return nil, false
 	}
 	return rc, true
+}
+
+// repeatNow is the time at which repeat judges the decision rc again:
+// the Router's clock, or, when that is time.Now (monotonic), rc's
+// decision time plus the monotonic clock's time since, which reads one
+// clock where time.Now reads two (about 30 of 60 ns here): the same
+// instant on the monotonic clock, which is what comparing it with the
+// tracker's observation times (time.Now's, monotonic too) and with the
+// overlay's deadlines uses. Only its wall clock reading can differ from
+// time.Now's, by a step of the system's clock since rc was decided, and
+// nothing repeat compares uses it.
+func (t *Tally) repeatNow(rc *routed) time.Time {
+	if t.monotonic {
+		return rc.now.Add(time.Since(rc.now))
+	}
+	return t.r.cfg.Now()
+}
+
+// isTimeNow reports whether f is time.Now itself.
+func isTimeNow(f func() time.Time) bool {
+	return f != nil && reflect.ValueOf(f).Pointer() == reflect.ValueOf(time.Now).Pointer()
 }
 
 // Flush adds what t counted since the last Flush to the router's

@@ -252,3 +252,50 @@ func TestTallyRepeatUncomparableParent(t *testing.T) {
 	require.False(t, hctx == first)
 	require.Equal(t, OutcomeReplica, d.Outcome)
 }
+
+// TestTallyRepeatMonotonicClock: with the Router on time.Now, a repeat
+// reads the time off the monotonic clock (Tally.repeatNow), and still
+// judges the replica fresh at the moment it repeats: a repeat while the
+// replica's observation is within the staleness bound gets the last job's
+// context, one after it does not (and the job goes to the primary).
+// Attempts the machine was too slow to tell apart are tried again.
+func TestTallyRepeatMonotonicClock(t *testing.T) {
+	t.Parallel()
+	const bound = 100 * time.Millisecond
+	ctx := context.Background()
+	var reused, refused bool
+	for attempt := 0; !reused || !refused; attempt++ {
+		require.Less(t, attempt, 50, "no attempt told a fresh replica from a stale one (reused %v, refused %v)", reused, refused)
+		observed := time.Now()
+		fresh := func(r *replay.ReplicaState) { r.ObservedAt = observed }
+		r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", fresh), rep("r2", 1, "0/3000000", fresh))), func(c *Config) {
+			c.WaitBudget = -1
+			c.Tracker.StalenessBound = bound
+		})
+		tally := r.NewTally()
+		require.True(t, tally.monotonic, "a Router on time.Now")
+		tk := position.Of(observed, ent("main", 1, "0/1000000"))
+		job := Job{Token: tk, Policy: Sticky}
+		first, d, err := tally.Route(ctx, job)
+		require.NoError(t, err)
+		if d.Outcome != OutcomeReplica {
+			continue // stale already
+		}
+		if !refused && attempt%2 == 1 {
+			time.Sleep(time.Until(observed.Add(bound + 5*time.Millisecond)))
+		}
+		before := time.Now()
+		again, d2, err := tally.Route(ctx, job)
+		require.NoError(t, err)
+		after := time.Now()
+		switch {
+		case after.Before(observed.Add(bound)): // fresh throughout
+			require.True(t, again == first, "a repeat while the replica is fresh gets the last job's context")
+			reused = true
+		case before.After(observed.Add(bound)): // stale throughout
+			require.False(t, again == first, "a repeat after the replica went stale got the last job's context")
+			require.Equal(t, OutcomePrimary, d2.Outcome, "the replica is stale: %s", d2.Reason)
+			refused = true
+		}
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
 )
@@ -70,6 +72,9 @@ type Partition[R any, H Header] struct {
 	dec   position.HeaderDecoder
 	held  bool  // src is paused for the record at hand
 	epoch int32 // doneEpoch as last stored
+	// traced: Run's context has a span of its own, which its records'
+	// routing and handlers join (traceContext); read once per Run.
+	traced bool
 }
 
 // NewPartition returns the worker of partition id of topic, reading src.
@@ -99,6 +104,7 @@ func (p *Partition[R, H]) ID() int32     { return p.id }
 // handled, republished or dead-lettered; one that ctx ended first stays
 // undone (uncommitted, delivered again) and Run returns.
 func (p *Partition[R, H]) Run(ctx context.Context) {
+	p.traced = trace.SpanContextFromContext(ctx).IsValid()
 	for {
 		r, ok := p.src.Next(ctx)
 		if !ok {

@@ -32,7 +32,7 @@ func (e *Engine[R, H]) run(ctx context.Context, r R, p *Partition[R, H]) bool {
 	hs := e.lib.Headers(r)
 	// The producer's trace continues here (unless ctx has a span of the
 	// application's own): the routing spans and the handler's join it.
-	ctx = e.traceContext(ctx, r, hs)
+	ctx = e.traceContext(ctx, r, hs, p.traced)
 	// The token is read once per record; every attempt routes it again.
 	rt := e.readToken(ctx, r, *hs, p)
 	attempts := 0
