@@ -14,7 +14,9 @@ import (
 
 // kgoSpans is franz-go's records as a Client that has spans of its own
 // (kotel puts them in Record.Context), for traceContext alone.
-type kgoSpans struct{ Client[*kgo.Record, kgo.RecordHeader] }
+type kgoSpans struct {
+	Client[*kgo.Record, kgo.RecordHeader]
+}
 
 func (kgoSpans) SpanContext(r *kgo.Record) trace.SpanContext {
 	if r.Context == nil {
