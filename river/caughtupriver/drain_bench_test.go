@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -155,7 +156,8 @@ func (w *drainWorker) Work(ctx context.Context, job *river.Job[drainArgs]) error
 }
 
 // drainClient starts a client on its own queue working drain jobs into st,
-// with mw when it is not nil, and stops it at the end of the side.
+// with mw when it is not nil; stop (idempotent) stops it, and so waits
+// for River's completer, before the side deletes its jobs.
 func drainClient(b *testing.B, pool *pgxpool.Pool, queue string, w *drainWorker, mw rivertype.Middleware) (*river.Client[pgx.Tx], func()) {
 	ws := river.NewWorkers()
 	river.AddWorker(ws, w)
@@ -172,10 +174,13 @@ func drainClient(b *testing.B, pool *pgxpool.Pool, queue string, w *drainWorker,
 	c, err := river.NewClient(riverpgxv5.New(pool), cfg)
 	require.NoError(b, err)
 	require.NoError(b, c.Start(context.Background()))
+	var once sync.Once
 	return c, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		require.NoError(b, c.Stop(ctx))
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			require.NoError(b, c.Stop(ctx))
+		})
 	}
 }
 
@@ -278,6 +283,7 @@ func drainCaughtup(b *testing.B, e *env, pool *pgxpool.Pool, mw *caughtupriver.M
 			bad++
 		}
 	}
+	stop()
 	_, err = e.primary.Exec(ctx, `DELETE FROM river_job WHERE queue = $1`, queue)
 	require.NoError(b, err)
 	return w.st.Last().Sub(caught.Read), bad
@@ -322,6 +328,7 @@ func drainBare(b *testing.B, e *env, pool *pgxpool.Pool, n int, base int64) time
 		SELECT count(*) FROM moved, (SELECT pg_notify(current_schema() || '.river_insert', json_build_object('queue', $1::text)::text)) AS n`, queue).Scan(&moved))
 	require.Equal(b, n, moved)
 	w.st.Wait(b, "bare side")
+	stop()
 	_, err := e.primary.Exec(ctx, `DELETE FROM river_job WHERE queue = $1`, queue)
 	require.NoError(b, err)
 	return w.st.Last().Sub(t0)

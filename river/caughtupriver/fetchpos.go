@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/caughtup/caughtup/enqueue"
@@ -129,10 +130,44 @@ func (p *fetchPositions) read(ctx context.Context, f *flight) (position.Token, e
 		scanned, _ = v.scan(ctx, client)
 	}
 	tok, err := p.capture.Capture(ctx, conn.Conn())
-	if err == nil {
+	if err == nil && len(scanned.ids) > 0 {
 		scanned.register(tok)
+		go p.flushTo(context.WithoutCancel(ctx), tok)
 	}
 	return tok, err
+}
+
+// flushTo makes the primary flush its WAL up to tok's position, if it has
+// not yet, so that replicas can replay it now. The insert position
+// (design notes, fact 1) may be past the flushed WAL: records no commit
+// has flushed yet, such as the pruning and hint bits a scan of River's
+// table writes after a DELETE. A walsender sends only flushed WAL, so
+// without a commit elsewhere the replicas would reach the position only
+// at the WAL writer's next round (wal_writer_delay, 200ms by default), and
+// every job routed by it would wait that long (measured: 40–200ms for a
+// backlog's first batch). Here, only when the flush position is behind,
+// one statement commits a transaction that writes a record (a
+// transactional logical decoding message, prefix "caughtup", which
+// pgoutput forwards only to subscribers that ask for messages) under
+// synchronous_commit on: RecordTransactionCommit flushes the WAL up to its
+// commit record only for a transaction that wrote WAL (one that only took
+// an xid commits asynchronously). Done for reads whose scan registered
+// jobs (visibleJobs): their position serves many jobs. It changes no
+// token; a failure (a role without EXECUTE on pg_logical_emit_message)
+// leaves the flush to the server.
+func (p *fetchPositions) flushTo(ctx context.Context, tok position.Token) {
+	e, ok := tok.Entry(p.capture.Database())
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	_, _ = p.pool.Exec(ctx, `DO $$BEGIN
+	IF pg_current_wal_flush_lsn() < '`+e.LSN.String()+`'::pg_lsn THEN
+		PERFORM set_config('synchronous_commit', 'on', true);
+		PERFORM pg_logical_emit_message(true, 'caughtup', 'flush');
+	END IF;
+END$$`, pgx.QueryExecModeSimpleProtocol) // a literal per call: nothing to prepare
 }
 
 // readAhead scans v's table and reads the position, as read does, off

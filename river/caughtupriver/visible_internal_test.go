@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/caughtup/caughtup/enqueue"
+	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
@@ -104,4 +105,46 @@ func TestVisibleScanBeforeRead(t *testing.T) {
 	require.Equal(t, tok.Entries, got.Entries)
 	e, _ := got.Entry("main")
 	require.GreaterOrEqual(t, uint64(e.LSN), afterLSN)
+}
+
+// flushTo flushes the primary's WAL up to a position past its flush
+// position: an xid taken alone is committed without a flush, so the
+// insert position is past the flushed WAL until the WAL writer's next
+// round (200ms), and the check comes within milliseconds.
+func TestFlushTo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := pgtest.Shared(t)
+	db := pgtest.NewDatabase(t, c)
+	pool, err := c.Primary().Pool(ctx, db)
+	require.NoError(t, err)
+	defer pool.Close()
+	met, err := newMetrics(noop.NewMeterProvider())
+	require.NoError(t, err)
+	capt := enqueue.NewCapturer(enqueue.Config{})
+	p := &fetchPositions{pool: pool, capture: capt, timeout: 30 * time.Second, met: met}
+	flushed := func() uint64 {
+		var s string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&s))
+		lsn, err := position.ParseLSN(s)
+		require.NoError(t, err)
+		return uint64(lsn)
+	}
+	for range 3 {
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `SELECT pg_current_xact_id()`)
+		require.NoError(t, err)
+		tok, err := capt.Capture(ctx, conn.Conn())
+		conn.Release()
+		require.NoError(t, err)
+		e, _ := tok.Entry("main")
+		if flushed() >= uint64(e.LSN) {
+			continue // flushed meanwhile by someone else: try again
+		}
+		p.flushTo(ctx, tok)
+		require.GreaterOrEqual(t, flushed(), uint64(e.LSN), "the WAL up to the position is flushed")
+		return
+	}
+	t.Fatal("the WAL was flushed before every check: no unflushed tail to test with")
 }
