@@ -309,8 +309,14 @@ func (m *metrics) record(ctx context.Context, d *Decision, waited bool) {
 // (Tally), to be added in bulk by t.Flush. The wait histogram is recorded
 // at once: only jobs that waited have it.
 func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tally) {
+	m.recordInto(ctx, d, waited, t, nil)
+}
+
+// recordInto is recordTo that, with t and into, also notes in into the
+// slots of t it counted on (Tally.countRepeat).
+func (m *metrics) recordInto(ctx context.Context, d *Decision, waited bool, t *Tally, into *repeatCounts) {
 	job := m.decision(d)
-	m.add(ctx, t, counterDecisions, job)
+	m.add(ctx, t, counterDecisions, job, into)
 	if waited {
 		m.wait.Record(ctx, d.Waited.Seconds(), job.rec...)
 	}
@@ -321,10 +327,10 @@ func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tal
 		} else {
 			set = newMeasurement(reasonAttrs(d.Reason)...)
 		}
-		m.add(ctx, t, counterMissing, set)
+		m.add(ctx, t, counterMissing, set, into)
 	}
 	if d.ClockSkew > 0 {
-		m.add(ctx, t, counterFuture, m.futureSet)
+		m.add(ctx, t, counterFuture, m.futureSet, into)
 	}
 	for i := range d.Databases {
 		dd := &d.Databases[i]
@@ -336,18 +342,19 @@ func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tal
 			} else {
 				set = newMeasurement(crossEpochAttrs(dd.Database, dd.Incomparable)...)
 			}
-			m.add(ctx, t, counterCrossEpoch, set)
+			m.add(ctx, t, counterCrossEpoch, set, into)
 		}
 		if d.Action == ActionRun {
-			m.add(ctx, t, counterRoutes, m.route(dm, dd))
+			m.add(ctx, t, counterRoutes, m.route(dm, dd), into)
 		}
 	}
 }
 
-// add counts one on counter c with set: at once, or in t until t.Flush.
-func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement) {
+// add counts one on counter c with set: at once, or in t until t.Flush
+// (noting the slot in into, if any).
+func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement, into *repeatCounts) {
 	if t != nil {
-		t.add(c, set)
+		into.note(t.add(c, set))
 		return
 	}
 	m.counter(c).Add(ctx, 1, set.add...)

@@ -266,7 +266,7 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (hctx context.Co
 			return r.routeIn(ctx, ctx, job, nil, false)
 		}
 		if rc, ok := t.repeat(ctx, job); ok {
-			r.met.recordTo(ctx, &rc.d, false, t)
+			t.countRepeat(&rc.d)
 			r.logDecision(ctx, &rc.d, nil, job.Source)
 			return rc, rc.d, nil
 		}

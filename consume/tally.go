@@ -9,6 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
 )
 
@@ -93,6 +94,8 @@ type Tally struct {
 	slab atomic.Pointer[routedSlab]
 	// last is the decision a job with the same token may repeat.
 	last atomic.Pointer[tallyLast]
+	// counts are the slots the last repeated decision counted on.
+	counts atomic.Pointer[repeatCounts]
 	// recent holds, per counter, the slots counted last: a worker's jobs
 	// mostly repeat a few decisions (one replica or another), which then
 	// cost a few atomic loads and an add.
@@ -125,12 +128,13 @@ func (r *Router) NewTally() *Tally {
 	return t
 }
 
-// add counts one on counter c with set.
-func (t *Tally) add(c counter, set *measurement) {
+// add counts one on counter c with set, and returns the slot it counted
+// on.
+func (t *Tally) add(c counter, set *measurement) *tallySlot {
 	for i := range t.recent[c] {
 		if s := t.recent[c][i].Load(); s != nil && s.set == set {
 			s.n.Add(1)
-			return
+			return s
 		}
 	}
 	t.mu.Lock()
@@ -143,6 +147,71 @@ func (t *Tally) add(c counter, set *measurement) {
 	t.next[c]++
 	t.mu.Unlock()
 	s.n.Add(1)
+	return s
+}
+
+// repeatCounts are the slots a repeated decision counts on (recordTo's
+// for it), found once for every decision of the same shape.
+type repeatCounts struct {
+	shape repeatShape
+	slots [5]*tallySlot // at most one per counter, for one database
+	n     int
+	full  bool // more slots than fit: not kept
+}
+
+// note adds s to c's slots; c may be nil.
+func (c *repeatCounts) note(s *tallySlot) {
+	switch {
+	case c == nil:
+	case c.n < len(c.slots):
+		c.slots[c.n] = s
+		c.n++
+	default:
+		c.full = true
+	}
+}
+
+// repeatShape is every field of a one-database decision that recordTo's
+// attribute sets depend on: decisions of one shape count on the same
+// slots.
+type repeatShape struct {
+	policy          Policy
+	action          Action
+	outcome         Outcome
+	reason          Reason
+	skew            bool
+	database        string
+	replica         string
+	replicaIndex    int32
+	databaseOutcome Outcome
+	databaseReason  Reason
+	incomparable    position.Incomparable
+}
+
+// countRepeat counts d, a decision repeat gave again, as recordTo would,
+// on the slots found for the last decision of its shape: a few atomic
+// adds rather than looking the attribute sets up again.
+func (t *Tally) countRepeat(d *Decision) {
+	if len(d.Databases) != 1 {
+		t.r.met.recordTo(context.Background(), d, false, t)
+		return
+	}
+	dd := &d.Databases[0]
+	sh := repeatShape{policy: d.Policy, action: d.Action, outcome: d.Outcome, reason: d.Reason, skew: d.ClockSkew > 0,
+		database: dd.Database, replica: dd.Replica, replicaIndex: dd.replica,
+		databaseOutcome: dd.Outcome, databaseReason: dd.Reason, incomparable: dd.Incomparable}
+	if c := t.counts.Load(); c != nil && c.shape == sh {
+		for _, s := range c.slots[:c.n] {
+			s.n.Add(1)
+		}
+		return
+	}
+	c := &repeatCounts{shape: sh}
+	// With a Tally and no wait, recordInto uses no context.
+	t.r.met.recordInto(context.Background(), d, false, t, c)
+	if !c.full {
+		t.counts.Store(c)
+	}
 }
 
 // nextRouted hands out the next context of t's current batch, starting a

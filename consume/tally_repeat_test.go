@@ -299,3 +299,56 @@ func TestTallyRepeatMonotonicClock(t *testing.T) {
 		}
 	}
 }
+
+// TestTallyRepeatCounts: repeated decisions of different shapes (another
+// replica, a token from the future) are counted on their own series,
+// exactly as the same jobs decided afresh (each in a parent context of
+// its own, which no job repeats) by a twin Tally.
+func TestTallyRepeatCounts(t *testing.T) {
+	t.Parallel()
+	newRouter := func() (*Router, *sdkmetric.ManualReader) {
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+		return unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000"), rep("r2", 1, "0/5000000"))), func(c *Config) {
+			c.Now = func() time.Time { return t0 }
+			c.WaitBudget = -1
+			c.MeterProvider = mp
+		}), reader
+	}
+	both := tok(time.Second, ent("main", 1, "0/1000000"))
+	onlyR2 := tok(time.Second, ent("main", 1, "0/4000000"))
+	future := position.Of(t0.Add(time.Hour), ent("main", 1, "0/1000000"))
+	var jobs []position.Token
+	for _, tk := range []position.Token{both, onlyR2, both, future, onlyR2, future} {
+		for range 5 {
+			jobs = append(jobs, tk)
+		}
+	}
+	ctx := context.Background()
+	twin, twinReader := newRouter()
+	tallied, talliedReader := newRouter()
+	fresh, tally := twin.NewTally(), tallied.NewTally()
+	type jobKey struct{}
+	var lastCtx context.Context
+	repeats := 0
+	for i, tk := range jobs {
+		_, want, err := fresh.Route(context.WithValue(ctx, jobKey{}, i), Job{Token: tk, Policy: Sticky})
+		require.NoError(t, err)
+		hctx, got, err := tally.Route(ctx, Job{Token: tk, Policy: Sticky})
+		require.NoError(t, err)
+		require.Equal(t, want.Databases[0].Replica, got.Databases[0].Replica)
+		require.Equal(t, want.ClockSkew > 0, got.ClockSkew > 0)
+		if hctx == lastCtx {
+			repeats++
+		}
+		lastCtx = hctx
+	}
+	require.Equal(t, len(jobs)-6, repeats, "every job but the first of each run repeats")
+	fresh.Flush(ctx)
+	tally.Flush(ctx)
+	want, got := sums(t, twinReader), sums(t, talliedReader)
+	require.NotEmpty(t, want["caughtup.consume.tokens.future"])
+	require.Len(t, want["caughtup.consume.database.routes"], 2, "both replicas read")
+	require.Equal(t, want, got)
+}
