@@ -260,7 +260,7 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (hctx context.Co
 	// the handler's spans are the route span's siblings, not children of a
 	// span that has ended. A job outside any trace gets no span: caughtup's
 	// spans join the application's traces, they never start one.
-	if !trace.SpanContextFromContext(ctx).IsValid() {
+	if t.untraced(ctx) {
 		// No trace to join (tracing.Start).
 		if t == nil {
 			return r.routeIn(ctx, ctx, job, nil, false)

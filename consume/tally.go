@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
@@ -96,6 +97,8 @@ type Tally struct {
 	last atomic.Pointer[tallyLast]
 	// counts are the slots the last repeated decision counted on.
 	counts atomic.Pointer[repeatCounts]
+	// plain is the last parent context found to have no span (untraced).
+	plain atomic.Pointer[untracedCtx]
 	// recent holds, per counter, the slots counted last: a worker's jobs
 	// mostly repeat a few decisions (one replica or another), which then
 	// cost a few atomic loads and an add.
@@ -303,6 +306,45 @@ func (t *Tally) repeat(ctx context.Context, job *Job) (*routed, bool) {
 		return nil, false
 	}
 	return rc, true
+}
+
+// untracedCtx is a context found to have no span, and how many contexts
+// since were not it.
+type untracedCtx struct {
+	ctx    context.Context
+	misses atomic.Int32
+}
+
+// untracedRemember is how many other contexts a remembered untraced
+// context outlives: a Kafka partition's worker routes every record in one
+// context (its Run's), which is then remembered once, while jobs that
+// each come with a context of their own replace it only this rarely.
+const untracedRemember = 1024
+
+// untraced reports whether ctx has no span (trace.SpanContextFromContext,
+// which walks ctx's chain of values: about 25 ns a record in a Kafka
+// partition's context). t (nil: none) remembers the last context found
+// without one: a context's values never change, so neither does the
+// answer.
+func (t *Tally) untraced(ctx context.Context) bool {
+	if t == nil {
+		return !trace.SpanContextFromContext(ctx).IsValid()
+	}
+	m := t.plain.Load()
+	// Comparing ctx with a remembered context of another dynamic type is
+	// false, and one of its own type is comparable: remember checked.
+	if m != nil && m.ctx == ctx {
+		return true
+	}
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		return false
+	}
+	if m == nil || m.misses.Add(1) >= untracedRemember {
+		if typ := reflect.TypeOf(ctx); typ != nil && typ.Comparable() {
+			t.plain.Store(&untracedCtx{ctx: ctx})
+		}
+	}
+	return true
 }
 
 // repeatNow is the time at which repeat judges the decision rc again:

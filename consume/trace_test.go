@@ -179,3 +179,43 @@ func TestTraceAttributesSeveralDatabases(t *testing.T) {
 	_, single := m["caughtup.database"]
 	require.False(t, single)
 }
+
+// TestTallyRouteSpan: a Tally that routed jobs in a context without a span
+// (which it remembers) still gives a job in a traced context its route
+// span, and a job in a context that only wraps the untraced one none;
+// jobs each in a context of their own of a type that cannot be compared
+// are routed too.
+func TestTallyRouteSpan(t *testing.T) {
+	t.Parallel()
+	r, exp, tracer := tracedRouter(t, nil)
+	tally := r.NewTally()
+	job := Job{Token: tok(time.Second, ent("main", 1, "0/100")), Policy: Sticky}
+	plain := context.Background()
+	for range 3 {
+		_, _, err := tally.Route(plain, job)
+		require.NoError(t, err)
+	}
+	require.Empty(t, spantest.Named(exp, SpanRoute), "no trace, no span")
+	traced, ps := tracer.Start(plain, "job")
+	_, _, err := tally.Route(traced, job)
+	require.NoError(t, err)
+	ps.End()
+	require.Len(t, spantest.Named(exp, SpanRoute), 1, "a traced job after untraced ones gets its span")
+	type key struct{}
+	_, _, err = tally.Route(context.WithValue(plain, key{}, 1), job)
+	require.NoError(t, err)
+	_, _, err = tally.Route(uncomparable{plain, []int{1}}, job)
+	require.NoError(t, err)
+	_, _, err = tally.Route(uncomparable{traced, []int{2}}, job)
+	require.NoError(t, err)
+	require.Len(t, spantest.Named(exp, SpanRoute), 2, "only traced jobs get spans")
+	_, _, err = tally.Route(plain, job)
+	require.NoError(t, err)
+	require.Len(t, spantest.Named(exp, SpanRoute), 2)
+}
+
+// uncomparable is a context whose type == panics on.
+type uncomparable struct {
+	context.Context
+	_ []int
+}
