@@ -92,7 +92,7 @@ func (r *Router) handlerPool(db string, idx int, rep replay.Replica) (*replicapo
 func (r *Router) target(db string, idx int32) func(context.Context) (replicapool.Target, bool) {
 	return func(ctx context.Context) (replicapool.Target, bool) {
 		rv := routingFrom(ctx)
-		if rv == nil || rv.r != r {
+		if rv == nil || rv.src.r != r {
 			return replicapool.Target{}, false // not a routed read of this router's
 		}
 		for i := range rv.d.Databases {
@@ -116,7 +116,14 @@ type poolEvents struct {
 	db, replica string
 }
 
-func (e poolEvents) Checked(c replicapool.Check) {
+// Checked counts one check: in the Tally that routed the acquire's job,
+// if one did (an OpenTelemetry Add per point query was about 0.5 µs of
+// the 20 a Kafka record with one cost), else at once.
+func (e poolEvents) Checked(ctx context.Context, c replicapool.Check) {
+	if rv := routingFrom(ctx); rv != nil && rv.src.t != nil && rv.src.r == e.r {
+		rv.src.t.conns[c].Add(1)
+		return
+	}
 	if m := e.r.met; m != nil {
 		m.connection(c)
 	}

@@ -21,8 +21,10 @@ import (
 // nothing of the token it was given, whose entries may be a buffer the
 // caller reuses (position.HeaderDecoder).
 type routing struct {
-	r *Router
-	d Decision
+	// src is who routed the job: its Router, and its Tally if any,
+	// which counts what the job's replica connections met.
+	src *routeSource
+	d   Decision
 	// captured is the job token's CapturedAt; now is the decision time.
 	captured time.Time
 	now      time.Time
@@ -32,6 +34,13 @@ type routing struct {
 }
 
 type routingKey struct{}
+
+// routeSource is who routed a job: a Router (Router.direct), or a Tally
+// of it (Tally.src). One pointer in every handler context names both.
+type routeSource struct {
+	r *Router
+	t *Tally // nil: routed by the Router itself
+}
 
 // routed is the handler's context: its parent with the routing under
 // routingKey, as context.WithValue(parent, routingKey{}, &routing) would

@@ -21,9 +21,9 @@ func Pool(ctx context.Context, database string) (*pgxpool.Pool, error) {
 	if rv == nil {
 		return nil, ErrNotRouted
 	}
-	db := rv.r.pools[database]
+	db := rv.src.r.pools[database]
 	if db == nil {
-		return nil, rv.r.unknownDatabase(database)
+		return nil, rv.src.r.unknownDatabase(database)
 	}
 	for _, dd := range rv.d.Databases {
 		if dd.Database == database && dd.replica >= 0 && int(dd.replica) < len(db.Replicas) {
@@ -55,7 +55,7 @@ func SQLDB(ctx context.Context, database string) (*sql.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	return routingFrom(ctx).r.sqlDBs[p], nil
+	return routingFrom(ctx).src.r.sqlDBs[p], nil
 }
 
 func (r *Router) unknownDatabase(database string) error {

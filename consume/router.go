@@ -30,6 +30,8 @@ type Router struct {
 	tracer trace.Tracer
 	log    *slog.Logger
 	spread spreadCounter
+	// direct is the routeSource of jobs routed by the Router itself.
+	direct routeSource
 	// tallies numbers the Tallies, whose jobs spread from a replica of
 	// their own (Tally.home).
 	tallies atomic.Uint32
@@ -139,6 +141,7 @@ func newRouter(cfg Config) (*Router, error) {
 		sqlDBs:   make(map[*pgxpool.Pool]*sql.DB),
 		handlers: make(handlerPools, len(cfg.Databases)),
 	}
+	r.direct.r = r
 	for name, db := range cfg.Databases {
 		db.Replicas = slices.Clone(db.Replicas)
 		cfg.Databases[name] = db
@@ -353,7 +356,10 @@ func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally, repeatab
 	// With a Verifier, the token's positions are not commit-safe by
 	// themselves (the Verifier vouched for them): children inherit only
 	// what the replicas read had replayed.
-	rc.r, rc.captured, rc.now = r, tok.CapturedAt, in.Now
+	rc.src, rc.captured, rc.now = &r.direct, tok.CapturedAt, in.Now
+	if t != nil {
+		rc.src = &t.src
+	}
 	hctx := handlerContext(ctx, rc, verify != nil)
 	if repeatable && !waited && verify == nil && tokErr == nil {
 		t.remember(in.Snapshot, rc, ctx)

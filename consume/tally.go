@@ -12,6 +12,7 @@ import (
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/replicapool"
 )
 
 // counter names the Router's counters that a Tally batches.
@@ -43,8 +44,10 @@ const numCounters = int(counterFuture) + 1
 
 // A Tally routes jobs exactly as its Router does, but keeps the counts of
 // their decisions (caughtup.consume.decisions, …database.routes,
-// …tokens.missing, …tokens.cross_epoch, …tokens.future) until Flush adds
-// them to the router's counters in bulk. It is for adapters whose job rate
+// …tokens.missing, …tokens.cross_epoch, …tokens.future) and of the checks
+// of the replica connections their handlers acquire
+// (…replica.connections) until Flush adds them to the router's counters
+// in bulk. It is for adapters whose job rate
 // makes a counter Add per job a noticeable share of a job's cost: an
 // OpenTelemetry SDK Add costs a few hundred nanoseconds, and a Route
 // records two or more, while a Kafka consumer with a trivial handler
@@ -84,6 +87,11 @@ const numCounters = int(counterFuture) + 1
 // replica connections were refused are always decided afresh.
 type Tally struct {
 	r *Router
+	// src is the routeSource of the jobs routed through the Tally.
+	src routeSource
+	// conns counts, by result, the checks of the replica connections its
+	// jobs' handlers acquired (caughtup.consume.replica.connections).
+	conns [replicapool.NumChecks]atomic.Int64
 	// home is the Spread of every job routed through the Tally
 	// (Router.spreadFor): the Router's Tallies take the replicas in turn.
 	home uint32
@@ -125,6 +133,7 @@ type tallySlot struct {
 func (r *Router) NewTally() *Tally {
 	t := &Tally{r: r, home: r.tallies.Add(1) - 1,
 		monotonic: isTimeNow(r.cfg.Now) && isTimeNow(r.cfg.Tracker.Now)}
+	t.src = routeSource{r: r, t: t}
 	for c := range t.slots {
 		t.slots[c] = make(map[*measurement]*tallySlot)
 	}
@@ -372,6 +381,13 @@ func isTimeNow(f func() time.Time) bool {
 // counters. ctx's values (not its cancellation) go to the instruments.
 func (t *Tally) Flush(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
+	if m := t.r.met; m != nil {
+		for c := range t.conns {
+			if n := t.conns[c].Swap(0); n != 0 {
+				m.connections.Add(ctx, n, m.connectionSets[c])
+			}
+		}
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for c, slots := range t.slots {

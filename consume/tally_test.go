@@ -14,6 +14,7 @@ import (
 
 	"github.com/caughtup/caughtup/position"
 	"github.com/caughtup/caughtup/replay"
+	"github.com/caughtup/caughtup/replicapool"
 )
 
 // TestTally: jobs routed through a Tally get the Router's decisions, and
@@ -286,4 +287,46 @@ func TestTallySpread(t *testing.T) {
 	for _, tl := range []*Tally{a, b} {
 		require.Equal(t, "r1", replica(tl.Route, "0/2800000"), "only r1 has replayed the token")
 	}
+}
+
+// TestTallyCountsConnections: the checks of replica connections acquired
+// for a job routed through a Tally are counted in it until Flush, those of
+// a job the Router routed itself at once, both on the same series.
+func TestTallyCountsConnections(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000"))), func(c *Config) {
+		c.Now = func() time.Time { return t0 }
+		c.WaitBudget = -1
+		c.MeterProvider = mp
+	})
+	other := unitRouter(t, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000"))), func(c *Config) {
+		c.Now = func() time.Time { return t0 }
+		c.WaitBudget = -1
+	})
+	ctx := context.Background()
+	job := Job{Token: tok(time.Second, ent("main", 1, "0/1000000")), Policy: Sticky}
+	tally := r.NewTally()
+	tallied, _, err := tally.Route(ctx, job)
+	require.NoError(t, err)
+	direct, _, err := r.Route(ctx, job)
+	require.NoError(t, err)
+	foreign, _, err := other.NewTally().Route(ctx, job)
+	require.NoError(t, err)
+	events := poolEvents{r: r, db: "main", replica: "r1"}
+	const sameServer = "caughtup.result=same_server,db.system.name=postgresql"
+	connections := func() int64 { return sums(t, reader)["caughtup.consume.replica.connections"][sameServer] }
+	events.Checked(tallied, replicapool.CheckSameServer)
+	events.Checked(tallied, replicapool.CheckSameServer)
+	require.Zero(t, connections(), "a Tally's job's checks wait for Flush")
+	events.Checked(direct, replicapool.CheckSameServer)
+	events.Checked(foreign, replicapool.CheckSameServer)
+	events.Checked(ctx, replicapool.CheckSameServer)
+	require.Equal(t, int64(3), connections(), "checks of jobs this Router routed itself, or no Tally of it did, count at once")
+	tally.Flush(ctx)
+	require.Equal(t, int64(5), connections())
+	tally.Flush(ctx)
+	require.Equal(t, int64(5), connections(), "a second Flush adds nothing")
 }

@@ -157,7 +157,7 @@ func (r *Router) verify(ctx context.Context, in *DecideInput, d *Decision, v Ver
 		}
 		// The verifier's reads go through the handlers' pool of the
 		// replica, so they too are tied to the server the decision judged.
-		vctx := context.WithValue(ctx, routingKey{}, &routing{r: r, d: *d})
+		vctx := context.WithValue(ctx, routingKey{}, &routing{src: &r.direct, d: *d})
 		res := v(vctx, *dd, db.Replicas[dd.replica].Pool)
 		if res.Verdict == VerifyFresh {
 			continue

@@ -137,8 +137,9 @@ func (c Check) String() string {
 // Events receives what a Pool finds; its methods must be quick and safe
 // for concurrent use.
 type Events interface {
-	// Checked: one routed acquire's check.
-	Checked(Check)
+	// Checked: one routed acquire's check, in the acquire's context (the
+	// handler's, which says whose job it was).
+	Checked(context.Context, Check)
 	// Excluded: the replica left the router's decisions (once per
 	// exclusion, however many failures extend it).
 	Excluded(reason Reason, err error)
@@ -148,9 +149,9 @@ type Events interface {
 
 type noEvents struct{}
 
-func (noEvents) Checked(Check)          {}
-func (noEvents) Excluded(Reason, error) {}
-func (noEvents) Readmitted()            {}
+func (noEvents) Checked(context.Context, Check) {}
+func (noEvents) Excluded(Reason, error)         {}
+func (noEvents) Readmitted()                    {}
 
 // Pool is one replica's handler pool with its checks, server table and
 // health. It is safe for concurrent use.
@@ -380,7 +381,7 @@ func (p *Pool) admit(ctx context.Context, c *pgx.Conn) (bool, error) {
 	default:
 		res = p.checkDirect(ctx, c, ci, t)
 	}
-	p.cfg.Events.Checked(res)
+	p.cfg.Events.Checked(ctx, res)
 	if res != CheckBehind {
 		p.behind.reset()
 		return true, nil
@@ -498,10 +499,10 @@ func (p *Pool) guard(ctx context.Context, c *pgx.Conn) {
 	ok, err := p.beginVerified(ctx, pc, ci.need)
 	ci.inTx = pc.TxStatus() != 'I'
 	if err == nil && ok {
-		p.cfg.Events.Checked(CheckInTransaction)
+		p.cfg.Events.Checked(ctx, CheckInTransaction)
 		return
 	}
-	p.cfg.Events.Checked(CheckBehind)
+	p.cfg.Events.Checked(ctx, CheckBehind)
 	ci.attempt.Fail()
 	closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

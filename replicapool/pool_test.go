@@ -39,7 +39,7 @@ type events struct {
 	readmitted int
 }
 
-func (e *events) Checked(c Check) { e.mu.Lock(); e.checks[c]++; e.mu.Unlock() }
+func (e *events) Checked(_ context.Context, c Check) { e.mu.Lock(); e.checks[c]++; e.mu.Unlock() }
 func (e *events) Excluded(r Reason, _ error) {
 	e.mu.Lock()
 	e.excluded = append(e.excluded, r)
