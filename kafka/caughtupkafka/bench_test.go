@@ -25,6 +25,7 @@ import (
 	"github.com/caughtup/caughtup/enqueue"
 	"github.com/caughtup/caughtup/kafka/caughtupkafka"
 	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/kafkasuite"
 	"github.com/caughtup/caughtup/testkit/latency"
 )
@@ -32,21 +33,33 @@ import (
 // Throughput and per-message cost are measured here, never asserted in
 // tests: make bench, or
 //
-//	go test -run '^$' -bench Throughput ./kafka/
+//	go test -run '^$' -bench Throughput -benchtime 1x ./kafka/caughtupkafka/
 //
 // on the test binary's real Kafka 4.4 broker (or KAFKA_BROKERS).
 // CAUGHTUP_KAFKA_BENCH_MESSAGES sets the size of the throughput runs
 // (default 1,000,000 messages with a trivial handler, a tenth of that with
 // a point query), CAUGHTUP_KAFKA_BENCH_ROUNDS how many runs of each
-// variant (default 1; with more, medians are reported) and
+// variant (default 5; medians and ranges are reported) and
 // CAUGHTUP_KAFKA_BENCH_VARIANTS which variants run (benchVariants).
 
-// quiet is a router like e.Router that records into a no-op
+// quiet is a router like router that records into a no-op
 // MeterProvider: the routing alone.
-func quiet(t testing.TB, e *env) *consume.Router {
-	rc := e.Router.Config()
+func quiet(t testing.TB, router *consume.Router) *consume.Router {
+	rc := router.Config()
 	rc.MeterProvider = noop.NewMeterProvider()
 	r, err := consume.NewRouter(context.Background(), rc)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// oneReplicaRouter is a router like e's over e's first replica alone.
+func oneReplicaRouter(t testing.TB, e *env) *consume.Router {
+	cfg := e.Router.Config()
+	db := cfg.Databases["main"]
+	db.Replicas = db.Replicas[:1]
+	cfg.Databases = map[string]replay.Database{"main": db}
+	r, err := consume.NewRouter(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return r
@@ -98,72 +111,61 @@ func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 // side is one consumer of a throughput run: a fresh group over the
 // topic. Handlers wait for the gate, which opens once the group is
 // stable, so that joins and rebalances are not measured; the run ends
-// when every message ran at least once. The run is timed over its middle:
-// from the first run of the window's first message (10% of the messages)
-// to that of its last (90%), so that neither the fetch pipeline filling up
-// nor a tail of partitions finishing one after another is measured, only
-// the steady rate.
+// when every message ran at least once, timed over its middle
+// (kafkasuite.Window).
 type side struct {
-	gate     chan struct{}
-	seen     []atomic.Bool
-	distinct atomic.Int64
-	from, to int64   // the window, in distinct messages
-	marks    [2]mark // taken at from and to
-	marked   sync.WaitGroup
-	all      chan struct{}
-	stop     func() error
-}
-
-// mark is when a side's window starts or ends, in wall-clock and in this
-// process's CPU time.
-type mark struct {
-	at  time.Time
-	cpu time.Duration
+	gate chan struct{}
+	w    *kafkasuite.Window
+	stop func() error
 }
 
 func newSide(n int) *side {
-	sd := &side{gate: make(chan struct{}), seen: make([]atomic.Bool, n), all: make(chan struct{}),
-		from: int64(n) / 10, to: int64(n) * 9 / 10}
-	sd.marked.Add(len(sd.marks))
-	return sd
+	return &side{gate: make(chan struct{}), w: kafkasuite.NewWindow(n)}
 }
 
-// handler does nothing but get its pool, or with query runs one point
-// query on it.
-func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, error), query bool) caughtupkafka.Handler {
+// handler does nothing but get its pool (pool also names its replica),
+// or with query runs one point query on it.
+func (sd *side) handler(pool func(ctx context.Context) (*pgxpool.Pool, string, error), query bool) caughtupkafka.Handler {
 	return func(ctx context.Context, msg kafka.Message) error {
 		select {
 		case <-sd.gate:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		p, err := pool(ctx)
+		p, replica, err := pool(ctx)
 		if err != nil {
 			return err
 		}
 		if query {
+			start := time.Now()
 			var one int
 			if err := p.QueryRow(ctx, `SELECT 1 FROM items WHERE id = $1`, 1).Scan(&one); err != nil {
 				return err
 			}
+			sd.w.Busy(time.Since(start))
+			sd.w.Replica(replica)
 		}
 		i, err := strconv.Atoi(string(msg.Value))
-		if err != nil || i < 0 || i >= len(sd.seen) {
+		if err != nil {
 			return fmt.Errorf("not a throughput message: %q", msg.Value)
 		}
-		if !sd.seen[i].Swap(true) {
-			switch sd.distinct.Add(1) {
-			case sd.from:
-				sd.marks[0] = mark{time.Now(), kafkasuite.ProcessCPUTime()}
-				sd.marked.Done()
-			case sd.to:
-				sd.marks[1] = mark{time.Now(), kafkasuite.ProcessCPUTime()}
-				sd.marked.Done()
-			case int64(len(sd.seen)):
-				close(sd.all)
-			}
+		return sd.w.See(i)
+	}
+}
+
+// routedPool is the pool the router chose and its replica's name (with
+// query, which a trivial handler does not look up).
+func routedPool(query bool) func(ctx context.Context) (*pgxpool.Pool, string, error) {
+	return func(ctx context.Context) (*pgxpool.Pool, string, error) {
+		p, err := consume.Pool(ctx, "main")
+		if err != nil || !query {
+			return p, "", err
 		}
-		return nil
+		d, _ := consume.DecisionFrom(ctx)
+		if d.Databases[0].Replica == "" {
+			return nil, "", fmt.Errorf("routed to the primary (%s): the replicas had caught up", d.Reason)
+		}
+		return p, d.Databases[0].Replica, nil
 	}
 }
 
@@ -177,30 +179,75 @@ func startRouted(t testing.TB, topic string, n int, router *consume.Router, poli
 	r := startConsumer(t, caughtupkafka.ConsumerConfig{
 		Topic: topic, GroupID: group, Router: router, Policy: policy, CommitInterval: time.Second,
 		Dialer: kafka.DefaultDialer,
-	}, sd.handler(func(ctx context.Context) (*pgxpool.Pool, error) { return consume.Pool(ctx, "main") }, query))
+	}, sd.handler(routedPool(query), query))
 	sd.stop = r.Stop
 	return sd, group
 }
 
+// replicas is what a plain side reads: the replicas the routed side's
+// router routes to, with their names, through pools of their own built
+// from the test's pools' configs, as the router builds its handlers'
+// pools (the test's pools also serve the router's tracker).
+type replicas struct {
+	pools []*pgxpool.Pool
+	names []string
+	turn  atomic.Uint32
+}
+
+func newReplicas(t testing.TB, e *env, router *consume.Router) *replicas {
+	rs := &replicas{}
+	for _, rep := range router.Config().Databases["main"].Replicas {
+		i := slices.IndexFunc(e.Replicas, func(p *pgxpool.Pool) bool { return p == rep.Pool })
+		require.GreaterOrEqual(t, i, 0, "a replica of the router that is not one of the test's pools")
+		p, err := pgxpool.NewWithConfig(context.Background(), e.Replicas[i].Config())
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		rs.pools, rs.names = append(rs.pools, p), append(rs.names, rep.Name)
+	}
+	return rs
+}
+
+// at is replica i mod their number.
+func (rs *replicas) at(i int) (*pgxpool.Pool, string) {
+	i %= len(rs.pools)
+	return rs.pools[i], rs.names[i]
+}
+
+// pool is a plain reader's choice of replica: with turn, each message's
+// the next one in turn (one counter for every reader); else the home-th
+// replica, for every message of the reader, as the routed Consumer's
+// partitions each stay on one replica (consume.Tally).
+func (rs *replicas) pool(home int, turn bool) func(context.Context) (*pgxpool.Pool, string, error) {
+	return func(context.Context) (*pgxpool.Pool, string, error) {
+		i := home
+		if turn {
+			i = int(rs.turn.Add(1))
+		}
+		p, name := rs.at(i)
+		return p, name, nil
+	}
+}
+
 // startKafkaGo reads a whole topic of n messages as a plain kafka-go
 // application does: members group Readers in one group, each a loop of
-// FetchMessage, handler, CommitMessages (committed every second, as the
-// routed Consumer commits), with the routed Consumer's fetch settings
+// FetchMessage and the handler, committing (CommitMessages) the last
+// message done once a second, as the routed Consumer commits, or with
+// commitEach each message (kafka-go then hands every message to the
+// Reader's commit goroutine, which commits every second, CommitInterval),
+// with the routed Consumer's fetch settings
 // (MaxWait 100ms, QueueCapacity 100, MinBytes and MaxBytes by default,
 // heartbeat 200ms). With one member per partition it has the routed
 // Consumer's parallelism: one loop per partition. The handler reads the
-// replicas in turn, without knowing whether they have caught up.
-func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool) (*side, string) {
+// replicas without knowing whether they have caught up: reader k the k-th
+// replica, or with turn each message the next one.
+func startKafkaGo(t testing.TB, rs *replicas, topic string, n, members int, query, turn, commitEach bool) (*side, string) {
 	sd := newSide(n)
-	var turn atomic.Uint32
-	h := sd.handler(func(context.Context) (*pgxpool.Pool, error) {
-		return e.Replicas[int(turn.Add(1))%len(e.Replicas)], nil
-	}, query)
 	group := kafkasuite.NewGroup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	readers := make([]*kafka.Reader, members)
 	for i := range readers {
+		h := sd.handler(rs.pool(i, turn), query)
 		r := kafka.NewReader(kafka.ReaderConfig{
 			Brokers: kafkasuite.Brokers(t), GroupID: group, Topic: topic,
 			MaxWait: 100 * time.Millisecond, QueueCapacity: caughtupkafka.DefaultQueueCapacity,
@@ -208,6 +255,7 @@ func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool
 		})
 		readers[i] = r
 		wg.Go(func() {
+			committed := time.Now()
 			for {
 				msg, err := r.FetchMessage(ctx)
 				if err != nil {
@@ -220,7 +268,10 @@ func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool
 					case <-time.After(10 * time.Millisecond):
 					}
 				}
-				_ = r.CommitMessages(ctx, msg)
+				if commitEach || time.Since(committed) >= time.Second {
+					_ = r.CommitMessages(ctx, msg)
+					committed = time.Now()
+				}
 			}
 		})
 	}
@@ -237,32 +288,16 @@ func startKafkaGo(t testing.TB, e *env, topic string, n, members int, query bool
 	return sd, group
 }
 
-// result is one run's figures.
-type result struct {
-	rate float64       // messages/s
-	cpu  time.Duration // this process's CPU time per message
-}
-
 // run opens the gate once group is stable with members members that
 // share every partition of the topic, then waits until every message ran
-// and returns messages/s over the side's window, and the CPU time the
-// process used meanwhile per message.
-func (sd *side) run(t testing.TB, group string, members int) result {
+// and returns the side's window.
+func (sd *side) run(t testing.TB, group string, members int) kafkasuite.Result {
 	t.Helper()
 	waitStable(t, group, members)
 	close(sd.gate)
-	select {
-	case <-sd.all:
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("only %d of %d messages within 5 minutes", sd.distinct.Load(), len(sd.seen))
-	}
-	sd.marked.Wait()
+	res := sd.w.Wait(t, 5*time.Minute)
 	require.NoError(t, sd.stop())
-	n := sd.to - sd.from
-	return result{
-		rate: float64(n) / sd.marks[1].at.Sub(sd.marks[0].at).Seconds(),
-		cpu:  (sd.marks[1].cpu - sd.marks[0].cpu) / time.Duration(n),
-	}
+	return res
 }
 
 // waitStable waits until the coordinator reports group Stable with
@@ -308,14 +343,24 @@ func waitStable(t testing.TB, group string, members int) {
 
 // variants of a throughput run.
 const (
-	kafkaGo    = iota // plain kafka-go: one group Reader per partition
-	kafkaGoOne        // plain kafka-go: a single group Reader
-	routed            // caughtup's Consumer, Policy Delayed, SDK metrics (as in production)
-	routedNoop        // Policy Delayed, no-op metrics: the routing and the consumer alone
+	kafkaGo           = iota // plain kafka-go: one group Reader per partition, committing once a second
+	kafkaGoCommitEach        // the same, CommitMessages after each message
+	kafkaGoOne               // plain kafka-go: a single group Reader
+	routed                   // caughtup's Consumer, Policy Delayed, SDK metrics (as in production)
+	routedNoop               // Policy Delayed, no-op metrics: the routing and the consumer alone
 	numVariants
 )
 
-var variantNames = [numVariants]string{"kafka-go", "kafka-go-1-reader", "routed", "routed-noop-metrics"}
+var variantNames = [numVariants]string{"kafka-go", "kafka-go-commit-each", "kafka-go-1-reader", "routed", "routed-noop-metrics"}
+
+// row is one table row of BenchmarkThroughput: a handler and the
+// replicas both sides read.
+type row struct {
+	name   string
+	query  bool
+	router *consume.Router // the routed side's
+	turn   bool            // the plain side reads the replicas in turn, message by message
+}
 
 // measure reads one topic of n messages once per variant and round, each
 // time with a fresh group, and returns each variant's runs.
@@ -328,10 +373,10 @@ var variantNames = [numVariants]string{"kafka-go", "kafka-go-1-reader", "routed"
 // that left), and that differs by variant: in a fixed rotation one
 // variant always follows the same other, and the rates shifted by 10%
 // from one rotation to its reverse.
-func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]result {
-	quiet := quiet(t, e)
-	topic := throughputTopic(t, stampedCtx(t, e), n)
-	var got [numVariants][]result
+func measure(t testing.TB, e *env, topic string, n, rounds int, rw row) [numVariants][]kafkasuite.Result {
+	quiet := quiet(t, rw.router)
+	rs := newReplicas(t, e, rw.router)
+	var got [numVariants][]kafkasuite.Result
 	chosen := benchVariants(t)
 	order := rand.New(rand.NewPCG(1, 2))
 	idle := runtime.NumGoroutine()
@@ -345,15 +390,15 @@ func measure(t testing.TB, e *env, n, rounds int, query bool) [numVariants][]res
 			var group string
 			members := 1
 			switch v {
-			case kafkaGo:
+			case kafkaGo, kafkaGoCommitEach:
 				members = benchPartitions
-				sd, group = startKafkaGo(t, e, topic, n, members, query)
+				sd, group = startKafkaGo(t, rs, topic, n, members, rw.query, rw.turn, v == kafkaGoCommitEach)
 			case kafkaGoOne:
-				sd, group = startKafkaGo(t, e, topic, n, 1, query)
+				sd, group = startKafkaGo(t, rs, topic, n, 1, rw.query, rw.turn, false)
 			case routed:
-				sd, group = startRouted(t, topic, n, e.Router, consume.Delayed, query)
+				sd, group = startRouted(t, topic, n, rw.router, consume.Delayed, rw.query)
 			case routedNoop:
-				sd, group = startRouted(t, topic, n, quiet, consume.Delayed, query)
+				sd, group = startRouted(t, topic, n, quiet, consume.Delayed, rw.query)
 			}
 			got[v] = append(got[v], sd.run(t, group, members))
 		}
@@ -382,15 +427,15 @@ func benchVariants(t testing.TB) [numVariants]bool {
 		}
 		chosen[v] = true
 	}
-	if !chosen[kafkaGo] {
-		t.Fatalf("CAUGHTUP_KAFKA_BENCH_VARIANTS must include %s: every ratio is to it", variantNames[kafkaGo])
+	if !chosen[kafkaGo] && os.Getenv("CAUGHTUP_KAFKA_BENCH_VARIANTS") != variantNames[routed] {
+		t.Fatalf("CAUGHTUP_KAFKA_BENCH_VARIANTS must include %s: every ratio is to it (or be %s alone, for a profile)", variantNames[kafkaGo], variantNames[routed])
 	}
 	return chosen
 }
 
 // settle waits until no more than idle goroutines are left (what the
 // process runs between runs: routers, pools, the test's own), or 10s,
-// then gives the broker 200ms.
+// then gives the broker a second.
 func settle(t testing.TB, idle int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -405,42 +450,6 @@ func settle(t testing.TB, idle int) {
 	time.Sleep(time.Second)
 }
 
-// stats are a variant's figures over its runs: the median and extreme
-// rates and the median CPU time per message, and its ratios to the plain
-// consumer's (kafkaGo) run of the same round, median and quartiles.
-// Ratios are taken round by round because runs on 2 shared cores drift
-// (the broker's and PostgreSQL's own work comes and goes): a round's
-// runs follow one another within seconds, and the median of their ratios
-// is steadier than the ratio of medians.
-type stats struct {
-	rate, slowest, fastest  float64
-	cpu                     time.Duration
-	ratio, ratioQ1, ratioQ3 float64 // rate / plain's rate
-	cpuRatio                float64 // plain's CPU / this CPU, per message
-}
-
-// summarize returns the zero stats for a variant that did not run. Its
-// medians and quartiles follow the project's one percentile rule.
-func summarize(runs, plain []result) stats {
-	if len(runs) == 0 {
-		return stats{}
-	}
-	rates, cpus := make([]float64, len(runs)), make([]time.Duration, len(runs))
-	ratios, cpuRatios := make([]float64, len(runs)), make([]float64, len(runs))
-	for i, r := range runs {
-		rates[i], cpus[i] = r.rate, r.cpu
-		if plain[i].rate > 0 && r.cpu > 0 {
-			ratios[i], cpuRatios[i] = r.rate/plain[i].rate, float64(plain[i].cpu)/float64(r.cpu)
-		}
-	}
-	return stats{
-		rate: latency.Percentile(rates, 0.5), slowest: slices.Min(rates), fastest: slices.Max(rates),
-		cpu:   latency.Percentile(cpus, 0.5),
-		ratio: latency.Percentile(ratios, 0.5), ratioQ1: latency.Percentile(ratios, 0.25), ratioQ3: latency.Percentile(ratios, 0.75),
-		cpuRatio: latency.Percentile(cpuRatios, 0.5),
-	}
-}
-
 func benchEnv(b *testing.B, name string, def int) int {
 	if s := os.Getenv(name); s != "" {
 		n, err := strconv.Atoi(s)
@@ -451,64 +460,138 @@ func benchEnv(b *testing.B, name string, def int) int {
 }
 
 // BenchmarkThroughput reads a topic of stamped messages whose replicas
-// have caught up (4 partitions, filled evenly) with caughtup's routed
-// Consumer and with a plain kafka-go consumer, and reports messages/s and
-// the ratio routed/plain, with a trivial handler and with a handler that
-// runs one point query on the pool it reads. The plain consumer is
-// startKafkaGo with one group Reader per partition (the routed Consumer's
-// parallelism); a single group Reader is shown for reference. Each run
-// starts a fresh group, opens the gate once the group is stable (every
-// handler waits for it) and is timed over its middle 80% of messages
-// (side). The ratios are the medians of each round's ratios (stats).
+// have caught up (4 partitions, filled evenly, a token per message) with
+// caughtup's routed Consumer and with a plain kafka-go consumer, and
+// reports messages/s, CPU per message and their ratios routed/plain
+// (plain/routed for CPU), each round's ratio, median and range. The plain
+// consumer is startKafkaGo with one group Reader per partition (the
+// routed Consumer's parallelism), committing once a second as the routed
+// Consumer does; the same committing after each message (as kafka-go's
+// examples do), a single group Reader, and the routed Consumer on a no-op
+// MeterProvider are shown for reference (CAUGHTUP_KAFKA_BENCH_VARIANTS,
+// all). Each run starts a fresh
+// group, opens the gate once the group is stable (every handler waits
+// for it) and is timed over its middle 80% of messages. The rows:
+//
+//   - trivial: the handler only gets its pool;
+//   - point-query/one-replica: one point query per message, the router
+//     over one replica and the plain side reading that replica;
+//   - point-query/spread: over both replicas, each routed partition's
+//     worker on one replica (consume.Tally) and each plain Reader on one;
+//   - point-query/spread-turns: the same router against plain Readers
+//     that read the replicas in turn, message by message.
+//
+// Both sides read through pools of the same size built from the same
+// configs (the router's handler pools, the plain side's own).
 func BenchmarkThroughput(b *testing.B) {
 	e := setupDB(b, nil)
 	n := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_MESSAGES", 1_000_000)
-	rounds := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_ROUNDS", 1)
-	for _, query := range []bool{false, true} {
-		name, msgs := "trivial", n
-		if query {
-			name, msgs = "point-query", n/10
-		}
-		b.Run(name, func(b *testing.B) {
-			var runs [numVariants][]result
-			for b.Loop() {
-				runs = measure(b, e, msgs, rounds, query)
+	rounds := benchEnv(b, "CAUGHTUP_KAFKA_BENCH_ROUNDS", 5)
+	ctx := stampedCtx(b, e)
+	one := oneReplicaRouter(b, e)
+	var trivial, query string
+	for _, rw := range []row{
+		{name: "trivial", router: e.Router},
+		{name: "point-query/one-replica", query: true, router: one},
+		{name: "point-query/spread", query: true, router: e.Router},
+		{name: "point-query/spread-turns", query: true, router: e.Router, turn: true},
+	} {
+		b.Run(rw.name, func(b *testing.B) {
+			msgs, topic := n, &trivial
+			if rw.query {
+				msgs, topic = n/10, &query
 			}
-			var st [numVariants]stats
-			for v := range numVariants {
-				st[v] = summarize(runs[v], runs[kafkaGo])
+			if *topic == "" {
+				*topic = throughputTopic(b, ctx, msgs)
+			}
+			var runs [numVariants][]kafkasuite.Result
+			for b.Loop() {
+				runs = measure(b, e, *topic, msgs, rounds, rw)
 			}
 			for v := range numVariants {
 				if len(runs[v]) == 0 {
 					continue
 				}
-				b.ReportMetric(st[v].rate, variantNames[v]+"-msg/s")
-				b.ReportMetric(float64(st[v].cpu.Nanoseconds()), variantNames[v]+"-cpu-ns/msg")
-				if v != kafkaGo {
-					b.ReportMetric(st[v].ratio, variantNames[v]+"-ratio")
+				b.ReportMetric(latency.Percentile(of(runs[v], msgRate), 0.5), variantNames[v]+"-msg/s")
+				b.ReportMetric(latency.Percentile(of(runs[v], cpu), 0.5), variantNames[v]+"-cpu-ns/msg")
+				if v != kafkaGo && len(runs[kafkaGo]) > 0 {
+					b.ReportMetric(latency.Percentile(ratios(runs[v], runs[kafkaGo], msgRate, false), 0.5), variantNames[v]+"-ratio")
 				}
 			}
-			b.Logf("%s handler, %d messages, %d partitions, %d run(s) each:\n%s", name, msgs, benchPartitions, rounds, formatRates(st))
+			b.Logf("%s, %d messages, %d partitions, %d round(s) (median (min–max)):\n%s", rw.name, msgs, benchPartitions, rounds, formatRates(runs, rw.query))
 		})
 	}
 }
 
-// formatRates is the table: each variant's median rate; its ratio to the
-// plain consumer's rate in the same round, median and quartiles; the
-// slowest and fastest run; and the CPU time this process spent per
-// message (the test binary's, broker excluded) with its ratio,
-// plain/variant, median over rounds: the throughput ratio to expect where
-// the CPU is the limit, as on 2 shared cores.
-func formatRates(st [numVariants]stats) string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "\t%-20s %10s %7s %13s %10s %10s %11s %9s\n", "consumer", "msg/s", "/plain", "quartiles", "slowest", "fastest", "cpu µs/msg", "cpu ratio")
-	for v := range numVariants {
-		s := st[v]
-		if s.rate == 0 {
-			continue // not run
+var (
+	msgRate = func(r kafkasuite.Result) float64 { return r.Rate }
+	cpu     = func(r kafkasuite.Result) float64 { return float64(r.CPU.Nanoseconds()) }
+	machine = func(r kafkasuite.Result) float64 { return float64(r.Machine.Nanoseconds()) }
+	busy    = func(r kafkasuite.Result) float64 { return r.Busy }
+	flight  = func(r kafkasuite.Result) float64 { return r.InFlight }
+)
+
+// of maps results to one figure each.
+func of(rs []kafkasuite.Result, f func(kafkasuite.Result) float64) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = f(r)
+	}
+	return out
+}
+
+// ratios are each round's runs/plain of f, or plain/runs with inv (for
+// costs, so that a figure below 1 means the variant costs more). Ratios
+// are taken round by round because runs on 2 shared cores drift (the
+// broker's and PostgreSQL's own work comes and goes): a round's runs
+// follow one another within seconds.
+func ratios(runs, plain []kafkasuite.Result, f func(kafkasuite.Result) float64, inv bool) []float64 {
+	out := make([]float64, 0, len(runs))
+	for i := range runs {
+		if i >= len(plain) {
+			break
 		}
-		fmt.Fprintf(&sb, "\t%-20s %10.0f %7.3f  %5.3f–%5.3f %10.0f %10.0f %11.2f %9.3f\n", variantNames[v], s.rate, s.ratio,
-			s.ratioQ1, s.ratioQ3, s.slowest, s.fastest, float64(s.cpu.Nanoseconds())/1000, s.cpuRatio)
+		p, r := f(plain[i]), f(runs[i])
+		if inv {
+			p, r = r, p
+		}
+		if p > 0 {
+			out = append(out, r/p)
+		}
+	}
+	return out
+}
+
+// formatRates is the table: each variant's rate, its ratio to the plain
+// consumer's rate in the same round, the CPU time this process and the
+// machine spent per message with their ratios plain/variant (the
+// throughput ratio to expect where the CPU is the limit, as on 2 shared
+// cores), how busy the cores were, and with query how many queries ran
+// at once and each replica's share.
+func formatRates(runs [numVariants][]kafkasuite.Result, query bool) string {
+	var sb strings.Builder
+	for v := range numVariants {
+		rs := runs[v]
+		if len(rs) == 0 {
+			continue
+		}
+		fmt.Fprintf(&sb, "\t%-19s msg/s %s", variantNames[v], kafkasuite.Spread3("%.0f", of(rs, msgRate)))
+		if v != kafkaGo && len(runs[kafkaGo]) > 0 {
+			fmt.Fprintf(&sb, " ratio %s", kafkasuite.Spread3("%.3f", ratios(rs, runs[kafkaGo], msgRate, false)))
+		}
+		fmt.Fprintf(&sb, "; CPU ns/msg process %s", kafkasuite.Spread3("%.0f", of(rs, cpu)))
+		if v != kafkaGo && len(runs[kafkaGo]) > 0 {
+			fmt.Fprintf(&sb, " ratio %s", kafkasuite.Spread3("%.3f", ratios(rs, runs[kafkaGo], cpu, true)))
+		}
+		fmt.Fprintf(&sb, ", machine %s", kafkasuite.Spread3("%.0f", of(rs, machine)))
+		if v != kafkaGo && len(runs[kafkaGo]) > 0 {
+			fmt.Fprintf(&sb, " ratio %s", kafkasuite.Spread3("%.3f", ratios(rs, runs[kafkaGo], machine, true)))
+		}
+		fmt.Fprintf(&sb, "; cores busy %s", kafkasuite.Spread3("%.2f", of(rs, busy)))
+		if query {
+			fmt.Fprintf(&sb, "; queries at once %s; replicas %s", kafkasuite.Spread3("%.2f", of(rs, flight)), kafkasuite.Spread(rs))
+		}
+		sb.WriteString("\n")
 	}
 	return sb.String()
 }
@@ -521,7 +604,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	ctx := stampedCtx(b, e)
 	msg := kafka.Message{Value: []byte("x")}
 	require.NoError(b, caughtupkafka.Stamp(ctx, &msg))
-	for name, router := range map[string]*consume.Router{"sdk-metrics": e.Router, "noop-metrics": quiet(b, e)} {
+	for name, router := range map[string]*consume.Router{"sdk-metrics": e.Router, "noop-metrics": quiet(b, e.Router)} {
 		h := caughtupkafka.Middleware(router, consume.Delayed)(func(ctx context.Context, msg kafka.Message) error { return nil })
 		require.Eventually(b, func() bool { return h(context.Background(), msg) == nil }, 5*time.Second, 10*time.Millisecond)
 		b.Run(name, func(b *testing.B) {
