@@ -98,7 +98,12 @@ func throughputTopic(t testing.TB, ctx context.Context, n int) string {
 	for i := range n {
 		msg := kafka.Message{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i))}
 		tok := position.New(e.Database, e.Epoch, e.LSN-position.LSN(i%4096), position.SourcePrimary, base.CapturedAt)
-		require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(ctx, tok), &msg))
+		// Not ctx, which carries base: stamping merges with what the
+		// context carries, which would stamp every message with base.
+		require.NoError(t, caughtupkafka.Stamp(enqueue.WithToken(context.Background(), tok), &msg))
+		if i == 1 {
+			require.NotEqual(t, string(batch[0].Headers[0].Value), string(msg.Headers[0].Value), "two messages stamped with one token")
+		}
 		batch = append(batch, msg)
 		if len(batch) == cap(batch) || i == n-1 {
 			require.NoError(t, w.WriteMessages(ctx, batch...))

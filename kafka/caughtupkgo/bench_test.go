@@ -70,10 +70,19 @@ func throughputTopic(t testing.TB, ctx context.Context, n, run int) string {
 	require.True(t, ok)
 	e := base.Entries[0]
 	batch := make([]*kgo.Record, 0, 10000)
+	var first string
 	for i := range n {
 		r := &kgo.Record{Key: []byte(strconv.Itoa(i % 64)), Value: []byte(strconv.Itoa(i)), Partition: int32(i / run % benchPartitions)}
 		tok := position.New(e.Database, e.Epoch, e.LSN-position.LSN(i/run%4096), position.SourcePrimary, base.CapturedAt)
-		require.NoError(t, caughtupkgo.Stamp(enqueue.WithToken(ctx, tok), r))
+		// Not ctx, which carries base: stamping merges with what the
+		// context carries, which would stamp every record with base.
+		require.NoError(t, caughtupkgo.Stamp(enqueue.WithToken(context.Background(), tok), r))
+		switch h := string(r.Headers[0].Value); i {
+		case 0:
+			first = h
+		case run:
+			require.NotEqual(t, first, h, "two runs stamped with one token")
+		}
 		batch = append(batch, r)
 		if len(batch) == cap(batch) || i == n-1 {
 			require.NoError(t, cl.ProduceSync(ctx, batch...).FirstErr())
