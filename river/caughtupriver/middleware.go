@@ -212,7 +212,7 @@ func (m *Middleware) Work(ctx context.Context, job *rivertype.JobRow, doInner fu
 		keepSnoozed(ctx, job, read, delay)
 	}
 	if m.waker != nil {
-		m.waker.remember(ctx, job, rj.Token, delay, span.SpanContext())
+		m.waker.remember(ctx, job, rj.Token, delay, span.SpanContext(), !read.IsZero())
 	}
 	span.End()
 	return river.JobSnooze(delay)

@@ -37,8 +37,11 @@ const (
 	// wakeBatch bounds the jobs one wake statement moves: a few
 	// milliseconds of the primary's time, row locks held as briefly.
 	wakeBatch = 1000
-	// wakeStatements bounds the wake statements in flight.
-	wakeStatements = 2
+	// wakeStatements bounds the wake statements in flight: one, since
+	// concurrent statements, each updating River's indexes where its own
+	// fetches insert, took three times as long each, and drained a burst
+	// no faster (BenchmarkDrain).
+	wakeStatements = 1
 	// wakeTimeout bounds one wake statement.
 	wakeTimeout = 10 * time.Second
 )
@@ -171,6 +174,9 @@ type wakeJob struct {
 	snoozes int64
 	// deferral is the snooze's caughtup.defer span, nil when not sampled.
 	deferral *trace.SpanContext
+	// mark: the snooze kept the position the job was routed by
+	// (keepSnoozed), so the wake writes wokenKey for snoozedToken.
+	mark bool
 }
 
 type wakeEntry = wakeset.Entry[jobKey, wakeJob]
@@ -252,9 +258,10 @@ func snoozeCount(md []byte) int64 {
 
 // remember notes that the middleware is snoozing job, run by the River
 // client ctx carries, until tok is caught up, for delay; deferral is the
-// snooze's span. Jobs of other drivers than riverpgxv5 are not remembered:
-// they run when their snooze ends.
-func (w *waker) remember(ctx context.Context, job *rivertype.JobRow, tok position.Token, delay time.Duration, deferral trace.SpanContext) {
+// snooze's span, kept whether the snooze kept a position (keepSnoozed).
+// Jobs of other drivers than riverpgxv5 are not remembered: they run when
+// their snooze ends.
+func (w *waker) remember(ctx context.Context, job *rivertype.JobRow, tok position.Token, delay time.Duration, deferral trace.SpanContext, kept bool) {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil || tok.IsZero() {
 		return
@@ -267,7 +274,7 @@ func (w *waker) remember(ctx context.Context, job *rivertype.JobRow, tok positio
 		Key:     jobKey{client: client, id: job.ID},
 		Token:   tok,
 		Expires: time.Now().Add(delay + wakeGrace),
-		Data:    wakeJob{attempt: job.Attempt - 1, snoozes: snoozeCount(job.Metadata) + 1},
+		Data:    wakeJob{attempt: job.Attempt - 1, snoozes: snoozeCount(job.Metadata) + 1, mark: kept},
 	}
 	if deferral.IsValid() && deferral.IsSampled() {
 		e.Data.deferral = &deferral

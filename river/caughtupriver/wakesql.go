@@ -24,13 +24,17 @@ const riverInsertTopic = "river_insert"
 
 // wakeSQL returns the wake statement for River's job table in schema ("":
 // the search_path's). For each job ($1 ids, $2 the attempt and $3 the
-// snooze count the snooze left in its row) it makes the job available now,
+// snooze count the snooze left in its row, $4 whether to write wokenKey:
+// the snooze kept a position) it makes the job available now,
 // in one UPDATE, only if its row is still in that snooze: scheduled, or
 // available with a scheduled_at still ahead (River writes a snooze shorter
 // than its scheduler's interval as available), with that attempt and that
 // snooze count. Only state, scheduled_at and the wokenKey of metadata
 // change. It then notifies the producers of each queue a job was woken in,
 // and returns one code per job, in order (wakeCode).
+//
+// Both reads of the table look the jobs up by their primary key (id =
+// ANY): joined to the unnest alone, the planner may scan the whole table.
 //
 // The codes other than woken come from the row as the statement's snapshot
 // saw it, before any lock: a job whose snooze River's completer wrote
@@ -43,13 +47,13 @@ func wakeSQL(schema string) string {
 		topic = quoteLiteral(schema)
 	}
 	return `WITH want AS (
-	SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[]) WITH ORDINALITY AS w(id, attempt, snoozes, ord)
+	SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS w(id, attempt, snoozes, mark, ord)
 ), woken AS (
 	UPDATE ` + table + ` AS j
 	SET state = 'available', scheduled_at = now(),
-		metadata = j.metadata || jsonb_build_object('` + wokenKey + `', want.snoozes)
+		metadata = CASE WHEN want.mark THEN j.metadata || jsonb_build_object('` + wokenKey + `', want.snoozes) ELSE j.metadata END
 	FROM want
-	WHERE j.id = want.id
+	WHERE j.id = ANY($1::bigint[]) AND j.id = want.id
 		AND j.attempt = want.attempt
 		AND j.metadata -> 'snoozes' = to_jsonb(want.snoozes)
 		AND (j.state = 'scheduled' OR (j.state = 'available' AND j.scheduled_at > now()))
@@ -69,7 +73,7 @@ SELECT coalesce(array_agg(CASE
 	(SELECT count(*) FROM notified)
 FROM want
 LEFT JOIN woken ON woken.id = want.id
-LEFT JOIN ` + table + ` AS j ON j.id = want.id`
+LEFT JOIN (SELECT id, state FROM ` + table + ` WHERE id = ANY($1::bigint[])) AS j ON j.id = want.id`
 }
 
 func quoteLiteral(s string) string {
@@ -117,14 +121,15 @@ func wakeBatchOf(ctx context.Context, client *riverClient, es []*wakeEntry) ([]w
 	ids := make([]int64, len(es))
 	attempts := make([]int32, len(es))
 	snoozes := make([]int64, len(es))
+	marks := make([]bool, len(es))
 	for i, e := range es {
-		ids[i], attempts[i], snoozes[i] = e.Key.id, int32(e.Data.attempt), e.Data.snoozes
+		ids[i], attempts[i], snoozes[i], marks[i] = e.Key.id, int32(e.Data.attempt), e.Data.snoozes, e.Data.mark
 	}
 	var (
 		codes    []int32
 		notified int64
 	)
-	err := client.Driver().GetExecutor().QueryRow(ctx, wakeSQL(client.Schema()), ids, attempts, snoozes).Scan(&codes, &notified)
+	err := client.Driver().GetExecutor().QueryRow(ctx, wakeSQL(client.Schema()), ids, attempts, snoozes, marks).Scan(&codes, &notified)
 	if err != nil {
 		return nil, fmt.Errorf("caughtup/river: waking %d snoozed jobs: %w", len(es), err)
 	}
