@@ -70,9 +70,12 @@
 //
 // The Consumer reads each message's token once (TokenOf: every token
 // header, merged) and routes it (consume.Tally.Route, one decision per
-// attempt) before the handler runs. A run of messages with one token (one
-// transaction's events, an outbox batch) shares its first message's decision
-// and handler context while the replica chosen stays fresh. A message without a usable token reads
+// attempt) before the handler runs. Each partition's worker reads one of
+// the replicas that have caught up with a message (the workers take the
+// replicas in turn), so that its connections stay with one server. A run
+// of messages with one token (one transaction's events, an outbox batch)
+// shares its first message's decoded token, decision and handler context
+// while the replica chosen stays fresh. A message without a usable token reads
 // the primary and is counted; the router's warning names the topic. Code
 // with its own consume loop gets the same routing from Middleware.
 //
@@ -130,9 +133,10 @@
 // synchronous counter: its sums outlive Run, and consumers made one after
 // the other on one MeterProvider add to the same series.
 //
-// Each partition's worker counts its messages' results and routing
-// decisions itself (consume.Tally) and adds them to the counters at every
-// offset commit (CommitInterval) and once it stops, before Run returns:
+// Each partition's worker counts its messages' results, routing decisions
+// and replica connection checks itself (consume.Tally) and adds them to
+// the counters at every offset commit (CommitInterval) and once it stops,
+// before Run returns:
 // at hundreds of thousands of messages a second, three counter Adds a
 // message would cost more than the rest of the consumer's work on it. So
 // the counts trail the messages by up to CommitInterval.

@@ -60,9 +60,12 @@
 //
 // The Consumer reads each record's token once (TokenOf: every token
 // header, merged) and routes it (consume.Tally.Route, one decision per
-// attempt) before the handler runs. A run of records with one token (one
-// transaction's events, an outbox batch) shares its first record's decision
-// and handler context while the replica chosen stays fresh. A record without a token, or with one
+// attempt) before the handler runs. Each partition's worker reads one of
+// the replicas that have caught up with a record (the workers take the
+// replicas in turn), so that its connections stay with one server. A run
+// of records with one token (one transaction's events, an outbox batch)
+// shares its first record's decoded token, decision and handler context
+// while the replica chosen stays fresh. A record without a token, or with one
 // that does not decode, reads the primary and is counted
 // (caughtup.consume.decisions outcome primary_no_token, reason no_token or
 // malformed_token, and caughtup.consume.tokens.missing), with a warning
@@ -114,8 +117,9 @@
 // this package's ScopeName, on the
 // MeterProvider in ConsumerConfig (default the global one). Each worker
 // counts in bulk and the counts reach the instruments at every commit, so
-// they trail the records by up to CommitInterval. Routing decisions are
-// counted by the router.
+// they trail the records by up to CommitInterval. Routing decisions, and
+// the checks of the replica connections handlers acquire, are counted by
+// the router, the same way (consume.Tally).
 //
 // # Traces
 //
