@@ -68,9 +68,9 @@ type spreadCounter struct {
 // server, and each server's sessions see a steady stream rather than every
 // other query: with a point query per record on 4 partitions over 2
 // replicas, alternating each worker's queries between the replicas cost
-// about 15% more CPU per query, on the servers, than each worker staying
-// on one (BenchmarkThroughputQuery, spread-turns against spread, in
-// kafka/caughtupkgo). Other jobs (many handlers at once, each running one
+// 17–50% more CPU per query, in the client and on the servers, than each
+// worker staying on one (BenchmarkThroughputQuery's bare sides, spread
+// against spread-turns, in kafka/caughtupkgo; docs/performance.md). Other jobs (many handlers at once, each running one
 // job) take one counter, so that the jobs in flight at any moment
 // alternate between the replicas; a random pick per job, or a counter
 // per worker that alternates each worker's jobs, did worse.
