@@ -3,9 +3,9 @@
 // every tracker snapshot so that a job is made runnable again as soon as a
 // replica has replayed its token (consume.CaughtUp), rather than when its
 // deferral delay ends. It does no I/O, reads no clock and takes no lock:
-// the adapter's waker serializes it, moves the jobs Scan hands out through
-// its queue (a Redis script, a River update) and reports back with
-// Remove or RetryAfter.
+// its loop, consume/wake's Waker, serializes it, has the adapter move the
+// jobs Scan hands out through its queue (a Redis script, a River update)
+// and reports back with Remove or RetryAfter.
 //
 // A scan costs the number of (database, epoch) groups plus the entries it
 // hands out, not the number of entries: single-database tokens sit in a
@@ -19,6 +19,8 @@ import (
 	"container/heap"
 	"container/list"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/position"
@@ -49,13 +51,16 @@ const (
 )
 
 // Entry is one deferral: the job (Key), the token it waits for, when the
-// deferral's own delay has surely brought the job back (Expires), and
-// what the adapter needs to move it (Data). The Set owns the rest.
+// deferral's own delay has surely brought the job back (Expires), what
+// the adapter needs to move it (Data) and the deferral's span, which the
+// span of the job's wake links to (Deferral: nil when it was not
+// sampled). The Set owns the rest.
 type Entry[K comparable, D any] struct {
-	Key     K
-	Token   position.Token
-	Expires time.Time
-	Data    D
+	Key      K
+	Token    position.Token
+	Expires  time.Time
+	Data     D
+	Deferral *trace.SpanContext
 
 	state   state
 	group   *group[K, D] // watching, single database
