@@ -324,17 +324,19 @@ func newMiddleware(router *consume.Router, cfg MiddlewareConfig, checkHooks bool
 		m.hooks = newHookWatch(m.met, m.log)
 	}
 	if cfg.Inspector != nil && cfg.WakeCapacity > 0 {
-		if m.waker, err = newWaker(router, cfg.Inspector, cfg.WakeCapacity, cfg.MeterProvider, m.tracer, m.log); err != nil {
-			return nil, err
-		}
 		// asynq builds its clients on go-redis v9, the module caughtup uses;
 		// an option that makes another kind of client keeps the per-task
 		// path.
 		if cfg.Redis != nil {
 			if c, ok := cfg.Redis.MakeRedisClient().(redis.UniversalClient); ok {
 				m.rdb = c
-				m.waker.moveWith(c)
 			}
+		}
+		if m.waker, err = newWaker(router, cfg.Inspector, m.rdb, cfg.WakeCapacity, cfg.MeterProvider, m.tracer, m.log); err != nil {
+			if m.rdb != nil {
+				_ = m.rdb.Close()
+			}
+			return nil, err
 		}
 	}
 	return m, nil

@@ -13,7 +13,6 @@ const (
 	attrMessagingSystem = "messaging.system"
 	attrDestination     = "messaging.destination.name"
 	attrMessageID       = "messaging.message.id"
-	attrBatchCount      = "messaging.batch.message_count"
 	attrTaskType        = "caughtup.asynq.task_type"
 	attrWoken           = "caughtup.asynq.woken"
 )

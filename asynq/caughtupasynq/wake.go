@@ -3,23 +3,17 @@ package caughtupasynq
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/time/rate"
 
-	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/consume/wake"
 	"github.com/caughtup/caughtup/consume/wakeset"
 	"github.com/caughtup/caughtup/position"
 )
@@ -36,10 +30,12 @@ const (
 	// wakeWorkers bounds the Redis calls in flight when many tasks catch
 	// up at once (each wake is two lookups, GetTaskInfo then RunTask).
 	wakeWorkers = 16
-	// wakeScripts bounds the wakeMoveScript calls in flight (moveWith):
+	// wakeScripts bounds the wakeMoveScript calls in flight (with Redis):
 	// Redis runs one at a time; a few in flight keep it busy while the
 	// results of the last one are handled here.
 	wakeScripts = 4
+	// wakeTimeout bounds one wakeMoveScript call.
+	wakeTimeout = 10 * time.Second
 )
 
 // wakeError names why an attempt to wake a deferred task did not move it
@@ -90,80 +86,32 @@ var wakeErrorNames = [numWakeErrors]string{
 	wakeRedis:    "redis",
 }
 
-// String is the attribute value ("not_found", "active", …).
-func (k wakeError) String() string {
-	if int(k) < len(wakeErrorNames) {
-		return wakeErrorNames[k]
-	}
-	return "wakeError(" + strconv.Itoa(int(k)) + ")"
-}
-
 const attrWakeDrop = "caughtup.asynq.wake.reason"
 
-// wakeMetrics are the waker's synchronous instruments. The set's size is
-// an UpDownCounter rather than an observable gauge: Middleware has no
-// Close to unregister a callback with, and the count stays right across
-// Shutdown, which empties the set, and across several middlewares on one
-// MeterProvider, whose sets add up.
-type wakeMetrics struct {
-	woken      metric.Int64Counter
-	errs       metric.Int64Counter
-	errSets    [numWakeErrors]metric.AddOption
-	dropped    metric.Int64Counter
-	evicted    metric.AddOption
-	expired    metric.AddOption
-	remembered metric.Int64UpDownCounter
-	system     metric.AddOption
-}
-
-func newWakeMetrics(mp metric.MeterProvider) (*wakeMetrics, error) {
-	meter := mp.Meter(ScopeName)
-	system := semconv.MessagingSystemKey.String("asynq")
-	m := &wakeMetrics{system: metric.WithAttributeSet(attribute.NewSet(system))}
-	var err error
-	wrap := func(name string, err error) error {
-		return fmt.Errorf("caughtup/asynq: creating %s: %w", name, err)
-	}
-	if m.woken, err = meter.Int64Counter("caughtup.asynq.wake.tasks",
-		metric.WithUnit("{task}"),
-		metric.WithDescription("Deferred tasks moved to pending (asynq Inspector.RunTask) as soon as a replica had replayed their token, instead of when their deferral delay ended.")); err != nil {
-		return nil, wrap("caughtup.asynq.wake.tasks", err)
-	}
-	if m.errs, err = meter.Int64Counter("caughtup.asynq.wake.errors",
-		metric.WithUnit("{attempt}"),
-		metric.WithDescription("Attempts to wake a deferred task that did not move it, by error.type (not_found, active, pending, finished, changed, raced, redis); the task runs when its delay ends, or already ran.")); err != nil {
-		return nil, wrap("caughtup.asynq.wake.errors", err)
-	}
-	for k := range wakeError(numWakeErrors) {
-		m.errSets[k] = metric.WithAttributeSet(attribute.NewSet(system, semconv.ErrorTypeKey.String(k.String())))
-	}
-	if m.dropped, err = meter.Int64Counter("caughtup.asynq.wake.dropped",
-		metric.WithUnit("{task}"),
-		metric.WithDescription("Deferred tasks forgotten before a replica caught up, by caughtup.asynq.wake.reason: evicted (the set was full; raise MiddlewareConfig.WakeCapacity) or expired (their delay ended first).")); err != nil {
-		return nil, wrap("caughtup.asynq.wake.dropped", err)
-	}
-	m.evicted = metric.WithAttributeSet(attribute.NewSet(system, attribute.String(attrWakeDrop, "evicted")))
-	m.expired = metric.WithAttributeSet(attribute.NewSet(system, attribute.String(attrWakeDrop, "expired")))
-	if m.remembered, err = meter.Int64UpDownCounter("caughtup.asynq.wake.remembered",
-		metric.WithUnit("{task}"),
-		metric.WithDescription("Deferred tasks the process remembers, to run them as soon as a replica has replayed their token (bounded by MiddlewareConfig.WakeCapacity).")); err != nil {
-		return nil, wrap("caughtup.asynq.wake.remembered", err)
-	}
-	return m, nil
+// wakeInstruments are the waker's metrics (see wake.Instruments).
+var wakeInstruments = wake.Instruments{
+	Woken: wake.Instrument{Name: "caughtup.asynq.wake.tasks", Unit: "{task}",
+		Description: "Deferred tasks moved to pending (asynq Inspector.RunTask) as soon as a replica had replayed their token, instead of when their deferral delay ended."},
+	Errors: wake.Instrument{Name: "caughtup.asynq.wake.errors", Unit: "{attempt}",
+		Description: "Attempts to wake a deferred task that did not move it, by error.type (not_found, active, pending, finished, changed, raced, redis); the task runs when its delay ends, or already ran."},
+	ErrorTypes: wakeErrorNames[:],
+	Dropped: wake.Instrument{Name: "caughtup.asynq.wake.dropped", Unit: "{task}",
+		Description: "Deferred tasks forgotten before a replica caught up, by caughtup.asynq.wake.reason: evicted (the set was full; raise MiddlewareConfig.WakeCapacity) or expired (their delay ended first)."},
+	DropReason: attrWakeDrop,
+	Remembered: wake.Instrument{Name: "caughtup.asynq.wake.remembered", Unit: "{task}",
+		Description: "Deferred tasks the process remembers, to run them as soon as a replica has replayed their token (bounded by MiddlewareConfig.WakeCapacity)."},
 }
 
 // taskKey names an asynq task: its id is unique within its queue.
 type taskKey struct{ queue, id string }
 
-// wakeTask is what the waker keeps of a deferral besides its token.
+// wakeTask is what the waker keeps of a deferral besides its token and
+// span.
 type wakeTask struct {
 	// retried is the task's retry count when it was deferred; a deferral
 	// leaves it as it is, so a task showing another count has failed (or
 	// was judged without ServerConfig's IsFailure) since.
 	retried int
-	// deferral is the span context of the deferral's caughtup.defer span,
-	// for the wake span's link; nil when it was not sampled.
-	deferral *trace.SpanContext
 }
 
 // wakeEntry is a task the middleware deferred. A task that was not
@@ -172,12 +120,11 @@ type wakeTask struct {
 type wakeEntry = wakeset.Entry[taskKey, wakeTask]
 
 // waker runs deferred tasks as soon as a replica has replayed their token.
-// The middleware remembers each deferral (remember) in a bounded set and
-// forgets a task when it comes back (forget). A goroutine, started with
-// the first remembered task and ended when the set is empty (or by close),
-// looks at the set on every snapshot the router publishes and moves each
-// task whose token is caught up to pending, through the Inspector, if
-// asynq still shows it in the retry set as this deferral left it.
+// The middleware remembers each deferral (remember) and forgets a task
+// when it comes back (forget); the loop is wake.Waker's, which hands each
+// task whose token is caught up to Move (the waker is its wake.Mover),
+// which moves it to pending if asynq still shows it in the retry set as
+// this deferral left it.
 //
 // Why no task runs twice, and why no error reaches anyone: RunTask is
 // called only for a task that GetTaskInfo, one round trip earlier, showed
@@ -194,57 +141,45 @@ type wakeEntry = wakeset.Entry[taskKey, wakeTask]
 // counted as a wakeError and forgotten or tried again later; the task's
 // own delay, with which asynq scheduled it, still runs it if this
 // process dies or forgets it. RunTask does not touch the retry count.
-// Given a Redis client (moveWith), the waker instead moves tasks with
+// Given a Redis client (rdb), the waker instead moves tasks with
 // wakeMoveScript, which checks the state and the retry count and moves
 // in one script: no window remains.
 type waker struct {
-	router *consume.Router
-	rcfg   consume.Config
-	insp   *asynq.Inspector
-	rdb    redis.UniversalClient // set by moveWith: moves by wakeMoveScript
-	met    *wakeMetrics
-	tracer trace.Tracer
-	log    *slog.Logger
-	warn   *rate.Sometimes
-
-	size atomic.Int64 // len(set), read without the lock on every task
-
-	mu      sync.Mutex
-	set     *wakeset.Set[taskKey, wakeTask]
-	running bool
-	closed  bool
-	kick    chan struct{}
-	done    chan struct{}
-	wg      sync.WaitGroup
+	*wake.Waker[taskKey, wakeTask]
+	insp *asynq.Inspector
+	rdb  redis.UniversalClient // not nil: moves by wakeMoveScript
+	log  *slog.Logger
+	warn *rate.Sometimes
 }
 
-func newWaker(router *consume.Router, insp *asynq.Inspector, capacity int, mp metric.MeterProvider, tracer trace.Tracer, log *slog.Logger) (*waker, error) {
-	met, err := newWakeMetrics(mp)
-	if err != nil {
+var _ wake.Mover[taskKey, wakeTask] = (*waker)(nil)
+
+// newWaker returns a waker that moves tasks with wakeMoveScript on rdb
+// (the Redis the server's tasks are in), wakeBatch tasks per call per
+// queue, or, with a nil rdb, with an Inspector.GetTaskInfo and RunTask per
+// task. The script makes a drain of thousands of deferred tasks cost Redis
+// about what asynq's own forwarder does, and the check and the move are
+// one step, so the window the lookup leaves (see waker) is closed. rdb is
+// not closed by the waker.
+func newWaker(router wake.Router, insp *asynq.Inspector, rdb redis.UniversalClient, capacity int, mp metric.MeterProvider, tracer trace.Tracer, log *slog.Logger) (*waker, error) {
+	w := &waker{insp: insp, rdb: rdb, log: log, warn: &rate.Sometimes{First: 1, Interval: time.Minute}}
+	cfg := wake.Config{
+		Capacity: capacity, Batch: 1, Moves: wakeWorkers,
+		System: "asynq", Instruments: wakeInstruments, WokenAttribute: attrWoken,
+		SpanAttributes: func(queue any) []attribute.KeyValue {
+			return []attribute.KeyValue{attribute.String(attrDestination, queue.(string))}
+		},
+		Meter: mp.Meter(ScopeName), Tracer: tracer,
+	}
+	if rdb != nil {
+		cfg.Batch, cfg.Moves, cfg.Timeout = wakeBatch, wakeScripts, wakeTimeout
+	}
+	var err error
+	if w.Waker, err = wake.New[taskKey, wakeTask](router, w, cfg); err != nil {
 		return nil, err
 	}
-	return &waker{
-		router: router,
-		rcfg:   router.Config(),
-		insp:   insp,
-		met:    met,
-		tracer: tracer,
-		log:    log,
-		warn:   &rate.Sometimes{First: 1, Interval: time.Minute},
-		set:    wakeset.New[taskKey, wakeTask](capacity),
-		kick:   make(chan struct{}, 1),
-		done:   make(chan struct{}),
-	}, nil
+	return w, nil
 }
-
-// moveWith makes w move caught-up tasks with wakeMoveScript on c (the
-// Redis the server's tasks are in), wakeBatch tasks per call per queue,
-// instead of an Inspector.GetTaskInfo and RunTask per task: a drain of
-// thousands of deferred tasks then costs Redis about what asynq's own
-// forwarder does, and the check and the move are one step, so the window
-// the lookup leaves (see waker) is closed. c is not closed by w. Call it
-// before the waker's first remember.
-func (w *waker) moveWith(c redis.UniversalClient) { w.rdb = c }
 
 // remember notes that the middleware is deferring the task ctx belongs
 // to, until tok is caught up, for delay; deferral is the deferral's span,
@@ -257,207 +192,49 @@ func (w *waker) remember(ctx context.Context, tok position.Token, delay time.Dur
 	queue, _ := asynq.GetQueueName(ctx)
 	retried, _ := asynq.GetRetryCount(ctx)
 	now := time.Now()
-	e := &wakeEntry{
+	w.Remember(ctx, &wakeEntry{
 		Key:     taskKey{queue: queue, id: id},
 		Token:   tok,
 		Expires: now.Add(retryDelay(delay, now) + wakeGrace),
 		Data:    wakeTask{retried: retried},
-	}
-	if deferral.IsValid() && deferral.IsSampled() {
-		e.Data.deferral = &deferral
-	}
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		return
-	}
-	replaced, evicted := w.set.Add(e)
-	w.size.Store(int64(w.set.Len()))
-	if !w.running {
-		w.running = true
-		w.wg.Add(1)
-		go w.run()
-	}
-	w.mu.Unlock()
-	if !replaced {
-		w.met.remembered.Add(ctx, 1-int64(evicted), w.met.system)
-	} else if evicted > 0 {
-		w.met.remembered.Add(ctx, -int64(evicted), w.met.system)
-	}
-	if evicted > 0 {
-		w.met.dropped.Add(ctx, int64(evicted), w.met.evicted)
-	}
-	select {
-	case w.kick <- struct{}{}:
-	default:
-	}
+	}, deferral)
 }
 
 // forget drops the task ctx belongs to: it is running here again.
 func (w *waker) forget(ctx context.Context) {
-	if w.size.Load() == 0 {
+	if w.Len() == 0 {
 		return
 	}
-	id, ok := asynq.GetTaskID(ctx)
-	if !ok {
-		return
-	}
-	queue, _ := asynq.GetQueueName(ctx)
-	w.mu.Lock()
-	gone := w.set.Forget(taskKey{queue: queue, id: id})
-	w.size.Store(int64(w.set.Len()))
-	w.mu.Unlock()
-	if gone {
-		w.met.remembered.Add(ctx, -1, w.met.system)
+	if id, ok := asynq.GetTaskID(ctx); ok {
+		queue, _ := asynq.GetQueueName(ctx)
+		w.Forget(ctx, taskKey{queue: queue, id: id})
 	}
 }
 
-// close stops the goroutine and forgets every task; they run when their
+// close stops the waker and forgets every task; they run when their
 // delays end.
-func (w *waker) close() {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		return
-	}
-	w.closed = true
-	n := w.set.Len()
-	w.set = wakeset.New[taskKey, wakeTask](w.set.Capacity())
-	w.size.Store(0)
-	close(w.done)
-	w.mu.Unlock()
-	w.wg.Wait()
-	if n > 0 {
-		w.met.remembered.Add(context.Background(), -int64(n), w.met.system)
-	}
-}
+func (w *waker) close() { w.Close() }
 
-// run looks at the set on every new snapshot, new entry and retry or
-// expiry time, until the set is empty or the waker is closed. While any
-// task waits it makes the tracker poll the replicas of the databases the
-// tasks wait on every WaitPollInterval (consume.Router.Watch), as a job
-// waiting in Route does: the wake follows the catch-up within
-// milliseconds, and the load on a replica stays bounded per process.
-func (w *waker) run() {
-	defer w.wg.Done()
-	stopWatch := func() {}
-	defer func() { stopWatch() }()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	var (
-		due []*wakeEntry
-		buf []position.Entry
-	)
-	ctx := context.Background()
-	for {
-		snap := w.router.Snapshot()
-		now := time.Now()
-		w.mu.Lock()
-		if w.closed || w.set.Len() == 0 {
-			w.running = false
-			w.mu.Unlock()
-			return
-		}
-		expired := w.set.Expire(now)
-		due = w.set.Scan(snap, w.rcfg.Now(), &w.rcfg, now, due[:0])
-		watched := w.set.Watched(buf)
-		buf = watched.Entries
-		next := w.set.Next()
-		w.size.Store(int64(w.set.Len()))
-		w.mu.Unlock()
-		if expired > 0 {
-			w.met.remembered.Add(ctx, -int64(expired), w.met.system)
-			w.met.dropped.Add(ctx, int64(expired), w.met.expired)
-		}
-		// Watch again each round (the replicas that answer change); the
-		// new watch starts before the old one ends, so the pace holds.
-		nextWatch := w.router.Watch(watched)
-		stopWatch()
-		stopWatch = nextWatch
+// Group is the task's queue: the script moves tasks of one queue per
+// call (its keys share the queue's Redis Cluster slot), and the wake span
+// names it.
+func (w *waker) Group(k taskKey) any { return k.queue }
 
-		if len(due) > 0 {
-			w.attemptAll(due)
-			clear(due)
-			continue
-		}
-		var tc <-chan time.Time
-		if !next.IsZero() {
-			timer.Reset(max(time.Until(next), 0))
-			tc = timer.C
-		}
-		select {
-		case <-snap.Changed():
-		case <-w.kick:
-		case <-tc:
-		case <-w.done:
-		}
-		timer.Stop()
-	}
-}
-
-// attemptAll tries to move every due task, wakeWorkers at a time (or
-// with moveAll), and starts no more once the waker is closed (close
-// forgets them all).
-func (w *waker) attemptAll(due []*wakeEntry) {
+// Move moves batch, tasks of one queue: with one wakeMoveScript call, or,
+// without Redis, the one task by lookup and RunTask.
+func (w *waker) Move(ctx context.Context, batch []*wakeEntry) []wake.Result {
+	var rs []attemptResult
 	if w.rdb != nil {
-		w.moveAll(due)
-		return
+		rs = moveBatch(ctx, w.rdb, batch[0].Key.queue, batch)
+	} else {
+		rs = []attemptResult{w.attempt(batch[0])}
 	}
-	sem := make(chan struct{}, wakeWorkers)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for _, e := range due {
-		select {
-		case sem <- struct{}{}:
-		case <-w.done:
-			return
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			_, span := w.startWake(context.Background(), e.Key.queue, []*wakeEntry{e})
-			r := w.attempt(e)
-			w.finish(e, r)
-			endWake(span, b2i(r.woken))
-		})
+	out := make([]wake.Result, len(rs))
+	for i, r := range rs {
+		w.report(batch[i], r)
+		out[i] = wake.Result{Woken: r.woken, Err: int(r.err), Retry: r.retry}
 	}
-}
-
-// moveAll moves every due task with wakeMoveScript, wakeBatch tasks of
-// one queue per call, wakeScripts calls at a time.
-func (w *waker) moveAll(due []*wakeEntry) {
-	byQueue := map[string][]*wakeEntry{}
-	for _, e := range due {
-		byQueue[e.Key.queue] = append(byQueue[e.Key.queue], e)
-	}
-	sem := make(chan struct{}, wakeScripts)
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for queue, es := range byQueue {
-		for len(es) > 0 {
-			batch := es[:min(len(es), wakeBatch)]
-			es = es[len(batch):]
-			select {
-			case sem <- struct{}{}:
-			case <-w.done:
-				return
-			}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				ctx, span := w.startWake(ctx, queue, batch)
-				woken := 0
-				for i, r := range moveBatch(ctx, w.rdb, queue, batch) {
-					w.finish(batch[i], r)
-					if r.woken {
-						woken++
-					}
-				}
-				endWake(span, woken)
-			})
-		}
-	}
+	return out
 }
 
 // attemptResult is what one attempt found.
@@ -510,66 +287,18 @@ func lookupFailed(err error) attemptResult {
 	return attemptResult{err: wakeRedis, retry: true, cause: err}
 }
 
-// finish records an attempt and updates the set.
-func (w *waker) finish(e *wakeEntry, r attemptResult) {
+// report logs a task moved (debug) and, now and then, Redis failing.
+func (w *waker) report(e *wakeEntry, r attemptResult) {
 	ctx := context.Background()
-	w.mu.Lock()
-	cur := w.set.Current(e)
 	switch {
-	case !cur:
-		// Forgotten (the task came back), replaced (deferred again) or
-		// evicted meanwhile: the set has already accounted for it.
-	case r.retry:
-		w.set.RetryAfter(e, time.Now())
-	default:
-		w.set.Remove(e)
-		w.size.Store(int64(w.set.Len()))
-	}
-	w.mu.Unlock()
-	if cur && !r.retry {
-		w.met.remembered.Add(ctx, -1, w.met.system)
-	}
-	if r.woken {
-		w.met.woken.Add(ctx, 1, w.met.system)
+	case r.woken:
 		w.log.LogAttrs(ctx, slog.LevelDebug, "caughtup: a replica has replayed a deferred task's token; moved it to pending",
 			slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.Key.queue),
 			slog.String("messaging.message.id", e.Key.id))
-		return
-	}
-	w.met.errs.Add(ctx, 1, w.met.errSets[r.err])
-	if r.err == wakeRedis {
+	case r.err == wakeRedis:
 		w.warn.Do(func() {
 			w.log.LogAttrs(ctx, slog.LevelWarn, "caughtup: could not look up or run a deferred task whose token a replica has replayed; trying again, and it runs when its delay ends anyway",
 				slog.String("messaging.system", "asynq"), slog.String("messaging.destination.name", e.Key.queue), slog.Any("error", r.cause))
 		})
 	}
-}
-
-// startWake starts the caughtup.wake span of one move of es, the due
-// tasks of queue, linked to the spans of their deferrals that were traced.
-func (w *waker) startWake(ctx context.Context, queue string, es []*wakeEntry) (context.Context, trace.Span) {
-	var links []trace.Link
-	for _, e := range es {
-		if e.Data.deferral != nil {
-			links = append(links, trace.Link{SpanContext: *e.Data.deferral})
-		}
-	}
-	if len(links) == 0 {
-		return ctx, tracenoop.Span{} // no deferral of these was in a trace
-	}
-	return w.tracer.Start(ctx, consume.SpanWake, trace.WithLinks(links...), trace.WithAttributes(
-		systemAsynq, attribute.String(attrDestination, queue), attribute.Int(attrBatchCount, len(es))))
-}
-
-// endWake ends a caughtup.wake span with how many of its tasks it moved.
-func endWake(span trace.Span, woken int) {
-	span.SetAttributes(attribute.Int(attrWoken, woken))
-	span.End()
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

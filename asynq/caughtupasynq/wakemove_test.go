@@ -14,10 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
-	"golang.org/x/time/rate"
 
-	"github.com/caughtup/caughtup/consume/wakeset"
+	"github.com/caughtup/caughtup/consume"
+	"github.com/caughtup/caughtup/position"
+	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/metrictest"
 	"github.com/caughtup/caughtup/testkit/pgtest"
 )
@@ -123,23 +125,21 @@ func TestWakeMoveScript(t *testing.T) {
 	require.Equal(t, 2, qi.Pending, "the moved task and the pending one")
 	require.Equal(t, 1, qi.Retry, "the failed task stays in the retry set")
 
-	// Through a waker that moves by script: the count the failure left
-	// matches, so the task is moved, once; both are forgotten.
+	// Through a waker that moves by script, under a router whose replica
+	// has replayed both tokens: the count the failure left matches, so
+	// the task is moved, once; both are forgotten.
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	met, err := newWakeMetrics(mp)
+	w, err := newWaker(caughtUpRouter{}, insp, c, 10, mp, tracenoop.NewTracerProvider().Tracer(""), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	w := &waker{met: met, tracer: tracenoop.NewTracerProvider().Tracer(""), log: slog.New(slog.DiscardHandler), warn: &rate.Sometimes{First: 1}, set: wakeset.New[taskKey, wakeTask](10),
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
-	w.moveWith(c)
-	again := []*wakeEntry{entry(failed, 1), entry(deferred, 0)}
-	for _, e := range again {
+	for _, e := range []*wakeEntry{entry(failed, 1), entry(deferred, 0)} {
+		e.Token = tokenAt("main", 1, wt0)
 		e.Expires = time.Now().Add(time.Hour)
-		w.set.Add(e)
+		require.True(t, w.Remember(ctx, e, trace.SpanContext{}))
 	}
-	w.attemptAll(again)
-	require.Zero(t, w.set.Len(), "both forgotten")
+	require.Eventually(t, func() bool { return w.Len() == 0 }, 30*time.Second, 10*time.Millisecond, "both forgotten")
+	w.close() // waits for the move in flight to be counted
 	require.Equal(t, int64(1), metrictest.Sum(t, reader, "caughtup.asynq.wake.tasks"))
 	require.Equal(t, int64(1), metrictest.Sum(t, reader, "caughtup.asynq.wake.errors", attribute.String("error.type", "pending")))
 	qi, err = insp.GetQueueInfo(queue)
@@ -155,4 +155,25 @@ func TestWakeMoveScript(t *testing.T) {
 		require.True(t, r.retry)
 		require.Error(t, r.cause)
 	}
+}
+
+// caughtUpRouter is a router whose one replica of "main", fresh at wt0
+// (its clock), has replayed LSN 10.
+type caughtUpRouter struct{}
+
+func (caughtUpRouter) Snapshot() *replay.Snapshot {
+	return &replay.Snapshot{Databases: []replay.DatabaseState{{
+		Name:    "main",
+		Primary: replay.PrimaryState{Epoch: epoch, HistoryKnown: true, InsertLSN: 1 << 40, ObservedAt: wt0},
+		Replicas: []replay.ReplicaState{{
+			Name: "r1", Replayed: position.Replayed{Epoch: epoch, LSN: 10},
+			InRecovery: true, Healthy: true, ObservedAt: wt0, Observations: 1,
+		}},
+	}}}
+}
+
+func (caughtUpRouter) Watch(position.Token) func() { return func() {} }
+
+func (caughtUpRouter) Config() consume.Config {
+	return consume.Config{Now: func() time.Time { return wt0 }}.WithDefaults()
 }
