@@ -140,8 +140,8 @@ func (t *Token) UnmarshalText(b []byte) error {
 // bounded excerpt of s, so that a log line can show what the producer at
 // fault sent.
 func Decode(s string) (Token, error) {
-	t, err := decode(s, nil, nil, nil)
-	if err != nil {
+	var t Token
+	if err := decode(s, &t, nil, nil); err != nil {
 		err.Input = excerpt(s, err.Offset)
 		return Token{}, err
 	}
@@ -172,122 +172,146 @@ func excerpt[S text](s S, offset int) string {
 // the bytes a message carries (HeaderDecoder).
 type text interface{ ~string | ~[]byte }
 
-// decode parses s, appending the token's entries to entries (nil: a new
-// slice). With names, database names are taken from it when their bytes
-// match one seen before, and added to it otherwise; without, they are
-// string(s[i:j]), which for a string s shares its bytes. With memo, the
-// heads of entries that repeat the value decoded before are taken from it
-// (reuseHead), and this value's are recorded in memo.next.
-func decode[S text](s S, entries []Entry, names *nameCache, memo *headMemo) (Token, *DecodeError) {
+// decode parses s into t, reusing the array of t.Entries for the
+// entries (nil: a new one); on failure t holds a part of the token. With
+// names, database names are taken from it when their bytes match one seen
+// before, and added to it otherwise; without, they are string(s[i:j]),
+// which for a string s shares its bytes. With memo, the capture time and
+// the heads of entries that repeat the value decoded before are taken
+// from it (reuseTime, reuseHead), and this value's are recorded in it.
+//
+// A consumer decodes a token per record, hundreds of thousands a second,
+// so decode is written to be cheap as well as strict. The offset is a
+// local passed from one field's reader to the next, each returning where
+// it stopped (on failure: the offset the error reports), rather than the
+// field of a decoder struct the readers update through a pointer. The
+// token is written where the caller keeps it and each entry in its slot,
+// rather than built in locals and copied: a copy that reads 16 bytes at
+// once right after they were written 8 at a time waits for the stores.
+func decode[S text](s S, t *Token, names *nameCache, memo *headMemo) *DecodeError {
 	if len(s) > MaxEncodedLen {
-		return Token{}, &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
+		return &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
 	}
-	if len(s) == 0 {
-		return Token{}, &DecodeError{Err: ErrMalformed, Detail: "empty"}
+	captured, i := memo.reuseTime()
+	if i == 0 {
+		var err *DecodeError
+		if captured, i, err = readTime(s); err != nil {
+			return err
+		}
+		if memo != nil {
+			memo.timeEnd, memo.capturedAt = i, captured
+		}
 	}
-	d := decoder[S]{s: s, names: names, memo: memo}
-	if d.next() != 'v' {
-		return Token{}, d.fail(ErrMalformed, `want "v<version>;"`)
+	t.CapturedAt = captured
+	if i >= len(s) {
+		return malformed(i, "no database entries")
 	}
-	ver, ok := d.uint(10, 4, ';')
-	if !ok {
-		return Token{}, d.fail(ErrMalformed, `want "v<version>;"`)
-	}
-	if ver != Version {
-		return Token{}, &DecodeError{Offset: 1, Err: ErrUnknownVersion, Detail: "version " + strconv.FormatUint(ver, 10) + ", this build reads version 1"}
-	}
-	ms, ok := d.uint(36, 12, ';')
-	if !ok || ms > maxUnixMilli {
-		return Token{}, d.fail(ErrMalformed, "want capture time in base-36 milliseconds")
-	}
-	var t Token
-	if ms > 0 {
-		t.CapturedAt = time.UnixMilli(int64(ms))
-	}
-	if d.done() {
-		return Token{}, d.fail(ErrMalformed, "no database entries")
-	}
+	entries := t.Entries[:0]
 	if entries == nil {
 		entries = make([]Entry, 0, 1)
 	}
-	t.Entries = entries[:0]
-	for !d.done() {
-		if len(t.Entries) == MaxDatabases {
-			return Token{}, d.fail(ErrTooLarge, "more than "+strconv.Itoa(MaxDatabases)+" databases")
+	for i < len(s) {
+		n := len(entries)
+		if n == MaxDatabases {
+			return &DecodeError{Offset: i, Err: ErrTooLarge, Detail: "more than " + strconv.Itoa(MaxDatabases) + " databases"}
 		}
-		e, err := d.entry(len(t.Entries))
-		if err != nil {
-			return Token{}, err
+		entries = append(entries, Entry{})
+		e := &entries[n]
+		var err *DecodeError
+		if i, err = readEntry(s, i, n, e, names, memo); err != nil {
+			return err
 		}
 		// Insertion keeps entries sorted and finds duplicates; MaxDatabases
 		// keeps it cheap.
-		pos := len(t.Entries)
-		for pos > 0 && t.Entries[pos-1].Database >= e.Database {
-			if t.Entries[pos-1].Database == e.Database {
-				return Token{}, d.fail(ErrDuplicateDatabase, strconv.Quote(e.Database))
+		pos := n
+		for pos > 0 && entries[pos-1].Database >= e.Database {
+			if entries[pos-1].Database == e.Database {
+				return &DecodeError{Offset: i, Err: ErrDuplicateDatabase, Detail: strconv.Quote(e.Database)}
 			}
 			pos--
 		}
-		if pos == len(t.Entries) {
-			t.Entries = append(t.Entries, e)
-			continue
+		if pos < n {
+			moved := *e
+			copy(entries[pos+1:], entries[pos:n])
+			entries[pos] = moved
 		}
-		t.Entries = append(t.Entries, Entry{})
-		copy(t.Entries[pos+1:], t.Entries[pos:])
-		t.Entries[pos] = e
 	}
-	return t, nil
+	t.Entries = entries
+	return nil
 }
 
 // maxUnixMilli keeps time.UnixMilli far from overflow (year ~ 292 million).
 const maxUnixMilli = 1 << 53
 
-type decoder[S text] struct {
-	s     S
-	pos   int
-	names *nameCache
-	memo  *headMemo
+// malformed is the error of text that does not follow the grammar at
+// offset.
+func malformed(offset int, detail string) *DecodeError {
+	return &DecodeError{Offset: offset, Err: ErrMalformed, Detail: detail}
 }
 
-func (d *decoder[S]) done() bool { return d.pos >= len(d.s) }
-
-func (d *decoder[S]) next() byte {
-	if d.pos >= len(d.s) {
-		return 0
+// readTime reads "v<version>;<captured>;" and returns the capture time
+// and the offset after it. Every token this build writes starts "v1;", so
+// those three bytes are checked first; anything else (another version,
+// "v01;", which reads as 1 as well) takes the general rule.
+func readTime[S text](s S) (time.Time, int, *DecodeError) {
+	i := len("v1;")
+	if len(s) < 3 || s[0] != 'v' || s[1] != '1' || s[2] != ';' {
+		var err *DecodeError
+		if i, err = readVersion(s); err != nil {
+			return time.Time{}, 0, err
+		}
 	}
-	c := d.s[d.pos]
-	d.pos++
-	return c
+	ms, i, ok := readUint(s, i, 36, 12, ';')
+	if !ok || ms > maxUnixMilli {
+		return time.Time{}, 0, malformed(i, "want capture time in base-36 milliseconds")
+	}
+	if ms == 0 {
+		return time.Time{}, i, nil
+	}
+	return time.UnixMilli(int64(ms)), i, nil
 }
 
-func (d *decoder[S]) fail(err error, detail string) *DecodeError {
-	return &DecodeError{Offset: d.pos, Err: err, Detail: detail}
+// readVersion reads "v<version>;", 1 to 4 decimal digits, and returns the
+// offset after it.
+func readVersion[S text](s S) (int, *DecodeError) {
+	if len(s) == 0 {
+		return 0, malformed(0, "empty")
+	}
+	if s[0] != 'v' {
+		return 0, malformed(1, `want "v<version>;"`)
+	}
+	ver, i, ok := readUint(s, 1, 10, 4, ';')
+	if !ok {
+		return 0, malformed(i, `want "v<version>;"`)
+	}
+	if ver != Version {
+		return 0, &DecodeError{Offset: 1, Err: ErrUnknownVersion, Detail: "version " + strconv.FormatUint(ver, 10) + ", this build reads version 1"}
+	}
+	return i, nil
 }
 
-// uint reads 1..maxDigits digits in base up to the terminator (consumed) or
-// the end of input.
-// On failure d.pos is at the byte at fault. Locals rather than d's fields
-// in the loop: tokens are decoded once per consumed message.
-func (d *decoder[S]) uint(base uint64, maxDigits int, term byte) (uint64, bool) {
-	s, start := d.s, d.pos
-	i := start
-	var v uint64
+// readUint reads 1 to maxDigits digits in base from s[i:] up to term
+// (consumed) or the end of s, and returns where it stopped: past the
+// terminator or at the end, or on failure at the byte at fault (at i when
+// there is no digit). Not strconv: it would need the field cut out first
+// (a search for term), takes signs and prefixes this grammar does not,
+// and its errors carry no offset.
+func readUint[S text](s S, i int, base uint64, maxDigits int, term byte) (v uint64, end int, ok bool) {
+	start := i
 	for ; i < len(s) && s[i] != term; i++ {
 		dv := uint64(digits[s[i]])
 		if dv >= base || i-start >= maxDigits {
-			d.pos = i
-			return 0, false
+			return 0, i, false
 		}
 		v = v*base + dv
 	}
-	d.pos = i
 	if i == start {
-		return 0, false
+		return 0, i, false
 	}
 	if i < len(s) {
-		d.pos++ // terminator
+		i++ // terminator
 	}
-	return v, true
+	return v, i, true
 }
 
 // digits holds each byte's value as a base-36 digit (case-insensitive),
@@ -308,24 +332,22 @@ var digits = func() (t [256]uint8) {
 	return t
 }()
 
-// noDigit is above every base uint reads.
+// noDigit is above every base readUint reads.
 const noDigit = 0xFF
 
-// lsn reads the entry's LSN: the text up to the next ';' or the end is
-// "X/Y", each half 1 to 8 hexadecimal digits (as parseLSN reads it, in
-// one pass). On failure d.pos stays at the LSN's start.
-func (d *decoder[S]) lsn() (LSN, bool) {
-	s, i := d.s, d.pos
-	hi, i, ok := hexRun(s, i)
-	if !ok || i >= len(s) || s[i] != '/' {
-		return 0, false
+// readLSN reads an entry's LSN at s[i:]: the text up to the next ';' or
+// the end is "X/Y", each half 1 to 8 hexadecimal digits (as parseLSN reads
+// it, in one pass). It returns where the LSN ends; on failure, i.
+func readLSN[S text](s S, i int) (LSN, int, bool) {
+	hi, j, ok := hexRun(s, i)
+	if !ok || j >= len(s) || s[j] != '/' {
+		return 0, i, false
 	}
-	lo, i, ok := hexRun(s, i+1)
-	if !ok || i < len(s) && s[i] != ';' {
-		return 0, false
+	lo, j, ok := hexRun(s, j+1)
+	if !ok || j < len(s) && s[j] != ';' {
+		return 0, i, false
 	}
-	d.pos = i
-	return LSN(hi<<32 | lo), true
+	return LSN(hi<<32 | lo), j, true
 }
 
 // hexRun reads the hexadecimal digits of s from i on, and reports where
@@ -342,94 +364,87 @@ func hexRun[S text](s S, i int) (v uint64, end int, ok bool) {
 	return v, i, i > start && i-start <= maxHalfDigits
 }
 
-// head reads an entry's head: "<database>=<source>.<system id>.<timeline>."
-// into e.
-func (d *decoder[S]) head(e *Entry) *DecodeError {
-	s, start := d.s, d.pos
-	i := start
+// readHead reads an entry's head at s[i:],
+// "<database>=<source>.<system id>.<timeline>.", into e, and returns
+// where it ends.
+func readHead[S text](s S, i int, e *Entry, names *nameCache) (int, *DecodeError) {
+	start := i
 	for i < len(s) && isNameByte(s[i]) {
 		i++
 	}
-	d.pos = i
-	if d.pos == start || d.pos-start > MaxDatabaseNameLen || d.next() != '=' {
-		return d.fail(ErrMalformed, "want <database>= with 1-63 of [A-Za-z0-9_-]")
+	if i == start || i-start > MaxDatabaseNameLen {
+		return 0, malformed(i, nameDetail)
 	}
-	if d.names != nil {
-		e.Database = intern(d.names, d.s[start:d.pos-1])
+	if i >= len(s) || s[i] != '=' {
+		return 0, malformed(past(s, i), nameDetail)
+	}
+	if names != nil {
+		e.Database = intern(names, s[start:i])
 	} else {
-		e.Database = string(d.s[start : d.pos-1])
+		e.Database = string(s[start:i])
 	}
-	switch d.next() {
-	case 'p':
+	i++ // '='
+	switch {
+	case i >= len(s):
+		return 0, malformed(i, "want source p, r, c or u")
+	case s[i] == 'p':
 		e.Source = SourcePrimary
-	case 'r':
+	case s[i] == 'r':
 		e.Source = SourceReplica
-	case 'c':
+	case s[i] == 'c':
 		e.Source = SourceCDC
-	case 'u':
+	case s[i] == 'u':
 		e.Source = SourceUnknown
 	default:
-		return d.fail(ErrMalformed, "want source p, r, c or u")
+		return 0, malformed(i+1, "want source p, r, c or u")
 	}
-	if d.next() != '.' {
-		return d.fail(ErrMalformed, `want "." after source`)
+	i++
+	if i >= len(s) || s[i] != '.' {
+		return 0, malformed(past(s, i), `want "." after source`)
 	}
-	sys, ok := d.uint(16, 16, '.')
-	if !ok || d.s[d.pos-1] != '.' {
-		return d.fail(ErrMalformed, "want system identifier as 1-16 hex digits")
+	sys, i, ok := readUint(s, i+1, 16, 16, '.')
+	if !ok || s[i-1] != '.' {
+		return 0, malformed(i, "want system identifier as 1-16 hex digits")
 	}
-	tli, ok := d.uint(16, 8, '.')
-	if !ok || d.s[d.pos-1] != '.' {
-		return d.fail(ErrMalformed, "want timeline as 1-8 hex digits")
+	tli, i, ok := readUint(s, i, 16, 8, '.')
+	if !ok || s[i-1] != '.' {
+		return 0, malformed(i, "want timeline as 1-8 hex digits")
 	}
 	e.Epoch = Epoch{SystemID: sys, Timeline: uint32(tli)}
-	return nil
+	return i, nil
 }
 
-// reuseHead takes the j-th entry's head from the memo when the text at
-// d.pos repeats, byte for byte, the head the j-th entry of the value
-// decoded before had. head reads nothing past the head's final '.', so
-// the same bytes read the same (offsets aside). It reports whether it
-// did, having advanced d.pos past the head.
-func (d *decoder[S]) reuseHead(j int, e *Entry) bool {
-	m := d.memo
-	if m == nil || j >= len(m.heads) {
-		return false
-	}
-	h := &m.heads[j]
-	seg := m.prev[h.start:h.end]
-	s, at := d.s, d.pos
-	if len(s)-at < len(seg) || string(s[at:at+len(seg)]) != string(seg) {
-		return false
-	}
-	*e = h.e
-	d.pos = at + len(seg)
-	m.next = append(m.next, entryHead{start: at, end: d.pos, e: h.e})
-	return true
-}
+const nameDetail = "want <database>= with 1-63 of [A-Za-z0-9_-]"
 
-// entry reads the j-th entry of the text.
-func (d *decoder[S]) entry(j int) (Entry, *DecodeError) {
-	var e Entry
-	start := d.pos
-	if !d.reuseHead(j, &e) {
-		if err := d.head(&e); err != nil {
-			return e, err
-		}
-		if d.memo != nil {
-			d.memo.next = append(d.memo.next, entryHead{start: start, end: d.pos, e: e})
-		}
-	}
-	lsn, ok := d.lsn()
+// past is the offset a wrong single byte at i is reported at: after it,
+// or the end when there is none.
+func past[S text](s S, i int) int { return min(i+1, len(s)) }
+
+// readEntry reads the j-th entry of the text at s[i:] into e and returns
+// where the next begins. The readers of the fields return where they
+// stopped, but on failure only the error's offset counts.
+func readEntry[S text](s S, i, j int, e *Entry, names *nameCache, memo *headMemo) (int, *DecodeError) {
+	start := i
+	i, ok := reuseHead(memo, s, i, j, e)
 	if !ok {
-		return e, d.fail(ErrMalformed, `want LSN "X/Y"`)
+		var err *DecodeError
+		if i, err = readHead(s, i, e, names); err != nil {
+			return 0, err
+		}
+		if memo != nil {
+			memo.record(j, entryHead{start: start, end: i, e: *e})
+		}
+	}
+	lsn, i, ok := readLSN(s, i)
+	if !ok {
+		return 0, malformed(i, `want LSN "X/Y"`)
 	}
 	e.LSN = lsn
-	if d.pos < len(d.s) {
-		d.pos++ // ';'
-		if d.done() {
-			return e, d.fail(ErrMalformed, "trailing ';'")
+	if i < len(s) {
+		i++ // ';'
+		if i >= len(s) {
+			return 0, malformed(i, "trailing ';'")
 		}
 	}
-	return e, nil
+	return i, nil
 }

@@ -1,5 +1,11 @@
 package position
 
+import (
+	"encoding/binary"
+	"math/bits"
+	"time"
+)
+
 // The header codec: the one place that turns header values into a token
 // and a token into a header value. Every stamper (asynq, kafka, outbox
 // relays) and every reader (the consume router, the adapters) goes through
@@ -98,11 +104,11 @@ func DecodeHeaders(values ...string) (Token, error) {
 // differ only in their capture times and positions; the decoder remembers
 // the last value and what it decoded to, so that a repeated value (the
 // events of one transaction, an outbox relay's batch stamped with one
-// position) is not decoded again and a repeated entry head (database,
-// source, system identifier and timeline) is not parsed again, and it
-// remembers the database names it has made, so that the same names cost
-// no new strings. Only bytes identical to ones decoded before are taken
-// from memory, so the answer is always DecodeHeaders's.
+// position) is not decoded again and a repeated capture time or entry
+// head (database, source, system identifier and timeline) is not parsed
+// again, and it remembers the database names it has made, so that the
+// same names cost no new strings. Only bytes identical to ones decoded
+// before are taken from memory, so the answer is always DecodeHeaders's.
 //
 // The Token it returns shares its Entries with the decoder: it is valid
 // until the next call of Decode. A caller that keeps it longer copies the
@@ -126,42 +132,123 @@ func (h *HeaderDecoder) Decode(value []byte) (Token, error) {
 	if len(value) == 0 {
 		return Token{}, nil
 	}
-	if h.decoded && string(value) == string(h.last) {
+	same := commonPrefix(value, h.last)
+	if h.decoded && same == len(value) && same == len(h.last) {
 		return h.tok, h.err
 	}
-	h.memo.prev, h.memo.next = h.last, h.memo.next[:0]
-	if !h.decoded {
-		h.memo.heads = h.memo.heads[:0]
-	}
-	tok, derr := decode(value, h.entries[:0], &h.names, &h.memo)
-	h.last = append(h.last[:0], value...)
+	h.memo.prev, h.memo.same = h.last, same
+	h.tok, h.err = Token{Entries: h.entries}, nil
+	derr := decode(value, &h.tok, &h.names, &h.memo)
+	h.last = append(h.last[:same], value[same:]...)
 	h.decoded = true
 	h.memo.prev = nil
 	if derr != nil {
-		h.memo.heads = h.memo.heads[:0] // they were the value before
+		h.memo.forget() // part of it describes value, part the value before
 		derr.Input = excerpt(value, derr.Offset)
 		h.tok, h.err = Token{}, derr
 		return h.tok, h.err
 	}
-	// The heads just recorded describe the value now in last.
-	h.memo.heads, h.memo.next = h.memo.next, h.memo.heads
-	h.entries = tok.Entries[:0]
-	h.tok, h.err = tok, nil
-	return tok, nil
+	// Slots past the last entry were the value before's.
+	h.memo.heads = h.memo.heads[:len(h.tok.Entries)]
+	h.entries = h.tok.Entries[:0]
+	return h.tok, nil
 }
 
-// headMemo is what a HeaderDecoder remembers of the entry heads of the
-// value it decoded last: where each lay in that value (prev, during a
-// decode) and what it decoded to, LSN aside.
+// headMemo is what a HeaderDecoder remembers of the value it decoded last
+// (prev, during a decode): how long its version and capture time were and
+// what the time decoded to, and where each entry head lay and what it
+// decoded to, LSN aside. A decode overwrites the memo as it goes: the
+// capture time before the first entry is read, and the j-th head once the
+// j-th entry is read, after which the value before's j-th head is not
+// looked at again. So a value whose heads repeat costs no copy of them.
 type headMemo struct {
-	prev  []byte
-	heads []entryHead // the last value's, in text order
-	next  []entryHead // the value being decoded's
+	prev []byte
+	// same is how many bytes the value being decoded begins with that
+	// prev has too: memory is used without comparing bytes again where
+	// they lie in this common prefix at the same offsets.
+	same int
+	// timeEnd is the offset after the ';' that ends prev's capture time;
+	// 0 when the memo holds nothing.
+	timeEnd    int
+	capturedAt time.Time
+	heads      []entryHead // in text order
 }
 
 type entryHead struct {
 	start, end int   // the head's bytes
 	e          Entry // its database, source and epoch
+}
+
+// reuseTime takes the capture time from the memo (nil: none) when the
+// value being decoded begins with the bytes the value before had up to
+// the ';' after its capture time (consecutive records of a busy producer
+// share the millisecond): readTime reads nothing past that ';', so the
+// same bytes read the same. It returns the time and the offset after
+// those bytes, or 0 if it did not.
+func (m *headMemo) reuseTime() (time.Time, int) {
+	if m == nil || m.timeEnd == 0 || m.same < m.timeEnd {
+		return time.Time{}, 0
+	}
+	return m.capturedAt, m.timeEnd
+}
+
+// reuseHead takes the j-th entry's head from memo when the text at s[i:]
+// repeats, byte for byte, the head the j-th entry of the value decoded
+// before had. readHead reads nothing past the head's final '.', so the
+// same bytes read the same (offsets aside). It returns where the head
+// ends and whether it did.
+func reuseHead[S text](m *headMemo, s S, i, j int, e *Entry) (int, bool) {
+	if m == nil || j >= len(m.heads) {
+		return i, false
+	}
+	h := &m.heads[j]
+	n := h.end - h.start
+	// At the same offset within the common prefix, the bytes are known
+	// to be the same; elsewhere (an earlier field changed length) they
+	// are compared.
+	if i != h.start || m.same < h.end {
+		if len(s)-i < n || string(s[i:i+n]) != string(m.prev[h.start:h.end]) {
+			return i, false
+		}
+	}
+	*e = h.e
+	h.start, h.end = i, i+n // now the head of this value's j-th entry
+	return h.end, true
+}
+
+// record makes h the j-th head of the memo, which holds j or more (one
+// for each entry read before).
+func (m *headMemo) record(j int, h entryHead) {
+	if j < len(m.heads) {
+		m.heads[j] = h
+		return
+	}
+	m.heads = append(m.heads, h)
+}
+
+// commonPrefix returns the length of the longest common prefix of a and
+// b. It compares eight bytes at a time: the tokens of consecutive records
+// mostly differ only in their last few bytes (the LSN), so this one pass
+// finds a repeated value, capture time and first entry head, where a
+// byte-by-byte loop or a comparison of each part would cost more.
+func commonPrefix(a, b []byte) int {
+	n := min(len(a), len(b))
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		if x := binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:]); x != 0 {
+			return i + bits.TrailingZeros64(x)/8 // the first byte that differs
+		}
+	}
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+// forget empties the memo.
+func (m *headMemo) forget() {
+	m.timeEnd = 0
+	m.heads = m.heads[:0]
 }
 
 // nameCache holds database names decoded before, so that decoding the

@@ -140,3 +140,41 @@ func BenchmarkHeaderDecoder(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkHeaderDecoderNewTimes is BenchmarkHeaderDecoder with a capture
+// time of its own in every value (a millisecond apart), as records from
+// producers that commit less often than once a millisecond carry.
+func BenchmarkHeaderDecoderNewTimes(b *testing.B) {
+	values := make([][]byte, 4096)
+	for i := range values {
+		s, _ := New("main", tl1, MustParseLSN("16/B374D848")-LSN(i), SourcePrimary, t0.Add(time.Duration(i)*time.Millisecond)).Encode()
+		values[i] = []byte(s)
+	}
+	benchmarkHeaderDecoder(b, values)
+}
+
+// BenchmarkHeaderDecoderTwoDatabases decodes values of two entries, each
+// value with positions and a capture time of its own; the second entry's
+// head moves when the first's LSN changes length.
+func BenchmarkHeaderDecoderTwoDatabases(b *testing.B) {
+	values := make([][]byte, 4096)
+	for i := range values {
+		s, _ := Of(t0.Add(time.Duration(i)*time.Millisecond),
+			Entry{Database: "billing", Epoch: tl2, LSN: LSN(0xFF0 + i), Source: SourceCDC},
+			Entry{Database: "main", Epoch: tl1, LSN: MustParseLSN("16/B374D848") - LSN(i), Source: SourcePrimary}).Encode()
+		values[i] = []byte(s)
+	}
+	benchmarkHeaderDecoder(b, values)
+}
+
+func benchmarkHeaderDecoder(b *testing.B, values [][]byte) {
+	var h HeaderDecoder
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := h.Decode(values[i%len(values)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
