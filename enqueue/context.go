@@ -15,21 +15,80 @@ type tokenKey struct{}
 type sessionKey struct{}
 
 // session is a token shared by every context derived from one WithSession.
+//
+// A token source handed to the session (a routed handler's child token,
+// or the lazy token WithSession started from) is kept as pending and
+// merged in only when the session is next read or merged into, before
+// anything else: the merges happen in the order they would have at once,
+// so the token is the same, and a handler that never asks for it never
+// computes it. The source is called with the session's lock held, once:
+// it must not use the session it was handed to.
 type session struct {
 	mu  sync.Mutex
 	tok position.Token
+	// pending is a tokenKey value still to be merged into tok; with
+	// base, it is the token WithSession started from, which tok takes as
+	// it is.
+	pending any
+	base    bool
+}
+
+// resolve merges the pending source into tok; s.mu is held.
+func (s *session) resolve() {
+	if s.pending == nil {
+		return
+	}
+	tok := tokenOf(s.pending)
+	if s.base {
+		s.tok = tok
+	} else {
+		s.tok = s.tok.Merge(tok)
+	}
+	s.pending, s.base = nil, false
 }
 
 func (s *session) merge(tok position.Token) {
 	s.mu.Lock()
+	s.resolve()
 	s.tok = s.tok.Merge(tok)
+	s.mu.Unlock()
+}
+
+// add hands the session src, to be merged when first needed.
+func (s *session) add(src TokenSource) {
+	s.mu.Lock()
+	s.resolve()
+	s.pending = src
 	s.mu.Unlock()
 }
 
 func (s *session) token() position.Token {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.resolve()
 	return s.tok
+}
+
+// sessionCtx is the context WithSession returns: its parent with the
+// session, as context.WithValue(parent, sessionKey{}, &session) would
+// give, in one allocation instead of two (the net/http middleware opens
+// one per request).
+type sessionCtx struct {
+	context.Context
+	session session
+}
+
+// Value answers sessionKey and leaves every other key to the parent.
+func (c *sessionCtx) Value(key any) any {
+	if _, ok := key.(sessionKey); ok {
+		return &c.session
+	}
+	return c.Context.Value(key)
+}
+
+// String reads as context.WithValue's would.
+func (c *sessionCtx) String() string {
+	return contextName(c.Context) + ".WithValue(enqueue.sessionKey, *enqueue.session)"
 }
 
 // WithToken returns a context carrying tok merged (position.Token.Merge)
@@ -59,15 +118,18 @@ func WithToken(ctx context.Context, tok position.Token) context.Context {
 type TokenSource interface {
 	// Token returns the token. It is called whenever the token is needed,
 	// from any goroutine, and must return the same token every time.
+	// A session (WithSession) calls it with its lock held: it must not
+	// use the session it was handed to.
 	Token() position.Token
 }
 
 // WithTokenSource is WithToken(ctx, src.Token()) with src.Token called
-// only when the token is needed: by TokenFrom, WithToken or WithSession on
-// the returned context or one derived from it. The result is the same,
-// since what ctx carries cannot change in between (inside a WithSession
-// context, where it can, src.Token is called at once and merged into the
-// session, and ctx itself is returned). A nil src adds nothing.
+// only when the token is needed: by TokenFrom or WithToken on the
+// returned context or one derived from it. The result is the same, since
+// what ctx carries cannot change in between. Inside a WithSession
+// context, where it can, src goes to the session, which merges its token
+// before anything merged after it, when the session's token is next asked
+// for or merged into; ctx itself is returned. A nil src adds nothing.
 func WithTokenSource(ctx context.Context, src TokenSource) context.Context {
 	if src == nil {
 		return ctx
@@ -82,11 +144,11 @@ func WithTokenSource(ctx context.Context, src TokenSource) context.Context {
 // sourceValue is the tokenKey value that carries src on top of ctx's
 // token: src itself when there is nothing to merge it with, so that no
 // allocation but the context's is needed. Inside a WithSession context it
-// merges src's token into the session at once and returns nil: nothing
-// is to be added to ctx.
+// hands src to the session and returns nil: nothing is to be added to
+// ctx.
 func sourceValue(ctx context.Context, src TokenSource) any {
 	if s, ok := ctx.Value(sessionKey{}).(*session); ok {
-		s.merge(src.Token())
+		s.add(src)
 		return nil
 	}
 	if prev := ctx.Value(tokenKey{}); prev != nil {
@@ -113,8 +175,8 @@ type SourceContext struct {
 }
 
 // Init makes c the parent carrying src, as WithTokenSource(parent, src)
-// would. Inside a WithSession context src.Token is merged into the
-// session at once, and c carries nothing but the parent. A nil src adds
+// would. Inside a WithSession context src goes to the session (as with
+// WithTokenSource), and c carries nothing but the parent. A nil src adds
 // nothing.
 func (c *SourceContext) Init(parent context.Context, src TokenSource) {
 	c.Context, c.value = parent, nil
@@ -214,14 +276,20 @@ func TokenFrom(ctx context.Context) (position.Token, bool) {
 //
 // Without a session such a dropped context loses the write's position, and
 // the job may run on a replica that has not replayed it. The session
-// starts with the token ctx already carries. Calling WithSession on a
-// context that already has a session returns ctx unchanged. A session is
-// safe for concurrent use.
+// starts with the token ctx already carries (a token source's computed
+// when first needed). Calling WithSession on a context that already has a
+// session returns ctx unchanged. A session is safe for concurrent use.
 func WithSession(ctx context.Context) context.Context {
 	if _, ok := ctx.Value(sessionKey{}).(*session); ok {
 		return ctx
 	}
-	s := &session{}
-	s.tok = tokenOf(ctx.Value(tokenKey{}))
-	return context.WithValue(ctx, sessionKey{}, s)
+	c := &sessionCtx{Context: ctx}
+	switch v := ctx.Value(tokenKey{}).(type) {
+	case nil:
+	case position.Token:
+		c.session.tok = v
+	default:
+		c.session.pending, c.session.base = v, true
+	}
+	return c
 }

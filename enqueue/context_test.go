@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,4 +274,128 @@ func TestSourceContext(t *testing.T) {
 	require.False(t, ok)
 	require.NoError(t, c.Err())
 	require.Equal(t, "context.Background", fmt.Sprint(c))
+}
+
+// countingSource is a TokenSource that counts its calls, safe for
+// concurrent use.
+type countingSource struct {
+	tok   position.Token
+	calls atomic.Int32
+}
+
+func (s *countingSource) Token() position.Token { s.calls.Add(1); return s.tok }
+
+// A token source handed to a session (a routed handler's child token in
+// the net/http middleware's session) is computed only when the session's
+// token is asked for or merged into, once, and the session's token is
+// the same as if it had been merged at once: random sequences of sources,
+// tokens and reads against a model of the session that merges each at
+// once. The tokens include non-normal ones and capture times that are
+// one instant in different locations, so that merging in another order,
+// or taking the starting token otherwise than as it is, shows.
+func TestSessionMergesSourcesWhenAsked(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 5))
+	locs := []*time.Location{time.UTC, time.FixedZone("A", 3600), time.FixedZone("B", -7200)}
+	randTok := func() position.Token {
+		var tk position.Token
+		if rng.IntN(5) > 0 {
+			tk.CapturedAt = t0.Add(time.Duration(rng.IntN(3)) * time.Second).In(locs[rng.IntN(len(locs))])
+		}
+		for range rng.IntN(4) {
+			tk.Entries = append(tk.Entries, position.Entry{
+				Database: []string{"main", "ci", "billing"}[rng.IntN(3)],
+				Epoch:    []position.Epoch{epoch1, epoch2, {}}[rng.IntN(3)],
+				LSN:      position.LSN(rng.IntN(4) * 0x1000),
+				Source:   position.Source(rng.IntN(4)),
+			})
+		}
+		return tk // unsorted and repeated databases included: not normal
+	}
+	for round := range 2000 {
+		var model position.Token // the session, merging everything at once
+		var pending []*countingSource
+		parent := context.Background()
+		switch rng.IntN(3) {
+		case 0: // a token to start from
+			tk := randTok()
+			parent = enqueue.WithToken(parent, tk)
+			model, _ = enqueue.TokenFrom(parent)
+		case 1: // a token source to start from
+			src := &countingSource{tok: randTok()}
+			parent = enqueue.WithTokenSource(parent, src)
+			model = src.tok
+			pending = append(pending, src)
+		}
+		ctx := enqueue.WithSession(parent)
+		asked := 0 // pending[:asked] have been merged
+		for op := range 6 {
+			switch rng.IntN(4) {
+			case 0, 1: // a source, carried either way
+				src := &countingSource{tok: randTok()}
+				if rng.IntN(2) == 0 {
+					require.Same(t, ctx, enqueue.WithTokenSource(ctx, src))
+				} else {
+					(&enqueue.SourceContext{}).Init(ctx, src)
+				}
+				model = model.Merge(src.tok)
+				asked = len(pending)
+				pending = append(pending, src)
+			case 2:
+				tk := randTok()
+				_ = enqueue.WithToken(ctx, tk)
+				if !tk.IsZero() || !tk.CapturedAt.IsZero() {
+					model = model.Merge(tk)
+					asked = len(pending)
+				}
+			case 3:
+				got, ok := enqueue.TokenFrom(ctx)
+				require.Equal(t, model, got, "round %d op %d", round, op)
+				require.Equal(t, !model.IsZero(), ok)
+				asked = len(pending)
+			}
+			// Computed once the session was read or merged into after
+			// it was added; never before, never twice.
+			for i, src := range pending {
+				want := int32(0)
+				if i < asked {
+					want = 1
+				}
+				require.Equal(t, want, src.calls.Load(), "round %d op %d source %d of %d", round, op, i, len(pending))
+			}
+		}
+		got, _ := enqueue.TokenFrom(ctx)
+		require.Equal(t, model, got, "round %d", round)
+	}
+}
+
+// Sources, tokens and reads from many goroutines at once (run with
+// -race): every source is computed once, and the session ends with
+// everything merged.
+func TestSessionSourcesConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := enqueue.WithSession(context.Background())
+	srcs := make([]*countingSource, 64)
+	var wg sync.WaitGroup
+	for i := range srcs {
+		srcs[i] = &countingSource{tok: position.New("ci", epoch1, position.LSN(1000+i), position.SourceReplica, t0.Add(time.Duration(i)*time.Second))}
+		wg.Go(func() {
+			if i%2 == 0 {
+				_ = enqueue.WithTokenSource(ctx, srcs[i])
+			} else {
+				(&enqueue.SourceContext{}).Init(ctx, srcs[i])
+			}
+			enqueue.WithToken(ctx, position.New("main", epoch1, position.LSN(1000+i), position.SourcePrimary, t0.Add(time.Duration(i)*time.Second)))
+			_, _ = enqueue.TokenFrom(ctx)
+		})
+	}
+	wg.Wait()
+	got, _ := enqueue.TokenFrom(ctx)
+	require.Equal(t, position.Token{CapturedAt: t0, Entries: []position.Entry{
+		{Database: "ci", Epoch: epoch1, LSN: 1063, Source: position.SourceReplica},
+		{Database: "main", Epoch: epoch1, LSN: 1063, Source: position.SourcePrimary},
+	}}, got)
+	for i, src := range srcs {
+		require.Equal(t, int32(1), src.calls.Load(), "source %d", i)
+	}
 }

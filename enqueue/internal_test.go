@@ -1,6 +1,9 @@
 package enqueue
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -50,4 +53,39 @@ func TestSysIDCacheForgetsCollectedConnections(t *testing.T) {
 		runtime.GC()
 		return c.len() == 0
 	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestSessionContext: WithSession's context is the parent with the
+// session, as context.WithValue would give, in one allocation: values,
+// cancellation and its cause, and its text.
+func TestSessionContext(t *testing.T) {
+	t.Parallel()
+	type key struct{}
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key{}, "v"))
+	ctx := WithSession(parent)
+	require.Equal(t, fmt.Sprint(context.WithValue(parent, sessionKey{}, &session{})), fmt.Sprint(ctx))
+	require.Equal(t, "v", ctx.Value(key{}))
+	s, ok := ctx.Value(sessionKey{}).(*session)
+	require.True(t, ok)
+	require.Same(t, s, WithSession(ctx).Value(sessionKey{}))
+
+	derived, stop := context.WithTimeout(ctx, time.Minute)
+	defer stop()
+	after := make(chan struct{})
+	context.AfterFunc(ctx, func() { close(after) })
+	cause := errors.New("client gone")
+	cancel(cause)
+	<-derived.Done()
+	<-after
+	require.ErrorIs(t, ctx.Err(), context.Canceled)
+	require.Equal(t, cause, context.Cause(ctx))
+	require.Equal(t, cause, context.Cause(derived))
+	require.Same(t, s, context.WithoutCancel(ctx).Value(sessionKey{}))
+}
+
+// TestSessionOneAllocation: the net/http middleware opens a session per
+// request. (Not parallel: AllocsPerRun.)
+func TestSessionOneAllocation(t *testing.T) {
+	bg := context.Background()
+	require.Equal(t, 1.0, testing.AllocsPerRun(100, func() { _ = WithSession(bg) }))
 }
