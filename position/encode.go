@@ -188,6 +188,7 @@ type text interface{ ~string | ~[]byte }
 // token is written where the caller keeps it and each entry in its slot,
 // rather than built in locals and copied: a copy that reads 16 bytes at
 // once right after they were written 8 at a time waits for the stores.
+// The slots are not cleared first: every reader sets each field.
 func decode[S text](s S, t *Token, names *nameCache, memo *headMemo) *DecodeError {
 	if len(s) > MaxEncodedLen {
 		return &DecodeError{Err: ErrTooLarge, Detail: strconv.Itoa(len(s)) + " bytes, at most " + strconv.Itoa(MaxEncodedLen)}
@@ -202,20 +203,30 @@ func decode[S text](s S, t *Token, names *nameCache, memo *headMemo) *DecodeErro
 			memo.timeEnd, memo.capturedAt = i, captured
 		}
 	}
-	t.CapturedAt = captured
+	// Compared first: a HeaderDecoder's token mostly has this time
+	// already, and storing it again (a location pointer) costs a write
+	// barrier while the garbage collector runs.
+	if t.CapturedAt != captured {
+		t.CapturedAt = captured
+	}
 	if i >= len(s) {
 		return malformed(i, "no database entries")
 	}
-	entries := t.Entries[:0]
-	if entries == nil {
-		entries = make([]Entry, 0, 1)
+	if t.Entries == nil {
+		t.Entries = make([]Entry, 0, 1)
 	}
+	t.Entries = t.Entries[:0]
 	for i < len(s) {
-		n := len(entries)
+		n := len(t.Entries)
 		if n == MaxDatabases {
 			return &DecodeError{Offset: i, Err: ErrTooLarge, Detail: "more than " + strconv.Itoa(MaxDatabases) + " databases"}
 		}
-		entries = append(entries, Entry{})
+		if n < cap(t.Entries) {
+			t.Entries = t.Entries[:n+1]
+		} else {
+			t.Entries = append(t.Entries, Entry{})
+		}
+		entries := t.Entries
 		e := &entries[n]
 		var err *DecodeError
 		if i, err = readEntry(s, i, n, e, names, memo); err != nil {
@@ -236,7 +247,6 @@ func decode[S text](s S, t *Token, names *nameCache, memo *headMemo) *DecodeErro
 			entries[pos] = moved
 		}
 	}
-	t.Entries = entries
 	return nil
 }
 

@@ -116,58 +116,64 @@ func DecodeHeaders(values ...string) (Token, error) {
 // token decoded here may be routed directly). The zero HeaderDecoder is
 // ready to use; it is not safe for concurrent use.
 type HeaderDecoder struct {
-	last    []byte // the value last decoded, a copy
-	decoded bool   // last, tok and err hold a decoded value
-	tok     Token
-	err     error
-	entries []Entry // tok's Entries
-	names   nameCache
-	memo    headMemo
+	// tok and err are what memo.last decoded to. After an error tok
+	// means nothing, but the array of its Entries is kept for the next.
+	tok   Token
+	err   error
+	names nameCache
+	memo  headMemo
 }
 
 // Decode returns the token of one HeaderName header value, as
 // DecodeHeaders(string(value)) does: the zero Token and nil for an empty
 // value, the zero Token and a *DecodeError for one that does not decode.
+//
+// A consumer's worker calls it for every record, often while the garbage
+// collector runs, when every store of a pointer into the decoder (a slice,
+// a string, a time's location) costs a write barrier; so what stays the
+// same from value to value is left in place rather than stored again.
 func (h *HeaderDecoder) Decode(value []byte) (Token, error) {
 	if len(value) == 0 {
 		return Token{}, nil
 	}
-	same := commonPrefix(value, h.last)
-	if h.decoded && same == len(value) && same == len(h.last) {
-		return h.tok, h.err
+	m := &h.memo
+	m.same = commonPrefix(value, m.last)
+	if m.same == len(value) && m.same == len(m.last) {
+		if h.err != nil {
+			return Token{}, h.err
+		}
+		return h.tok, nil
 	}
-	h.memo.prev, h.memo.same = h.last, same
-	h.tok, h.err = Token{Entries: h.entries}, nil
-	derr := decode(value, &h.tok, &h.names, &h.memo)
-	h.last = append(h.last[:same], value[same:]...)
-	h.decoded = true
-	h.memo.prev = nil
+	derr := decode(value, &h.tok, &h.names, m)
+	m.keep(value)
 	if derr != nil {
-		h.memo.forget() // part of it describes value, part the value before
+		m.forget() // part of it describes value, part the value before
 		derr.Input = excerpt(value, derr.Offset)
-		h.tok, h.err = Token{}, derr
-		return h.tok, h.err
+		h.err = derr
+		return Token{}, derr
+	}
+	if h.err != nil {
+		h.err = nil
 	}
 	// Slots past the last entry were the value before's.
-	h.memo.heads = h.memo.heads[:len(h.tok.Entries)]
-	h.entries = h.tok.Entries[:0]
+	m.heads = m.heads[:len(h.tok.Entries)]
 	return h.tok, nil
 }
 
-// headMemo is what a HeaderDecoder remembers of the value it decoded last
-// (prev, during a decode): how long its version and capture time were and
-// what the time decoded to, and where each entry head lay and what it
-// decoded to, LSN aside. A decode overwrites the memo as it goes: the
-// capture time before the first entry is read, and the j-th head once the
-// j-th entry is read, after which the value before's j-th head is not
-// looked at again. So a value whose heads repeat costs no copy of them.
+// headMemo is what a HeaderDecoder remembers of the value it decoded last:
+// the value, how long its version and capture time were and what the time
+// decoded to, and where each entry head lay and what it decoded to, LSN
+// aside. A decode overwrites the memo as it goes: the capture time before
+// the first entry is read, and the j-th head once the j-th entry is read,
+// after which the last value's j-th head is not looked at again. So a
+// value whose heads repeat costs no copy of them.
 type headMemo struct {
-	prev []byte
+	last []byte // a copy; keep replaces it once a decode is done
 	// same is how many bytes the value being decoded begins with that
-	// prev has too: memory is used without comparing bytes again where
+	// last has too: memory is used without comparing bytes again where
 	// they lie in this common prefix at the same offsets.
 	same int
-	// timeEnd is the offset after the ';' that ends prev's capture time;
+	// timeEnd is the offset after the ';' that ends last's capture time;
 	// 0 when the memo holds nothing.
 	timeEnd    int
 	capturedAt time.Time
@@ -180,8 +186,8 @@ type entryHead struct {
 }
 
 // reuseTime takes the capture time from the memo (nil: none) when the
-// value being decoded begins with the bytes the value before had up to
-// the ';' after its capture time (consecutive records of a busy producer
+// value being decoded begins with the bytes the last value had up to the
+// ';' after its capture time (consecutive records of a busy producer
 // share the millisecond): readTime reads nothing past that ';', so the
 // same bytes read the same. It returns the time and the offset after
 // those bytes, or 0 if it did not.
@@ -193,10 +199,11 @@ func (m *headMemo) reuseTime() (time.Time, int) {
 }
 
 // reuseHead takes the j-th entry's head from memo when the text at s[i:]
-// repeats, byte for byte, the head the j-th entry of the value decoded
-// before had. readHead reads nothing past the head's final '.', so the
-// same bytes read the same (offsets aside). It returns where the head
-// ends and whether it did.
+// repeats, byte for byte, the head the j-th entry of the last value had.
+// readHead reads nothing past the head's final '.', so the same bytes read
+// the same (offsets aside). It returns where the head ends and whether it
+// did. e is the entry's slot, which mostly holds this very entry of the
+// last value: its name is stored only if it differs (a write barrier).
 func reuseHead[S text](m *headMemo, s S, i, j int, e *Entry) (int, bool) {
 	if m == nil || j >= len(m.heads) {
 		return i, false
@@ -207,11 +214,14 @@ func reuseHead[S text](m *headMemo, s S, i, j int, e *Entry) (int, bool) {
 	// to be the same; elsewhere (an earlier field changed length) they
 	// are compared.
 	if i != h.start || m.same < h.end {
-		if len(s)-i < n || string(s[i:i+n]) != string(m.prev[h.start:h.end]) {
+		if len(s)-i < n || string(s[i:i+n]) != string(m.last[h.start:h.end]) {
 			return i, false
 		}
 	}
-	*e = h.e
+	if e.Database != h.e.Database {
+		e.Database = h.e.Database
+	}
+	e.Epoch, e.Source = h.e.Epoch, h.e.Source
 	h.start, h.end = i, i+n // now the head of this value's j-th entry
 	return h.end, true
 }
@@ -224,6 +234,19 @@ func (m *headMemo) record(j int, h entryHead) {
 		return
 	}
 	m.heads = append(m.heads, h)
+}
+
+// keep makes value the last value. Only the bytes after the common prefix
+// are copied, into the array last has when it is large enough: a slice
+// cut from itself is stored without a write barrier, an append's result
+// with one.
+func (m *headMemo) keep(value []byte) {
+	if len(value) > cap(m.last) {
+		m.last = append(m.last[:m.same], value[m.same:]...)
+		return
+	}
+	m.last = m.last[:len(value)]
+	copy(m.last[m.same:], value[m.same:])
 }
 
 // commonPrefix returns the length of the longest common prefix of a and
@@ -245,7 +268,7 @@ func commonPrefix(a, b []byte) int {
 	return i
 }
 
-// forget empties the memo.
+// forget empties the memo but for last.
 func (m *headMemo) forget() {
 	m.timeEnd = 0
 	m.heads = m.heads[:0]
