@@ -199,5 +199,7 @@ func fuzzSequenceSeeds() []string {
 		lines(a, "v1;mi3v0q2k;main=p.6f1e2d3c4b5a6978.10.16/B374D848", "v1;mi3v0q2k;mainx=p.6f1e2d3c4b5a6978.1.16/B374D848"),
 		lines(two, "v1;mi3v0q2l;billing=c.abc.1.0/50;billing=p.6f1e2d3c4b5a6978.1.16/B374D849", two),
 		lines("v1;0;main=p.1.1.0/1", "v01;0;main=p.1.1.0/1", "v1;00;main=p.1.1.0/1", "v1;0;main=p.1.1.0/1;"),
+		lines(a, "garbage", "garbage", a, a, "v1;mi3v0q2k;main=p.6f1e2d3c4b5a6978.1.16/B374D84", "v1;mi3v0q2k;main=p.6f1e2d3c4b5a6978.1.16/B374D84"),
+		lines("v1;0;a=p.1.1.0/1", "v1;0;a=p.1.1.0/1;b=r.2.2.0/2;c=c.3.3.0/3", "v1;0;b=p.1.1.0/1", "v1;0;c=c.3.3.0/3;a=p.1.1.0/1;b=r.2.2.0/2", "v1;0;a=p.1.1.0/1;b=r.2.2.0/2;c=c.3.3.0/3"),
 	}
 }

@@ -11,11 +11,16 @@ import (
 )
 
 // sameDecoding fails t unless HeaderDecoder's answer for s equals
-// DecodeHeaders's: the same token, or the same error.
+// DecodeHeaders's: the same token, or the same error; and, to the byte,
+// the answer of the decoder it replaced (decode_ref_test.go).
 func sameDecoding(t testing.TB, h *HeaderDecoder, s string) {
 	t.Helper()
 	want, wantErr := DecodeHeaders(s)
 	got, err := h.Decode([]byte(s))
+	if s != "" {
+		ref, refErr := refDecode(s)
+		sameAsReference(t, "HeaderDecoder.Decode", []byte(s), got, err, ref, refErr)
+	}
 	if (err == nil) != (wantErr == nil) {
 		t.Fatalf("Decode(%q) = %v, DecodeHeaders = %v", s, err, wantErr)
 	}
