@@ -128,13 +128,14 @@ type routedSlab struct {
 }
 
 // jobToken is the token the job was routed with: the decision's entries
-// and captured. Only a decision for a token (no decode error) has
-// Databases, one per entry.
-func (rv *routing) jobToken() position.Token {
+// and captured, in entries, which has room for them (their order is the
+// token's). Only a decision for a token (no decode error) has Databases,
+// one per entry.
+func (rv *routing) jobToken(entries []position.Entry) position.Token {
 	if len(rv.d.Databases) == 0 {
 		return position.Token{}
 	}
-	entries := make([]position.Entry, len(rv.d.Databases))
+	entries = entries[:len(rv.d.Databases):len(rv.d.Databases)]
 	for i := range rv.d.Databases {
 		entries[i] = rv.d.Databases[i].Entry
 	}
@@ -171,10 +172,19 @@ type childSource routing
 
 var _ enqueue.TokenSource = (*childSource)(nil)
 
-// Token merges the child token when enqueue first asks for it.
+// Token merges the child token when enqueue first asks for it. The
+// job's token and what the replicas read take one allocation, the merge
+// another.
 func (s *childSource) Token() position.Token {
 	rv := (*routing)(s)
-	return childToken(rv.jobToken(), &rv.d, rv.now)
+	n, reads := len(rv.d.Databases), 0
+	for i := range rv.d.Databases {
+		if rv.d.Databases[i].replica >= 0 {
+			reads++
+		}
+	}
+	buf := make([]position.Entry, n+reads)
+	return childTokenInto(rv.jobToken(buf[:n]), &rv.d, rv.now, buf[n:n])
 }
 
 // DecisionFrom returns the decision of a context that came from Route.
@@ -193,11 +203,15 @@ func DecisionFrom(ctx context.Context) (Decision, bool) {
 // Merge). When every database was read from a replica, every entry is a
 // position captured now, so the child's age starts now.
 func childToken(tok position.Token, d *Decision, now time.Time) position.Token {
+	return childTokenInto(tok, d, now, nil)
+}
+
+// childTokenInto is childToken with the replicas' positions appended to
+// read (which may have room for them).
+func childTokenInto(tok position.Token, d *Decision, now time.Time, read []position.Entry) position.Token {
 	if tok.IsZero() {
 		return tok
 	}
-	var reads [2]position.Entry
-	read := reads[:0]
 	all := true
 	for _, dd := range d.Databases {
 		if dd.replica < 0 {

@@ -174,3 +174,53 @@ func cloneDecision(d Decision) Decision {
 	d.Databases = slices.Clone(d.Databases)
 	return d
 }
+
+// TestRouteInSession: in an enqueue session (the net/http middleware's),
+// the handler's child token goes to the session, which computes it when
+// first asked for: the session's token is then what merging the child
+// token at once gave, before and after the handler's own writes, for
+// jobs routed by the Router and through a Tally (whose next job with the
+// same token and context repeats the decision, and adds nothing). The
+// child token takes two allocations.
+func TestRouteInSession(t *testing.T) {
+	r := unitRouter(t, snap(dbState("ci", 1, nil), dbState("main", 1, nil, rep("r1", 1, "0/9000"))), func(c *Config) {
+		c.WaitBudget = -1
+		c.Now = func() time.Time { return t0 }
+	})
+	before := position.Of(t0.Add(-time.Minute), ent("ci", 1, "0/50"))
+	write := position.Of(t0.Add(time.Second), ent("main", 1, "0/9500"))
+	for _, tc := range []struct {
+		name  string
+		tok   position.Token
+		route func(context.Context, Job) (context.Context, Decision, error)
+	}{
+		{"router", tok(time.Second, ent("main", 1, "0/100")), r.Route},
+		{"tally", tok(time.Second, ent("main", 1, "0/100")), r.NewTally().Route},
+		{"two databases", tok(time.Second, ent("ci", 1, "0/60"), ent("main", 1, "0/100")), r.Route},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := enqueue.WithSession(enqueue.WithToken(context.Background(), before))
+			hctx, d, err := tc.route(ctx, Job{Token: tc.tok, Policy: Sticky})
+			require.NoError(t, err)
+			child := childToken(tc.tok, &d, t0)
+			require.False(t, child.IsZero())
+			// A handler that keeps the context it was given, and one that
+			// drops the one a write returned.
+			got, ok := enqueue.TokenFrom(hctx)
+			require.True(t, ok)
+			require.Equal(t, before.Merge(child), got)
+			_ = enqueue.WithToken(hctx, write)
+			got, _ = enqueue.TokenFrom(ctx)
+			require.Equal(t, before.Merge(child).Merge(write), got)
+
+			again, _, err := tc.route(ctx, Job{Token: tc.tok, Policy: Sticky})
+			require.NoError(t, err)
+			got, _ = enqueue.TokenFrom(again)
+			require.Equal(t, before.Merge(child).Merge(write), got)
+		})
+	}
+
+	hctx, _, err := r.Route(context.Background(), Job{Token: tok(time.Second, ent("main", 1, "0/100")), Policy: Sticky})
+	require.NoError(t, err)
+	require.Equal(t, 2.0, testing.AllocsPerRun(100, func() { _, _ = enqueue.TokenFrom(hctx) }))
+}
