@@ -313,8 +313,8 @@ func (m *metrics) recordTo(ctx context.Context, d *Decision, waited bool, t *Tal
 }
 
 // recordInto is recordTo that, with t and into, also notes in into the
-// slots of t it counted on (Tally.countRepeat).
-func (m *metrics) recordInto(ctx context.Context, d *Decision, waited bool, t *Tally, into *repeatCounts) {
+// slots of t it counted on (Tally.count).
+func (m *metrics) recordInto(ctx context.Context, d *Decision, waited bool, t *Tally, into *shapeCounts) {
 	job := m.decision(d)
 	m.add(ctx, t, counterDecisions, job, into)
 	if waited {
@@ -352,7 +352,7 @@ func (m *metrics) recordInto(ctx context.Context, d *Decision, waited bool, t *T
 
 // add counts one on counter c with set: at once, or in t until t.Flush
 // (noting the slot in into, if any).
-func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement, into *repeatCounts) {
+func (m *metrics) add(ctx context.Context, t *Tally, c counter, set *measurement, into *shapeCounts) {
 	if t != nil {
 		into.note(t.add(c, set))
 		return

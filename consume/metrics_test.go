@@ -46,8 +46,8 @@ var metricsDatabases = map[string]replay.Database{
 // syncMetrics records decisions into synchronous instruments with
 // attributes built on every call, as the reference for the prebuilt sets.
 type syncMetrics struct {
-	decisions, routes, missing, crossEpoch metric.Int64Counter
-	wait                                   metric.Float64Histogram
+	decisions, routes, missing, crossEpoch, future metric.Int64Counter
+	wait                                           metric.Float64Histogram
 }
 
 func newSyncMetrics(t *testing.T, mp metric.MeterProvider) *syncMetrics {
@@ -65,6 +65,9 @@ func newSyncMetrics(t *testing.T, mp metric.MeterProvider) *syncMetrics {
 	require.NoError(t, err)
 	m.crossEpoch, err = meter.Int64Counter("caughtup.consume.tokens.cross_epoch", metric.WithUnit("{token}"),
 		metric.WithDescription("Token entries whose epoch cannot be compared with the replicas (reason: how); they read the primary."))
+	require.NoError(t, err)
+	m.future, err = meter.Int64Counter("caughtup.consume.tokens.future", metric.WithUnit("{token}"),
+		metric.WithDescription("Jobs whose token was captured more than Config.ClockSkewTolerance ahead of the consumer's clock (producer clock ahead); their age counts as unknown, so they are not deferred."))
 	require.NoError(t, err)
 	m.wait, err = meter.Float64Histogram("caughtup.consume.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time a job waited in process for a replica to catch up with its token."),
@@ -84,6 +87,9 @@ func (m *syncMetrics) record(ctx context.Context, d *Decision, waited bool) {
 	}
 	if d.Outcome == OutcomePrimaryNoToken {
 		m.missing.Add(ctx, 1, with([]attribute.KeyValue{attribute.String(attrReason, d.Reason.String())}))
+	}
+	if d.ClockSkew > 0 {
+		m.future.Add(ctx, 1, with(nil))
 	}
 	for _, dd := range d.Databases {
 		if dd.Reason == ReasonEpoch {

@@ -269,7 +269,7 @@ func (r *Router) route(ctx context.Context, job *Job, t *Tally) (hctx context.Co
 			return r.routeIn(ctx, ctx, job, nil, false)
 		}
 		if rc, ok := t.repeat(ctx, job); ok {
-			t.countRepeat(&rc.d)
+			t.count(&rc.d)
 			r.logDecision(ctx, &rc.d, nil, job.Source)
 			return rc, rc.d, nil
 		}
@@ -347,7 +347,11 @@ func (r *Router) routeIn(ctx, sctx context.Context, job *Job, t *Tally, repeatab
 	if tokErr == nil && d.Reason == ReasonUnverified {
 		tokErr = verifyErr // for the warning
 	}
-	r.met.recordTo(ctx, d, waited, t)
+	if t != nil && !waited {
+		t.count(d)
+	} else {
+		r.met.recordTo(ctx, d, waited, t)
+	}
 	r.logDecision(sctx, d, tokErr, job.Source)
 	switch d.Action {
 	case ActionDefer, ActionRefuse:

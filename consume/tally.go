@@ -103,8 +103,9 @@ type Tally struct {
 	slab atomic.Pointer[routedSlab]
 	// last is the decision a job with the same token may repeat.
 	last atomic.Pointer[tallyLast]
-	// counts are the slots the last repeated decision counted on.
-	counts atomic.Pointer[repeatCounts]
+	// counts are the slots count found for the last decision: the next
+	// one of its shape counts on them.
+	counts atomic.Pointer[shapeCounts]
 	// plain is the last parent context found to have no span (untraced).
 	plain atomic.Pointer[untracedCtx]
 	// recent holds, per counter, the slots counted last: a worker's jobs
@@ -162,17 +163,17 @@ func (t *Tally) add(c counter, set *measurement) *tallySlot {
 	return s
 }
 
-// repeatCounts are the slots a repeated decision counts on (recordTo's
-// for it), found once for every decision of the same shape.
-type repeatCounts struct {
-	shape repeatShape
+// shapeCounts are the slots a decision counts on (recordTo's for it),
+// found once for every decision of the same shape.
+type shapeCounts struct {
+	shape countShape
 	slots [5]*tallySlot // at most one per counter, for one database
 	n     int
 	full  bool // more slots than fit: not kept
 }
 
 // note adds s to c's slots; c may be nil.
-func (c *repeatCounts) note(s *tallySlot) {
+func (c *shapeCounts) note(s *tallySlot) {
 	switch {
 	case c == nil:
 	case c.n < len(c.slots):
@@ -183,15 +184,16 @@ func (c *repeatCounts) note(s *tallySlot) {
 	}
 }
 
-// repeatShape is every field of a one-database decision that recordTo's
-// attribute sets depend on: decisions of one shape count on the same
-// slots.
-type repeatShape struct {
+// countShape is every field of a decision for at most one database that
+// recordTo's attribute sets depend on: decisions of one shape count on
+// the same slots.
+type countShape struct {
 	policy          Policy
 	action          Action
 	outcome         Outcome
 	reason          Reason
 	skew            bool
+	databases       uint8 // 0 or 1
 	database        string
 	replica         string
 	replicaIndex    int32
@@ -200,25 +202,29 @@ type repeatShape struct {
 	incomparable    position.Incomparable
 }
 
-// countRepeat counts d, a decision repeat gave again, as recordTo would,
-// on the slots found for the last decision of its shape: a few atomic
-// adds rather than looking the attribute sets up again.
-func (t *Tally) countRepeat(d *Decision) {
-	if len(d.Databases) != 1 {
+// count counts d, a decision made without a wait or one repeat gave
+// again, as recordTo would, on the slots found for the last decision of
+// its shape: a worker's decisions mostly have one shape (its replica), and
+// then cost a few atomic adds rather than looking the attribute sets up
+// again (TestTallyCountsByShape).
+func (t *Tally) count(d *Decision) {
+	if len(d.Databases) > 1 {
 		t.r.met.recordTo(context.Background(), d, false, t)
 		return
 	}
-	dd := &d.Databases[0]
-	sh := repeatShape{policy: d.Policy, action: d.Action, outcome: d.Outcome, reason: d.Reason, skew: d.ClockSkew > 0,
-		database: dd.Database, replica: dd.Replica, replicaIndex: dd.replica,
-		databaseOutcome: dd.Outcome, databaseReason: dd.Reason, incomparable: dd.Incomparable}
+	sh := countShape{policy: d.Policy, action: d.Action, outcome: d.Outcome, reason: d.Reason, skew: d.ClockSkew > 0}
+	if len(d.Databases) == 1 {
+		dd := &d.Databases[0]
+		sh.databases, sh.database, sh.replica, sh.replicaIndex = 1, dd.Database, dd.Replica, dd.replica
+		sh.databaseOutcome, sh.databaseReason, sh.incomparable = dd.Outcome, dd.Reason, dd.Incomparable
+	}
 	if c := t.counts.Load(); c != nil && c.shape == sh {
 		for _, s := range c.slots[:c.n] {
 			s.n.Add(1)
 		}
 		return
 	}
-	c := &repeatCounts{shape: sh}
+	c := &shapeCounts{shape: sh}
 	// With a Tally and no wait, recordInto uses no context.
 	t.r.met.recordInto(context.Background(), d, false, t, c)
 	if !c.full {

@@ -3,13 +3,17 @@ package consume
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/caughtup/caughtup/position"
@@ -222,13 +226,51 @@ func BenchmarkTallyRouteParallel(b *testing.B) {
 	})
 }
 
+// BenchmarkRouterRoute is BenchmarkTallyRoute through the Router itself,
+// as the asynq, River and net/http adapters route: each job's counts go
+// to the MeterProvider at once. With the global (no-op) provider, and
+// with an SDK one, whose two Adds a job (decisions, database.routes) are
+// the difference: attribute sets are built once per shape (metrics.go),
+// but the SDK (v1.47) still walks each set's attributes on every Add
+// (attrnorm.SetDedup) and looks its series up.
+func BenchmarkRouterRoute(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		mp   func(*testing.B) metric.MeterProvider
+	}{
+		{"noop-meter", func(*testing.B) metric.MeterProvider { return noop.NewMeterProvider() }},
+		{"sdk-meter", func(b *testing.B) metric.MeterProvider {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+			return mp
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			r, toks := tallyBenchRouter(b, func(c *Config) { c.MeterProvider = bc.mp(b) })
+			ctx := context.Background()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				hctx, d, err := r.Route(ctx, Job{Token: toks[i%len(toks)], Policy: Delayed})
+				if err != nil || d.Outcome != OutcomeReplica {
+					b.Fatal(d.Outcome, err)
+				}
+				if _, err := Pool(hctx, "main"); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}
+
 // tallyBenchRouter is a Router whose two replicas have caught up with
 // every one of the tokens, which differ in their positions.
-func tallyBenchRouter(b *testing.B) (*Router, []position.Token) {
+func tallyBenchRouter(b *testing.B, mods ...func(*Config)) (*Router, []position.Token) {
 	now := time.Now()
 	fresh := func(r *replay.ReplicaState) { r.ObservedAt = now }
 	r := unitRouter(b, snap(dbState("main", 1, nil, rep("r1", 1, "0/3000000", fresh), rep("r2", 1, "0/3000000", fresh))),
-		func(c *Config) { c.Tracker.StalenessBound = 24 * time.Hour })
+		append([]func(*Config){func(c *Config) { c.Tracker.StalenessBound = 24 * time.Hour }}, mods...)...)
 	toks := make([]position.Token, 4096)
 	for i := range toks {
 		toks[i] = position.Of(now, ent("main", 1, "0/2000000"))
@@ -329,4 +371,76 @@ func TestTallyCountsConnections(t *testing.T) {
 	require.Equal(t, int64(5), connections())
 	tally.Flush(ctx)
 	require.Equal(t, int64(5), connections(), "a second Flush adds nothing")
+}
+
+// TestTallyCountsByShape: a Tally counts a decision on the slots it found
+// for the last decision of the same shape (Tally.count). Decisions that
+// differ from the one before in one field at a time, every field that
+// names an attribute included, are counted as attributes built on every
+// call count them: a shape that left out a field would count such a
+// decision on its neighbour's series.
+func TestTallyCountsByShape(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := unitRouter(t, snap(dbState("ci", 1, nil), dbState("main", 1, nil, rep("r1", 1, "0/100"), rep("r2", 1, "0/100"))),
+		func(c *Config) { c.MeterProvider = mp })
+	tally := r.NewTally()
+	refReader := sdkmetric.NewManualReader()
+	refMP := sdkmetric.NewMeterProvider(sdkmetric.WithReader(refReader))
+	t.Cleanup(func() { _ = refMP.Shutdown(context.Background()) })
+	ref := newSyncMetrics(t, refMP)
+
+	rng := rand.New(rand.NewPCG(7, 11))
+	replicas := []string{"", "r1", "r2", "renamed"}
+	d := Decision{Policy: Sticky, Action: ActionRun, Outcome: OutcomeReplica, Reason: ReasonNone,
+		Databases: []DatabaseDecision{{Database: "main", Replica: "r1", replica: 0, Outcome: OutcomeReplica, Reason: ReasonNone}}}
+	changes := []func(){
+		func() { d.Policy = Policy(1 + rng.IntN(len(policyNames)-1)) },
+		func() { d.Action = Action(rng.IntN(len(actionNames))) },
+		func() { d.Outcome = Outcome(rng.IntN(numOutcomes)) },
+		func() { d.Reason = Reason(rng.IntN(numReasons)) },
+		func() { d.ClockSkew = time.Duration(rng.IntN(2)) * time.Hour },
+		func() { d.TokenAge = time.Duration(rng.IntN(1000)) * time.Millisecond }, // no attribute
+		func() {
+			switch rng.IntN(4) {
+			case 0:
+				d.Databases = nil
+			case 1:
+				d.Databases = []DatabaseDecision{{Database: "main", replica: -1}, {Database: "ci", replica: -1, Reason: ReasonEpoch}}
+			default:
+				d.Databases = []DatabaseDecision{{Database: "main", replica: -1}}
+			}
+		},
+	}
+	one := []func(dd *DatabaseDecision){
+		func(dd *DatabaseDecision) { dd.Database = []string{"main", "ci", "unknown"}[rng.IntN(3)] },
+		func(dd *DatabaseDecision) {
+			dd.replica = int32(rng.IntN(len(replicas))) - 1
+			dd.Replica = replicas[dd.replica+1]
+		},
+		func(dd *DatabaseDecision) { dd.replica = int32(rng.IntN(3)) - 1 }, // the index alone
+		func(dd *DatabaseDecision) { dd.Outcome = Outcome(rng.IntN(numOutcomes)) },
+		func(dd *DatabaseDecision) { dd.Reason = Reason(rng.IntN(numReasons)) },
+		func(dd *DatabaseDecision) { dd.Incomparable = position.Incomparable(rng.IntN(5)) },
+	}
+	ctx := context.Background()
+	for i := range 20000 {
+		// Each job gets a decision of its own, as Route's are.
+		d.Databases = slices.Clone(d.Databases)
+		if n := rng.IntN(len(changes) + len(one)); n < len(changes) {
+			changes[n]()
+		} else if len(d.Databases) == 1 {
+			one[n-len(changes)](&d.Databases[0])
+		}
+		for range 1 + rng.IntN(3) {
+			tally.count(&d)
+			ref.record(ctx, &d, false)
+		}
+		if i%5000 == 4999 {
+			tally.Flush(ctx)
+			require.Equal(t, collected(t, refReader), collected(t, reader), "after %d decisions", i+1)
+		}
+	}
 }
