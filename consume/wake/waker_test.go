@@ -293,6 +293,8 @@ func TestWakeRetriesUntilMoved(t *testing.T) {
 func TestWakeForgottenInFlight(t *testing.T) {
 	t.Parallel()
 	release1, release2 := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(release1); close(release2) }) }
 	m := &mover{
 		hold: map[int]chan struct{}{1: release1, 2: release2},
 		result: func(e *entry, _ int) wake.Result {
@@ -303,19 +305,23 @@ func TestWakeForgottenInFlight(t *testing.T) {
 		},
 	}
 	f := setup(t, newRouter(500), m, wake.Config{Moves: 2})
-	f.remember(t, job{"a", 1}, 100)
-	f.remember(t, job{"b", 2}, 100)
+	t.Cleanup(release) // before Close, which waits for the Moves
+	// Behind until both are remembered, so that one scan finds both (the
+	// loop scans again only once a round's Moves have all returned).
+	f.remember(t, job{"a", 1}, 1000)
+	f.remember(t, job{"b", 2}, 1000)
+	f.router.replayed.Store(2000)
+	f.remember(t, job{"c", 3}, 5000) // wakes the loop; stays behind
 	eventually(t, func() bool { b, _, _ := m.moved(); return len(b) == 2 }, "the Moves did not start")
 
 	f.w.Forget(context.Background(), job{"a", 1})
-	require.Equal(t, int64(1), f.remembered(t))
-	again := f.remember(t, job{"b", 2}, 1000) // deferred again, behind
-	require.Equal(t, int64(1), f.remembered(t), "replaced, not added")
-	close(release1)
-	close(release2)
+	require.Equal(t, int64(2), f.remembered(t))
+	again := f.remember(t, job{"b", 2}, 3000) // deferred again, behind
+	require.Equal(t, int64(2), f.remembered(t), "replaced, not added")
+	release()
 	eventually(t, func() bool { return f.sum(t, "test.wake.jobs") == 1 && f.errors(t, "busy") == 1 }, "the Moves did not return")
-	require.Equal(t, int64(1), f.remembered(t), "the forgotten job is not counted twice")
-	require.Equal(t, 1, f.w.Len())
+	require.Equal(t, int64(2), f.remembered(t), "the forgotten job is not counted twice")
+	require.Equal(t, 2, f.w.Len())
 	require.Zero(t, again.Tries(), "the new deferral is not put back for a retry")
 	_, calls, _ := m.moved()
 	require.Equal(t, map[job]int{{"a", 1}: 1, {"b", 2}: 1}, calls, "the new deferral waits for its own token")
