@@ -256,11 +256,23 @@ func (m *headMemo) keep(value []byte) {
 // byte-by-byte loop or a comparison of each part would cost more.
 func commonPrefix(a, b []byte) int {
 	n := min(len(a), len(b))
+	a, b = a[:n], b[:n]
 	i := 0
 	for ; i+8 <= n; i += 8 {
 		if x := binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:]); x != 0 {
 			return i + bits.TrailingZeros64(x)/8 // the first byte that differs
 		}
+	}
+	if i == n {
+		return n
+	}
+	if n >= 8 {
+		// The last eight bytes, overlapping some found equal: the first
+		// that differs lies past those.
+		if x := binary.LittleEndian.Uint64(a[n-8:]) ^ binary.LittleEndian.Uint64(b[n-8:]); x != 0 {
+			return n - 8 + bits.TrailingZeros64(x)/8
+		}
+		return n
 	}
 	for i < n && a[i] == b[i] {
 		i++

@@ -183,3 +183,41 @@ func benchmarkHeaderDecoder(b *testing.B, values [][]byte) {
 		i++
 	}
 }
+
+// BenchmarkHeaderDecoderRepeat decodes the same value again and again, as
+// a run of records that share a token (one transaction's events, an
+// outbox relay's batch) gives it.
+func BenchmarkHeaderDecoderRepeat(b *testing.B) {
+	s, _ := New("main", tl1, MustParseLSN("16/B374D848"), SourcePrimary, t0).Encode()
+	benchmarkHeaderDecoder(b, [][]byte{[]byte(s)})
+}
+
+// commonPrefix finds the first byte that differs wherever it lies
+// (within the first eight bytes, in a later word, in the last bytes the
+// final overlapping word compares) and stops at the shorter input.
+func TestCommonPrefix(t *testing.T) {
+	t.Parallel()
+	for n := range 40 {
+		a := make([]byte, n)
+		for i := range a {
+			a[i] = byte('a' + i%26)
+		}
+		for m := 0; m <= n+1; m++ { // b as long as a, shorter or longer
+			b := append([]byte(nil), a[:min(m, n)]...)
+			if m > n {
+				b = append(b, 'x')
+			}
+			want := min(m, n)
+			if got := commonPrefix(a, b); got != want {
+				t.Fatalf("commonPrefix(%q, %q) = %d, want %d", a, b, got, want)
+			}
+			for d := range min(m, n) { // one byte changed
+				c := append([]byte(nil), b...)
+				c[d] ^= 0x20
+				if got := commonPrefix(a, c); got != d {
+					t.Fatalf("commonPrefix(%q, %q) = %d, want %d", a, c, got, d)
+				}
+			}
+		}
+	}
+}
