@@ -3,18 +3,13 @@ package caughtupkgo
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/caughtup/caughtup/consume"
 	"github.com/caughtup/caughtup/enqueue"
-	"github.com/caughtup/caughtup/kafka"
-	"github.com/caughtup/caughtup/position"
-	"github.com/caughtup/caughtup/replay"
 	"github.com/caughtup/caughtup/testkit/kafkasuite"
-	"github.com/caughtup/caughtup/testkit/pgtest"
 )
 
 // BenchmarkProcess is what the Consumer's worker spends on one record
@@ -38,32 +33,11 @@ import (
 // (garbage collection included), which other work on a shared machine
 // inflates far less than wall-clock time.
 func BenchmarkProcess(b *testing.B) {
-	c := pgtest.Shared(b)
-	db := pgtest.NewDatabase(b, c)
 	ctx := context.Background()
-	primary, err := c.Primary().Pool(ctx, db)
-	require.NoError(b, err)
-	b.Cleanup(primary.Close)
-	var replicas []replay.Replica
-	for _, n := range c.Replicas() {
-		p, err := n.Pool(ctx, db)
-		require.NoError(b, err)
-		b.Cleanup(p.Close)
-		replicas = append(replicas, replay.Replica{Name: n.Name(), Pool: p})
-	}
-	router, err := consume.NewRouter(ctx, consume.Config{Databases: map[string]replay.Database{"main": {Primary: primary, Replicas: replicas}}})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = router.Close() })
-	require.NoError(b, c.WaitReplicasCaughtUp(ctx))
-	snap := router.Snapshot().Database("main")
-	low := snap.Replicas[0].Replayed.LSN
-	for _, r := range snap.Replicas[1:] {
-		low = min(low, r.Replayed.LSN)
-	}
+	router, tokens := kafkasuite.ProcessRouter(b)
 	stamped := func(n, run int) []*kgo.Record {
 		rs := make([]*kgo.Record, n)
-		for i := range rs {
-			tok := position.New("main", snap.Primary.Epoch, low-position.LSN(i/run), position.SourcePrimary, time.Now())
+		for i, tok := range tokens(n, run) {
 			rs[i] = &kgo.Record{Topic: "t", Value: []byte("x")}
 			require.NoError(b, Stamp(enqueue.WithToken(ctx, tok), rs[i]))
 		}
@@ -79,7 +53,7 @@ func BenchmarkProcess(b *testing.B) {
 	b.Run("plain", func(b *testing.B) {
 		hctx, _, err := router.Route(ctx, consume.Job{Policy: consume.Delayed})
 		require.NoError(b, err)
-		src := &sliceSource{recs: stamped(4096, 1), n: b.N}
+		src := &kafkasuite.SliceSource[*kgo.Record]{Records: stamped(4096, 1), N: b.N}
 		b.ReportAllocs()
 		cpu0 := kafkasuite.ProcessCPUTime()
 		for {
@@ -103,39 +77,8 @@ func BenchmarkProcess(b *testing.B) {
 		{"no-token", []*kgo.Record{{Topic: "t", Value: []byte("x")}}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			src := &sliceSource{recs: bc.recs, n: b.N}
-			p := cons.eng.NewPartition("t", 0, src)
-			b.ReportAllocs()
-			b.ResetTimer()
-			cpu0 := kafkasuite.ProcessCPUTime()
-			p.Run(ctx)
-			b.StopTimer()
-			if src.n > 0 {
-				b.Fatal("not every record was processed")
-			}
-			b.ReportMetric(float64((kafkasuite.ProcessCPUTime()-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
-			p.Flush(ctx)
+			src := &kafkasuite.SliceSource[*kgo.Record]{Records: bc.recs, N: b.N}
+			kafkasuite.RunPartition(b, cons.eng.NewPartition("t", 0, src), src)
 		})
 	}
 }
-
-// sliceSource hands out n records of recs in turn, then none.
-type sliceSource struct {
-	recs []*kgo.Record
-	i, n int
-}
-
-var _ kafka.Source[*kgo.Record] = (*sliceSource)(nil)
-
-func (s *sliceSource) Next(context.Context) (*kgo.Record, bool) {
-	if s.n == 0 {
-		return nil, false
-	}
-	s.n--
-	r := s.recs[s.i%len(s.recs)]
-	s.i++
-	return r, true
-}
-
-func (*sliceSource) Pause()  {}
-func (*sliceSource) Resume() {}
