@@ -189,46 +189,17 @@ func startRouted(t testing.TB, topic string, n int, router *consume.Router, poli
 	return sd, group
 }
 
-// replicas is what a plain side reads: the replicas the routed side's
-// router routes to, with their names, through pools of their own built
-// from the test's pools' configs, as the router builds its handlers'
-// pools (the test's pools also serve the router's tracker).
-type replicas struct {
-	pools []*pgxpool.Pool
-	names []string
-	turn  atomic.Uint32
-}
-
-func newReplicas(t testing.TB, e *env, router *consume.Router) *replicas {
-	rs := &replicas{}
-	for _, rep := range router.Config().Databases["main"].Replicas {
-		i := slices.IndexFunc(e.Replicas, func(p *pgxpool.Pool) bool { return p == rep.Pool })
-		require.GreaterOrEqual(t, i, 0, "a replica of the router that is not one of the test's pools")
-		p, err := pgxpool.NewWithConfig(context.Background(), e.Replicas[i].Config())
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		rs.pools, rs.names = append(rs.pools, p), append(rs.names, rep.Name)
-	}
-	return rs
-}
-
-// at is replica i mod their number.
-func (rs *replicas) at(i int) (*pgxpool.Pool, string) {
-	i %= len(rs.pools)
-	return rs.pools[i], rs.names[i]
-}
-
-// pool is a plain reader's choice of replica: with turn, each message's
+// replicaPool is a plain reader's choice of replica: with turn, each message's
 // the next one in turn (one counter for every reader); else the home-th
 // replica, for every message of the reader, as the routed Consumer's
 // partitions each stay on one replica (consume.Tally).
-func (rs *replicas) pool(home int, turn bool) func(context.Context) (*pgxpool.Pool, string, error) {
+func replicaPool(rs *kafkasuite.BareReplicas, home int, turn bool) func(context.Context) (*pgxpool.Pool, string, error) {
 	return func(context.Context) (*pgxpool.Pool, string, error) {
-		i := home
 		if turn {
-			i = int(rs.turn.Add(1))
+			p, name := rs.Next()
+			return p, name, nil
 		}
-		p, name := rs.at(i)
+		p, name := rs.At(home)
 		return p, name, nil
 	}
 }
@@ -245,14 +216,14 @@ func (rs *replicas) pool(home int, turn bool) func(context.Context) (*pgxpool.Po
 // Consumer's parallelism: one loop per partition. The handler reads the
 // replicas without knowing whether they have caught up: reader k the k-th
 // replica, or with turn each message the next one.
-func startKafkaGo(t testing.TB, rs *replicas, topic string, n, members int, query, turn, commitEach bool) (*side, string) {
+func startKafkaGo(t testing.TB, rs *kafkasuite.BareReplicas, topic string, n, members int, query, turn, commitEach bool) (*side, string) {
 	sd := newSide(n)
 	group := kafkasuite.NewGroup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	readers := make([]*kafka.Reader, members)
 	for i := range readers {
-		h := sd.handler(rs.pool(i, turn), query)
+		h := sd.handler(replicaPool(rs, i, turn), query)
 		r := kafka.NewReader(kafka.ReaderConfig{
 			Brokers: kafkasuite.Brokers(t), GroupID: group, Topic: topic,
 			MaxWait: 100 * time.Millisecond, QueueCapacity: caughtupkafka.DefaultQueueCapacity,
@@ -380,7 +351,7 @@ type row struct {
 // from one rotation to its reverse.
 func measure(t testing.TB, e *env, topic string, n, rounds int, rw row) [numVariants][]kafkasuite.Result {
 	quiet := quiet(t, rw.router)
-	rs := newReplicas(t, e, rw.router)
+	rs := kafkasuite.NewBareReplicas(t, e, rw.router)
 	var got [numVariants][]kafkasuite.Result
 	chosen := benchVariants(t)
 	order := rand.New(rand.NewPCG(1, 2))

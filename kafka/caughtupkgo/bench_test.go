@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,43 +126,10 @@ func fetchOpts(t testing.TB) []kgo.Opt {
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
 }
 
-// replicas is what a plain side reads: the replicas the routed side's
-// router routes to, with their names, through pools of their own built
-// from the test's pools' configs, as the router builds its handlers'
-// pools (the test's pools also serve the router's tracker).
-type replicas struct {
-	pools []*pgxpool.Pool
-	names []string
-	turn  atomic.Uint32
-}
-
-func newReplicas(t testing.TB, e *env, router *consume.Router) *replicas {
-	rs := &replicas{}
-	for _, rep := range router.Config().Databases["main"].Replicas {
-		i := slices.IndexFunc(e.Replicas, func(p *pgxpool.Pool) bool { return p == rep.Pool })
-		require.GreaterOrEqual(t, i, 0, "a replica of the router that is not one of the test's pools")
-		p, err := pgxpool.NewWithConfig(context.Background(), e.Replicas[i].Config())
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		rs.pools, rs.names = append(rs.pools, p), append(rs.names, rep.Name)
-	}
-	return rs
-}
-
-// next is the next replica in turn: one counter for every worker, each
-// record's query on the other replica than the last one's.
-func (rs *replicas) next() (*pgxpool.Pool, string) { return rs.at(int(rs.turn.Add(1))) }
-
-// at is replica i mod their number.
-func (rs *replicas) at(i int) (*pgxpool.Pool, string) {
-	i %= len(rs.pools)
-	return rs.pools[i], rs.names[i]
-}
-
 // runPlain reads the topic as a plain franz-go application with a
 // trivial handler does: one group client, a loop of PollFetches and the
 // handler on each record, autocommit.
-func runPlain(t testing.TB, rs *replicas, topic string, n int) kafkasuite.Result {
+func runPlain(t testing.TB, rs *kafkasuite.BareReplicas, topic string, n int) kafkasuite.Result {
 	sd := newSide(n, false)
 	cl, err := kgo.NewClient(append(fetchOpts(t), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
 	require.NoError(t, err)
@@ -177,7 +143,7 @@ func runPlain(t testing.TB, rs *replicas, topic string, n int) kafkasuite.Result
 				return
 			}
 			fs.EachRecord(func(r *kgo.Record) {
-				p, name := rs.next()
+				p, name := rs.Next()
 				if err := sd.handle(ctx, r, p, name); err != nil {
 					t.Error(err)
 				}
@@ -235,7 +201,7 @@ func runRouted(t testing.TB, e *env, router *consume.Router, topic string, n int
 // turn, each query on the next replica in turn; else each partition's
 // goroutine on one replica, the k-th goroutine started on replica k mod
 // their number, as the routed Consumer's workers do (consume.Tally).
-func runPlainPerPartition(t testing.TB, rs *replicas, topic string, n int, turn bool) kafkasuite.Result {
+func runPlainPerPartition(t testing.TB, rs *kafkasuite.BareReplicas, topic string, n int, turn bool) kafkasuite.Result {
 	sd := newSide(n, true)
 	cl, err := kgo.NewClient(append(fetchOpts(t), kgo.ConsumerGroup(kafkasuite.NewGroup(t)), kgo.ConsumeTopics(topic))...)
 	require.NoError(t, err)
@@ -272,9 +238,9 @@ func runPlainPerPartition(t testing.TB, rs *replicas, topic string, n int, turn 
 								if ctx.Err() != nil {
 									return
 								}
-								p, name := rs.at(home)
+								p, name := rs.At(home)
 								if turn {
-									p, name = rs.next()
+									p, name = rs.Next()
 								}
 								if err := sd.handle(ctx, r, p, name); err != nil && ctx.Err() == nil {
 									t.Error(err)
@@ -456,7 +422,7 @@ func BenchmarkThroughput(b *testing.B) {
 	n := benchEnv(b, "CAUGHTUP_KGO_BENCH_RECORDS", 2_000_000)
 	nr := benchEnv(b, "CAUGHTUP_KGO_BENCH_ROUNDS", 5)
 	ctx := stampedCtx(b, e)
-	rs := newReplicas(b, e, e.Router)
+	rs := kafkasuite.NewBareReplicas(b, e, e.Router)
 	for _, run := range []int{1, 16} {
 		name := "token-per-record"
 		if run > 1 {
@@ -508,7 +474,7 @@ func BenchmarkThroughputQuery(b *testing.B) {
 		turn   bool
 	}{{"one-replica", one, false}, {"spread", e.Router, false}, {"spread-turns", e.Router, true}} {
 		b.Run(bc.name, func(b *testing.B) {
-			rs := newReplicas(b, e, bc.router)
+			rs := kafkasuite.NewBareReplicas(b, e, bc.router)
 			var ps pairs
 			for b.Loop() {
 				ps = rounds(nr, func() kafkasuite.Result { return runPlainPerPartition(b, rs, topic, n, bc.turn) },
