@@ -135,15 +135,7 @@ func BenchmarkHeaderDecoder(b *testing.B) {
 		s, _ := New("main", tl1, MustParseLSN("16/B374D848")-LSN(i), SourcePrimary, t0).Encode()
 		values[i] = []byte(s)
 	}
-	var h HeaderDecoder
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		if _, err := h.Decode(values[i%len(values)]); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
+	benchmarkHeaderDecoder(b, values)
 }
 
 // BenchmarkHeaderDecoderNewTimes is BenchmarkHeaderDecoder with a capture
